@@ -1,0 +1,40 @@
+# One command each: `make run` installs and starts SIA; `make test` installs and passes the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+TORCH   = torch==2.13.0
+PROMPT ?= Hello! Who are you?
+
+.PHONY: install run chat test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+
+# torch is pinned and installed first so the CPU build is used and nothing pulls a CUDA build
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install $(TORCH)
+	$(BIN)/pip install -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(BIN)/sia generate "$(PROMPT)" --state .sia-state.safetensors
+
+chat: install
+	$(BIN)/sia chat --state .sia-state.safetensors
+
+test: install
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/python -m benchmarks.attention
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

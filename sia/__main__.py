@@ -1,0 +1,3 @@
+from sia.cli import main
+
+raise SystemExit(main())

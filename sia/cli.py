@@ -1,0 +1,129 @@
+"""The ``sia`` command line: one-shot and interactive turns against an identity state kept in a file."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sia.checkpoint import load_default_model
+from sia.generate import SamplingParams, StreamEvent
+from sia.identity import Dynamics, IdentityState, state_from_bytes, state_to_bytes
+from sia.model import SIAModel
+from sia.turn import TurnRequest, TurnResult, stream_turns
+
+log = logging.getLogger("sia")
+
+
+def _sampling(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+
+
+def _load_state(path: Path | None, model: SIAModel) -> IdentityState:
+    if path is None or not path.exists():
+        return IdentityState.fresh(model.config)
+    return state_from_bytes(path.read_bytes(), model.config)
+
+
+def _save_state(path: Path | None, state: IdentityState) -> None:
+    if path is None:
+        return
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(state_to_bytes(state))
+    tmp.replace(path)  # atomic: a crash never leaves a half-written state
+
+
+def _turn(model: SIAModel, state: IdentityState, message: str, params: SamplingParams) -> TurnResult:
+    request = TurnRequest(state=state, message=message, dynamics=Dynamics.from_config(model.config))
+    for item in stream_turns(model, [request], params):
+        if isinstance(item, StreamEvent):
+            sys.stdout.write(item.text)
+            sys.stdout.flush()
+        else:
+            sys.stdout.write("\n")
+            return item[0]
+    raise AssertionError("turn produced no result")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    model = load_default_model(args.checkpoint)
+    state = _load_state(args.state, model)
+    result = _turn(model, state, args.prompt, _sampling(args))
+    log.info(
+        "turn %d: shock %.3f, nll %.3f nats/token, %d reply tokens (%s)",
+        result.state.turns,
+        result.shock,
+        result.nll,
+        result.completion_tokens,
+        result.finish_reason,
+    )
+    _save_state(args.state, result.state)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    model = load_default_model(args.checkpoint)
+    state = _load_state(args.state, model)
+    params = _sampling(args)
+    sys.stdout.write("Type a message; an empty line or Ctrl-D ends the conversation.\n")
+    for line in sys.stdin:
+        message = line.rstrip("\n")
+        if not message:
+            break
+        result = _turn(model, state, message, params)
+        state = result.state
+        _save_state(args.state, state)
+        log.info("turn %d: shock %.3f", state.turns, result.shock)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sia", description="SIA, the stateful identity-attention runtime.")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add_turn_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: the bundled model)")
+        p.add_argument(
+            "--state", type=Path, default=None, help="identity state file (safetensors); read if present, written after each turn"
+        )
+        p.add_argument("--max-tokens", type=int, default=64)
+        p.add_argument("--temperature", type=float, default=0.8)
+        p.add_argument("--top-k", type=int, default=None)
+        p.add_argument("--top-p", type=float, default=0.95)
+        p.add_argument("--seed", type=int, default=None)
+        p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+    gen = sub.add_parser("generate", help="one turn: reply to PROMPT and update the identity state")
+    gen.add_argument("prompt")
+    add_turn_options(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="an interactive conversation in the terminal")
+    add_turn_options(chat)
+    chat.set_defaults(func=cmd_chat)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return int(args.func(args))
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

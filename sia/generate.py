@@ -1,0 +1,246 @@
+"""Decoding: greedy, temperature, top-k, top-p, stop strings, streaming, batched rows with their own states.
+
+Notation: B rows, L prompt length after left padding, V vocabulary.
+
+Rows of different lengths are left-padded; a boolean mask then hides padding keys (the self slot at key 0
+is always visible). Each row samples from its own torch.Generator seeded with ``seed``, so a row's output
+does not depend on which other rows share its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sia.model import Conditioning, KVCache, SIAModel, TurnStats
+from sia.tokenizer import ByteTokenizer, IncrementalDecoder
+
+__all__ = ["Generation", "SamplingParams", "StreamEvent", "generate", "sample_next", "stream"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer; got {self.max_new_tokens!r}")
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy); got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1; got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class StreamEvent:
+    """One step of one row: the sampled token and the text it makes visible (held back near stop strings)."""
+
+    row: int
+    token: int
+    text: str
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # generated ids, the closing <|end|> included when produced
+    text: str  # decoded reply, cut before any stop string
+    finish_reason: str  # "stop" (end token or stop string) or "length"
+    prompt_nll: Tensor  # (prompt_len - 1,) NLL of each prompt token after the first, under the state
+    stats: TurnStats = field(repr=False)  # sums over counted prompt tokens and every generated token fed back
+
+
+def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """Pick one token from (V,) logits: greedy, or temperature then top-k then top-p filtering."""
+    if params.greedy:
+        return int(logits.argmax())
+    logits = logits.float() / params.temperature
+    if params.top_k is not None and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p is not None and params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token once the mass before it already reaches top_p; the first token always stays
+        drop = (probs.cumsum(-1) - probs) >= params.top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _visible_text(text: str, stops: Sequence[str]) -> int:
+    """Length of the prefix of ``text`` that cannot turn into a stop string with more text."""
+    hold = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:n]):
+                hold = max(hold, n)
+                break
+    return len(text) - hold
+
+
+class _Row:
+    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+        self.tokens: list[int] = []
+        self.text = ""
+        self.emitted = 0
+        self.decoder = IncrementalDecoder()
+        self.finish_reason: str | None = None
+        self.generator: torch.Generator | None = None
+        if not params.greedy:
+            self.generator = torch.Generator(device=device)
+            if params.seed is not None:
+                self.generator.manual_seed(params.seed)
+            else:
+                self.generator.seed()
+
+    def push(self, token: int, params: SamplingParams, end_id: int) -> str:
+        """Record a token; return the newly visible text and set finish_reason when the row is done."""
+        self.tokens.append(token)
+        if token == end_id:
+            self.text += self.decoder.flush()
+            self.finish_reason = "stop"
+        else:
+            self.text += self.decoder.push(token)
+        for stop in params.stop:
+            cut = self.text.find(stop)
+            if cut >= 0:
+                self.text = self.text[:cut]
+                self.finish_reason = "stop"
+        if self.finish_reason is None and len(self.tokens) >= params.max_new_tokens:
+            self.text += self.decoder.flush()
+            self.finish_reason = "length"
+        visible = len(self.text) if self.finish_reason else _visible_text(self.text, params.stop)
+        delta, self.emitted = self.text[self.emitted : visible], max(self.emitted, visible)
+        return delta
+
+
+@torch.inference_mode()
+def stream(
+    model: SIAModel,
+    prompts: Sequence[Sequence[int]],
+    cond: Conditioning,
+    params: SamplingParams,
+    *,
+    tokenizer: ByteTokenizer | None = None,
+    summary_masks: Sequence[Sequence[bool]] | None = None,
+    use_cache: bool = True,
+) -> Iterator[StreamEvent | list[Generation]]:
+    """Yield a StreamEvent per row and step, then, last, the list of finished Generations.
+
+    ``summary_masks`` marks, per prompt token, whether it counts towards the turn summary (default: all).
+    With ``use_cache=False`` every step recomputes the whole sequence (the slow reference for the cache).
+    """
+    tok = tokenizer or ByteTokenizer()
+    B = len(prompts)
+    if cond.batch_size != B:
+        raise ValueError(f"{B} prompts but the conditioning has {cond.batch_size} rows")
+    lengths = [len(p) for p in prompts]
+    if min(lengths, default=0) < 1:
+        raise ValueError("every prompt needs at least one token")
+    L = max(lengths)
+    if L + params.max_new_tokens > model.config.block_size:
+        raise ValueError(
+            f"prompt ({L} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds block_size {model.config.block_size}"
+        )
+    device = model.wte.weight.device
+    valid = torch.zeros(B, L, dtype=torch.bool, device=device)  # (B, L), left padding
+    idx = torch.full((B, L), tok.pad_id, dtype=torch.long, device=device)
+    counted = torch.zeros(B, L, dtype=torch.bool, device=device)
+    for b, prompt in enumerate(prompts):
+        valid[b, L - len(prompt) :] = True
+        idx[b, L - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+        mask = [True] * len(prompt) if summary_masks is None else list(summary_masks[b])
+        if len(mask) != len(prompt):
+            raise ValueError(f"summary mask of row {b} has {len(mask)} entries for {len(prompt)} tokens")
+        counted[b, L - len(prompt) :] = torch.tensor(mask, dtype=torch.bool)
+    padded = min(lengths) != L
+    banned = torch.tensor([tok.pad_id, tok.user_id, tok.assistant_id], device=device)
+
+    def run(tokens: Tensor, key_valid: Tensor, count: Tensor, cache: KVCache | None) -> tuple[Tensor, TurnStats]:
+        """Forward over ``tokens`` (B, n); key_valid (B, slot + all tokens so far)."""
+        n, Lk = tokens.shape[1], key_valid.shape[1]
+        positions = (key_valid[:, 1:].long().cumsum(1) - 1).clamp_min(0)[:, -n:]  # (B, n)
+        attn_mask = None
+        if padded:
+            causal = torch.ones(n, Lk, dtype=torch.bool, device=device).tril(diagonal=Lk - n)  # (n, Lk)
+            attn_mask = (causal & key_valid[:, None, :]).unsqueeze(1)  # (B, 1, n, Lk)
+        out = model(tokens, cond, cache=cache, positions=positions, attn_mask=attn_mask, summary_mask=count)
+        return out.logits, out.stats
+
+    ones = torch.ones(B, 1, dtype=torch.bool, device=device)
+    key_valid = torch.cat([ones, valid], dim=1)  # (B, 1 + L)
+    cache = KVCache(cond, L + params.max_new_tokens) if use_cache else None
+    logits, stats = run(idx, key_valid, counted, cache)  # (B, L, V)
+    log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, L-1, V)
+    prompt_nll = -log_probs.gather(-1, idx[:, 1:, None]).squeeze(-1)  # (B, L-1)
+    last = logits[:, -1]  # (B, V)
+    seq, seq_count = idx, counted
+
+    rows = [_Row(params, device) for _ in range(B)]
+    while True:
+        step = torch.full((B, 1), tok.pad_id, dtype=torch.long, device=device)
+        alive = torch.zeros(B, 1, dtype=torch.bool, device=device)
+        for b, row in enumerate(rows):
+            if row.finish_reason is not None:
+                continue
+            token = sample_next(last[b].index_fill(0, banned, float("-inf")), params, row.generator)
+            delta = row.push(token, params, tok.end_id)
+            yield StreamEvent(row=b, token=token, text=delta)
+            if row.finish_reason is None:
+                step[b, 0], alive[b, 0] = token, True
+        if not bool(alive.any()):
+            break
+        key_valid = torch.cat([key_valid, alive], dim=1)
+        if cache is not None:
+            logits, step_stats = run(step, key_valid, alive, cache)
+            stats = stats + step_stats
+        else:
+            seq, seq_count = torch.cat([seq, step], dim=1), torch.cat([seq_count, alive], dim=1)
+            logits, stats = run(seq, key_valid, seq_count, None)
+        last = logits[:, -1]
+
+    yield [
+        Generation(
+            tokens=row.tokens,
+            text=row.text,
+            finish_reason=row.finish_reason or "length",
+            prompt_nll=prompt_nll[b, L - lengths[b] :].clone(),
+            stats=stats.row(b),
+        )
+        for b, row in enumerate(rows)
+    ]
+
+
+def generate(
+    model: SIAModel,
+    prompts: Sequence[Sequence[int]],
+    cond: Conditioning,
+    params: SamplingParams,
+    *,
+    tokenizer: ByteTokenizer | None = None,
+    summary_masks: Sequence[Sequence[bool]] | None = None,
+    use_cache: bool = True,
+) -> list[Generation]:
+    """Run ``stream`` to the end and return one Generation per prompt."""
+    events = stream(model, prompts, cond, params, tokenizer=tokenizer, summary_masks=summary_masks, use_cache=use_cache)
+    for item in events:
+        if isinstance(item, list):
+            return item
+    raise AssertionError("stream ended without its results")

@@ -1,0 +1,305 @@
+"""Identity state and its dynamics: the trace per layer and head, the self state, and pure update rules.
+
+Notation: n_layer layers, H heads, d query/key width (config.qk_dim), d_s self-state width, C residual width.
+
+    T_{t+1} = lambda T_t + alpha tanh(|Shock_t|) (K_t ⊗ Q_t)           (DESIGN §1.2, stored as is)
+    M(T)    = c (I + rho U tanh(Lambda / tau) U^T),  sym(T) = U Lambda U^T   (metric used by attention)
+    s_{t+1} = clamp(s_t + eta (tanh(W [z; s_t] + b) - s_t), -1, 1)
+
+Nothing here mutates a state: every rule returns a new IdentityState. docs/attention.md derives the bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor, nn
+
+from sia.config import ModelConfig
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_STATE_BYTES",
+    "CleanupReport",
+    "Dynamics",
+    "IdentityState",
+    "SelfUpdate",
+    "ShockStats",
+    "StateFormatError",
+    "TurnSummary",
+    "advance",
+    "low_rank_cleanup",
+    "stabilised_metric",
+    "state_from_bytes",
+    "state_to_bytes",
+    "update_self",
+    "update_shock_stats",
+    "update_trace",
+]
+
+FORMAT_VERSION = 1
+MAX_STATE_BYTES = 64 * 1024 * 1024  # refuse to parse blobs larger than this
+
+
+class StateFormatError(ValueError):
+    """A serialised identity state is malformed; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class ShockStats:
+    """Running statistics of an identity's message NLL (Welford: count, mean, sum of squared deviations)."""
+
+    count: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+
+@dataclass(frozen=True)
+class TurnSummary:
+    """What one turn leaves behind for the update rules (for one identity, not batched)."""
+
+    queries: Tensor  # (n_layer, H, d) unit-norm mean query of the turn, Q_t
+    keys: Tensor  # (n_layer, H, d) unit-norm mean key of the turn, K_t
+    hidden: Tensor  # (C,) pooled final hidden state z_t
+
+
+@dataclass(frozen=True)
+class IdentityState:
+    """The persistent state of one (persona, user) identity."""
+
+    trace: Tensor  # (n_layer, H, d, d) float32, stored exactly as the update rule produces it
+    self_state: Tensor  # (d_s,) float32, every entry in [-1, 1]
+    turns: int = 0
+    shock: ShockStats = ShockStats()
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def fresh(cls, config: ModelConfig, initial_trace: Tensor | None = None) -> IdentityState:
+        """A new identity: zero trace (or a persona's initial trace), zero self state, no history."""
+        shape = (config.n_layer, config.n_head, config.qk_dim, config.qk_dim)
+        if initial_trace is None:
+            trace = torch.zeros(shape)
+        else:
+            _check_tensor("initial_trace", initial_trace, shape)
+            trace = initial_trace.detach().to(torch.float32).clone()
+        return cls(trace=trace, self_state=torch.zeros(config.d_self))
+
+    def validate(self, config: ModelConfig) -> None:
+        """Raise StateFormatError unless shapes, dtypes, bounds and counters fit ``config``."""
+        if self.format_version != FORMAT_VERSION:
+            raise StateFormatError(f"format version {self.format_version} is not supported (expected {FORMAT_VERSION})")
+        _check_tensor("trace", self.trace, (config.n_layer, config.n_head, config.qk_dim, config.qk_dim))
+        _check_tensor("self_state", self.self_state, (config.d_self,))
+        if self.self_state.abs().max().item() > 1.0:
+            raise StateFormatError("self_state entries must lie in [-1, 1]")
+        if self.turns < 0:
+            raise StateFormatError(f"turns must be >= 0; got {self.turns}")
+        s = self.shock
+        if s.count < 0 or not math.isfinite(s.mean) or not math.isfinite(s.m2) or s.m2 < 0:
+            raise StateFormatError(f"shock statistics are invalid: {s}")
+
+
+def _check_tensor(name: str, tensor: Tensor, shape: tuple[int, ...]) -> None:
+    if not isinstance(tensor, Tensor):
+        raise StateFormatError(f"{name} must be a tensor; got {type(tensor).__name__}")
+    if tuple(tensor.shape) != shape:
+        raise StateFormatError(f"{name} has shape {tuple(tensor.shape)}; expected {shape}")
+    if tensor.dtype != torch.float32:
+        raise StateFormatError(f"{name} has dtype {tensor.dtype}; expected torch.float32")
+    if not bool(torch.isfinite(tensor).all()):
+        raise StateFormatError(f"{name} contains NaN or infinite values")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The metric attention uses
+# ---------------------------------------------------------------------------------------------------------
+
+
+def stabilised_metric(trace: Tensor, config: ModelConfig) -> Tensor:
+    """M = c (I + rho U tanh(Lambda / tau) U^T) for sym(T) = U Lambda U^T; any leading batch dims.
+
+    Eigenvalues of M lie in [c (1 - rho), c (1 + rho)] for every finite trace, so M is positive definite,
+    distances are non-negative and logits are bounded by c (1 + rho) |q - k|^2.
+    """
+    d = trace.shape[-1]
+    sym = 0.5 * (trace + trace.transpose(-1, -2))  # (..., d, d)
+    eigvals, eigvecs = torch.linalg.eigh(sym.double())  # (..., d), (..., d, d)
+    squashed = torch.tanh(eigvals / config.metric_temperature)  # (..., d), in (-1, 1)
+    deform = (eigvecs * squashed.unsqueeze(-2)) @ eigvecs.transpose(-1, -2)  # U diag(.) U^T
+    eye = torch.eye(d, dtype=torch.float64, device=trace.device)
+    metric = config.metric_base * (eye + config.metric_max_deform * deform)
+    symmetric: Tensor = 0.5 * (metric + metric.transpose(-1, -2))
+    return symmetric.to(trace.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Update rules (pure)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def update_trace(state: IdentityState, summary: TurnSummary, shock: float, *, alpha: float, decay: float) -> IdentityState:
+    """T <- decay T + alpha tanh(|shock|) (K_t ⊗ Q_t), per layer and head."""
+    if not math.isfinite(shock):
+        raise ValueError(f"shock must be finite; got {shock}")
+    if alpha < 0 or not 0 < decay <= 1:
+        raise ValueError(f"need alpha >= 0 and 0 < decay <= 1; got alpha={alpha}, decay={decay}")
+    outer = summary.keys.unsqueeze(-1) * summary.queries.unsqueeze(-2)  # (n_layer, H, d, d): K_a Q_b
+    gate = alpha * math.tanh(abs(shock))
+    return replace(state, trace=decay * state.trace + gate * outer.to(state.trace.dtype))
+
+
+class SelfUpdate(nn.Module):
+    """g(z, s) = tanh(W [z; s] + b) - s, the learned direction of the self-state update."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.proj = nn.Linear(config.n_embd + config.d_self, config.d_self)
+
+    def forward(self, z: Tensor, s: Tensor) -> Tensor:
+        """z (..., C), s (..., d_s) -> (..., d_s)."""
+        return torch.tanh(self.proj(torch.cat([z, s], dim=-1))) - s
+
+
+def update_self(state: IdentityState, summary: TurnSummary, g: SelfUpdate, *, eta: float) -> IdentityState:
+    """s <- s + eta g(z, s). For eta in (0, 1] this is a convex step towards tanh(.), so s stays in [-1, 1]."""
+    if not 0 < eta <= 1:
+        raise ValueError(f"eta must be in (0, 1]; got {eta}")
+    s = state.self_state
+    step = g(summary.hidden.to(s.dtype), s)  # (d_s,); callers that train keep the graph, serving runs no-grad
+    return replace(state, self_state=(s + eta * step).clamp(-1.0, 1.0))
+
+
+def update_shock_stats(stats: ShockStats, nll: float) -> ShockStats:
+    """Welford's update of the running NLL statistics with one new message."""
+    if not math.isfinite(nll):
+        raise ValueError(f"nll must be finite; got {nll}")
+    count = stats.count + 1
+    delta = nll - stats.mean
+    mean = stats.mean + delta / count
+    return ShockStats(count=count, mean=mean, m2=stats.m2 + delta * (nll - mean))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Maintenance
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CleanupReport:
+    ranks: Tensor  # (n_layer, H) retained rank per head
+    energy_kept: Tensor  # (n_layer, H) fraction of squared Frobenius norm kept, 1.0 for a zero trace
+
+
+def low_rank_cleanup(state: IdentityState, energy: float = 0.95) -> tuple[IdentityState, CleanupReport]:
+    """Keep, per layer and head, the fewest singular components of T holding ``energy`` of ||T||_F^2."""
+    if not 0 < energy <= 1:
+        raise ValueError(f"energy must be in (0, 1]; got {energy}")
+    u, sigma, vh = torch.linalg.svd(state.trace.double())  # (..., d, d), (..., d), (..., d, d)
+    power = sigma.square()
+    total = power.sum(-1, keepdim=True)  # (n_layer, H, 1)
+    cumulative = power.cumsum(-1) / total.clamp_min(torch.finfo(torch.float64).tiny)
+    # rank = 1 + number of prefixes still short of the target; a zero trace keeps rank 0
+    ranks = ((cumulative < energy - 1e-12).sum(-1) + 1) * (total.squeeze(-1) > 0)
+    keep = torch.arange(sigma.shape[-1]) < ranks.unsqueeze(-1)  # (n_layer, H, d)
+    kept_sigma = sigma * keep
+    cleaned = (u * kept_sigma.unsqueeze(-2)) @ vh
+    kept_power = kept_sigma.square().sum(-1)
+    fraction = torch.where(total.squeeze(-1) > 0, kept_power / total.squeeze(-1).clamp_min(1e-300), torch.ones_like(kept_power))
+    new_state = replace(state, trace=cleaned.to(state.trace.dtype))
+    return new_state, CleanupReport(ranks=ranks, energy_kept=fraction.float())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Serialisation: safetensors only, validated on load
+# ---------------------------------------------------------------------------------------------------------
+
+_KEYS = {"trace", "self_state", "counters", "shock", "format_version"}
+
+
+def state_to_bytes(state: IdentityState) -> bytes:
+    """Serialise with safetensors (no pickle). Counters travel as small tensors so they are validated too."""
+    tensors = {
+        "trace": state.trace.contiguous(),
+        "self_state": state.self_state.contiguous(),
+        "counters": torch.tensor([state.turns, state.shock.count], dtype=torch.int64),
+        "shock": torch.tensor([state.shock.mean, state.shock.m2], dtype=torch.float64),
+        "format_version": torch.tensor([state.format_version], dtype=torch.int64),
+    }
+    return st_save(tensors)
+
+
+def state_from_bytes(blob: bytes, config: ModelConfig, *, max_bytes: int = MAX_STATE_BYTES) -> IdentityState:
+    """Parse and validate a blob from ``state_to_bytes``; raise StateFormatError naming what is wrong."""
+    if not isinstance(blob, bytes | bytearray | memoryview):
+        raise StateFormatError(f"state blob must be bytes; got {type(blob).__name__}")
+    if len(blob) > max_bytes:
+        raise StateFormatError(f"state blob is {len(blob)} bytes; the limit is {max_bytes}")
+    try:
+        tensors = st_load(bytes(blob))
+    except (SafetensorError, ValueError, RuntimeError) as exc:
+        raise StateFormatError(f"state blob is not valid safetensors data: {exc}") from exc
+    missing, extra = _KEYS - set(tensors), set(tensors) - _KEYS
+    if missing or extra:
+        raise StateFormatError(f"state blob keys are wrong: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    for name, shape, dtype in (
+        ("counters", (2,), torch.int64),
+        ("shock", (2,), torch.float64),
+        ("format_version", (1,), torch.int64),
+    ):
+        t = tensors[name]
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise StateFormatError(f"{name} must be {dtype} of shape {shape}; got {t.dtype} {tuple(t.shape)}")
+    version = int(tensors["format_version"][0])
+    if version != FORMAT_VERSION:
+        raise StateFormatError(f"format version {version} is not supported (expected {FORMAT_VERSION})")
+    turns, count = (int(x) for x in tensors["counters"])
+    mean, m2 = (float(x) for x in tensors["shock"])
+    state = IdentityState(
+        trace=tensors["trace"],
+        self_state=tensors["self_state"],
+        turns=turns,
+        shock=ShockStats(count=count, mean=mean, m2=m2),
+        format_version=version,
+    )
+    state.validate(config)
+    return state
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One turn's evolution of the whole state
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dynamics:
+    """Per-persona rates of the update rules (defaults from ModelConfig)."""
+
+    alpha: float
+    decay: float
+    eta: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.alpha) and self.alpha >= 0):
+            raise ValueError(f"alpha must be finite and >= 0; got {self.alpha}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay must be in (0, 1]; got {self.decay}")
+        if not 0 < self.eta <= 1:
+            raise ValueError(f"eta must be in (0, 1]; got {self.eta}")
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> Dynamics:
+        return cls(alpha=config.alpha, decay=config.decay, eta=config.eta)
+
+
+def advance(
+    state: IdentityState, summary: TurnSummary, *, shock: float, nll: float, g: SelfUpdate, dynamics: Dynamics
+) -> IdentityState:
+    """The whole post-turn update: trace, self state, shock statistics, turn counter."""
+    state = update_trace(state, summary, shock, alpha=dynamics.alpha, decay=dynamics.decay)
+    state = update_self(state, summary, g, eta=dynamics.eta)
+    return replace(state, shock=update_shock_stats(state.shock, nll), turns=state.turns + 1)

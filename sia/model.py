@@ -1,0 +1,298 @@
+"""The SIA transformer: decoder-only, pre-norm, Trace Tensor Attention and a self slot in every layer.
+
+Notation: B batch, L tokens in this call, C residual width, H heads, d = config.qk_dim query/key width,
+w = config.head_dim = d + 1 the kernel width (value width), d_s self-state width, n_layer layers.
+
+Per turn the identity fixes, for every row and layer, the metric M (from the stored trace, see
+sia.identity.stabilised_metric) and the self state s. ``SIAModel.condition`` turns them into:
+  - folded query weights: q~ = [S q, 1] = x (S W_q)^T + [S b_q, 1], one matmul at width w (S = 2M);
+  - the self slot: an extra key/value pair k_s = W_ks s, v_s = W_vs s at cache position 0 that every query
+    can attend to. Its key is scored through the same metric, so s changes attention (docs/attention.md).
+Keys are cached already augmented, k~ = [k, -k^T M k], so decoding costs one dot product per key.
+Positions are learned absolute embeddings added to the residual stream; docs/attention.md explains why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sia.attention import attend, key_bias
+from sia.config import ModelConfig
+from sia.identity import IdentityState, SelfUpdate, TurnSummary, stabilised_metric
+
+__all__ = ["Conditioning", "KVCache", "ModelOutput", "SIAModel", "TurnStats"]
+
+
+@dataclass
+class LayerConditioning:
+    q_weight: Tensor  # (B, H*w, C) folded query projection, bias row included
+    q_bias: Tensor  # (B, 1, H*w)
+    metric: Tensor  # (B, H, d, d) M
+    slot_key: Tensor  # (B, H, 1, w) augmented self-slot key
+    slot_value: Tensor  # (B, H, 1, w)
+
+
+@dataclass
+class Conditioning:
+    """Everything one turn fixes for each batch row. Built by SIAModel.condition; never mutated."""
+
+    layers: list[LayerConditioning]
+    self_state: Tensor  # (B, d_s)
+
+    @property
+    def batch_size(self) -> int:
+        return self.self_state.shape[0]
+
+
+class KVCache:
+    """Augmented keys and values per layer, preallocated; position 0 holds the self slot."""
+
+    def __init__(self, cond: Conditioning, max_tokens: int) -> None:
+        first = cond.layers[0]
+        B, H, _, w = first.slot_key.shape
+        self.capacity = max_tokens + 1
+        self.length = 1  # the self slot
+        self.keys = [first.slot_key.new_zeros(B, H, self.capacity, w) for _ in cond.layers]
+        self.values = [first.slot_value.new_zeros(B, H, self.capacity, w) for _ in cond.layers]
+        for layer, lc in enumerate(cond.layers):
+            self.keys[layer][:, :, :1] = lc.slot_key
+            self.values[layer][:, :, :1] = lc.slot_value
+
+    @property
+    def tokens(self) -> int:
+        """Tokens cached so far (the self slot not counted)."""
+        return self.length - 1
+
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write (B, H, L, w) keys/values after the current length; return the filled prefix."""
+        start, end = self.length, self.length + k.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"KV cache holds {self.capacity - 1} tokens; this step needs {end - 1}")
+        self.keys[layer][:, :, start:end] = k
+        self.values[layer][:, :, start:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+
+@dataclass
+class TurnStats:
+    """Additive sums from which the turn summary is read, so it needs no second pass."""
+
+    layer_inputs: Tensor  # (B, n_layer, C) sum of each attention's normalised input over counted tokens
+    hidden: Tensor  # (B, C) sum of the final normalised hidden state
+    count: Tensor  # (B,) tokens counted
+
+    def __add__(self, other: TurnStats) -> TurnStats:
+        return TurnStats(self.layer_inputs + other.layer_inputs, self.hidden + other.hidden, self.count + other.count)
+
+    def row(self, b: int) -> TurnStats:
+        return TurnStats(self.layer_inputs[b : b + 1], self.hidden[b : b + 1], self.count[b : b + 1])
+
+    @staticmethod
+    def cat(parts: list[TurnStats]) -> TurnStats:
+        """Stack per-row stats back into one batch."""
+        return TurnStats(
+            torch.cat([p.layer_inputs for p in parts]),
+            torch.cat([p.hidden for p in parts]),
+            torch.cat([p.count for p in parts]),
+        )
+
+
+@dataclass
+class ModelOutput:
+    logits: Tensor  # (B, L, vocab)
+    stats: TurnStats
+
+
+class TraceAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_head, self.d, self.w = config.n_head, config.qk_dim, config.head_dim
+        self.q_proj = nn.Linear(config.n_embd, config.n_head * config.qk_dim)
+        self.k_proj = nn.Linear(config.n_embd, config.n_head * config.qk_dim)
+        self.v_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.o_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.self_key = nn.Linear(config.d_self, config.n_head * config.qk_dim)
+        self.self_value = nn.Linear(config.d_self, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def condition(self, metric: Tensor, s: Tensor) -> LayerConditioning:
+        """Fold the metric into the query projection and build the self slot. metric (B, H, d, d), s (B, d_s)."""
+        B, H, d, w = s.shape[0], self.n_head, self.d, self.w
+        sym = 2.0 * metric  # (B, H, d, d) S = M + M^T
+        wq = self.q_proj.weight.view(H, d, -1)  # (H, d, C)
+        folded = sym @ wq  # (B, H, d, C)
+        q_weight = F.pad(folded, (0, 0, 0, 1)).reshape(B, H * w, -1)  # (B, H*w, C), zero row per head
+        q_bias = (sym @ self.q_proj.bias.view(H, d, 1)).squeeze(-1)  # (B, H, d)
+        q_bias = F.pad(q_bias, (0, 1), value=1.0).reshape(B, 1, H * w)  # the constant 1 column of q~
+        k_s = self.self_key(s).view(B, H, 1, d)  # (B, H, 1, d)
+        slot_key = torch.cat([k_s, key_bias(k_s, metric)], dim=-1)  # (B, H, 1, w)
+        slot_value = self.self_value(s).view(B, H, 1, w)
+        return LayerConditioning(q_weight, q_bias, metric, slot_key, slot_value)
+
+    def forward(self, x: Tensor, lc: LayerConditioning, cache: KVCache | None, layer: int, attn_mask: Tensor | None) -> Tensor:
+        B, L, C = x.shape
+        H, d, w = self.n_head, self.d, self.w
+        q = torch.baddbmm(lc.q_bias, x, lc.q_weight.transpose(1, 2))  # (B, L, H*w) = [S q, 1] per head
+        q = q.view(B, L, H, w).transpose(1, 2)  # (B, H, L, w)
+        k = self.k_proj(x).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d)
+        k = torch.cat([k, key_bias(k, lc.metric)], dim=-1)  # (B, H, L, w) = [k, -k^T M k]
+        v = self.v_proj(x).view(B, L, H, w).transpose(1, 2)  # (B, H, L, w)
+        if cache is None:
+            k = torch.cat([lc.slot_key, k], dim=2)  # (B, H, 1+L, w)
+            v = torch.cat([lc.slot_value, v], dim=2)
+        else:
+            k, v = cache.extend(layer, k, v)  # (B, H, slot+cached+L, w)
+        y = attend(q, k, v, causal=True, attn_mask=attn_mask)  # (B, H, L, w)
+        y = y.transpose(1, 2).reshape(B, L, C)  # (B, L, C)
+        out: Tensor = self.dropout(self.o_proj(y))
+        return out
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, config.mlp_ratio * config.n_embd)
+        self.proj = nn.Linear(config.mlp_ratio * config.n_embd, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.dropout(self.proj(F.gelu(self.fc(x))))
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = TraceAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: Tensor, lc: LayerConditioning, cache: KVCache | None, layer: int, attn_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        h = self.ln_1(x)  # (B, L, C), also the input the turn summary reads
+        x = x + self.attn(h, lc, cache, layer, attn_mask)
+        x = x + self.mlp(self.ln_2(x))
+        return x, h
+
+
+class SIAModel(nn.Module):
+    """A decoder-only transformer whose attention is conditioned on one identity state per batch row."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        blocks = [Block(config) for _ in range(config.n_layer)]
+        self.blocks = nn.ModuleList(blocks)
+        self.attentions = [block.attn for block in blocks]  # typed views of the registered modules
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+        self.self_update = SelfUpdate(config)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith(("o_proj.weight", "mlp.proj.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    # --- per-turn conditioning ---
+    def condition(self, trace: Tensor, self_state: Tensor) -> Conditioning:
+        """trace (B, n_layer, H, d, d) as stored, self_state (B, d_s) -> the turn's Conditioning."""
+        c = self.config
+        if trace.dim() != 5 or trace.shape[1:] != (c.n_layer, c.n_head, c.qk_dim, c.qk_dim):
+            raise ValueError(f"trace must be (B, {c.n_layer}, {c.n_head}, {c.qk_dim}, {c.qk_dim}); got {tuple(trace.shape)}")
+        if self_state.shape != (trace.shape[0], c.d_self):
+            raise ValueError(f"self_state must be ({trace.shape[0]}, {c.d_self}); got {tuple(self_state.shape)}")
+        metric = stabilised_metric(trace.detach(), c)  # (B, n_layer, H, d, d)
+        layers = [attn.condition(metric[:, i], self_state) for i, attn in enumerate(self.attentions)]
+        return Conditioning(layers=layers, self_state=self_state)
+
+    def condition_states(self, states: list[IdentityState]) -> Conditioning:
+        """Stack one IdentityState per row into a Conditioning."""
+        if not states:
+            raise ValueError("need at least one identity state")
+        for state in states:
+            state.validate(self.config)
+        device = self.wte.weight.device
+        trace = torch.stack([s.trace for s in states]).to(device)
+        selves = torch.stack([s.self_state for s in states]).to(device)
+        return self.condition(trace, selves)
+
+    # --- forward ---
+    def forward(
+        self,
+        idx: Tensor,
+        cond: Conditioning,
+        *,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        summary_mask: Tensor | None = None,
+    ) -> ModelOutput:
+        """idx (B, L) token ids -> logits (B, L, vocab) and the additive turn statistics of these tokens.
+
+        positions (B, L) default to the next L positions after the cache; attn_mask is a boolean
+        (B, 1, L, Lk) mask of visible keys including the self slot at key 0 (only needed for padded rows);
+        summary_mask (B, L) picks the tokens that count towards the turn summary (default: all).
+        """
+        B, L = idx.shape
+        if cond.batch_size != B:
+            raise ValueError(f"idx has {B} rows but the conditioning has {cond.batch_size}")
+        start = 0 if cache is None else cache.tokens
+        if positions is None:
+            positions = torch.arange(start, start + L, device=idx.device).expand(B, L)
+        if int(positions.max()) >= self.config.block_size:
+            raise ValueError(f"position {int(positions.max())} exceeds block_size {self.config.block_size}")
+        weight = (torch.ones(B, L, device=idx.device) if summary_mask is None else summary_mask.float()).unsqueeze(-1)
+        x = self.drop(self.wte(idx) + self.wpe(positions))  # (B, L, C)
+        layer_inputs = []
+        for i, (block, lc) in enumerate(zip(self.blocks, cond.layers, strict=True)):
+            x, h = block(x, lc, cache, i, attn_mask)
+            layer_inputs.append((h * weight).sum(dim=1))  # (B, C)
+        if cache is not None:
+            cache.advance(L)
+        x = self.ln_f(x)  # (B, L, C)
+        stats = TurnStats(torch.stack(layer_inputs, dim=1), (x * weight).sum(dim=1), weight.sum(dim=(1, 2)))
+        return ModelOutput(logits=self.lm_head(x), stats=stats)
+
+    # --- what a turn leaves behind ---
+    def summarize(self, stats: TurnStats) -> list[TurnSummary]:
+        """Turn sums into per-row summaries: unit-norm mean queries/keys (raw, pre-metric) and mean hidden z.
+
+        Projections are affine, so mean(q) = W_q mean(h) + b_q: no per-token queries need to be kept.
+        """
+        if bool((stats.count <= 0).any()):
+            raise ValueError("a turn summary needs at least one counted token per row")
+        c = self.config
+        mean_in = stats.layer_inputs / stats.count.view(-1, 1, 1)  # (B, n_layer, C)
+        queries, keys = [], []
+        for i, attn in enumerate(self.attentions):
+            queries.append(attn.q_proj(mean_in[:, i]).view(-1, c.n_head, c.qk_dim))  # (B, H, d)
+            keys.append(attn.k_proj(mean_in[:, i]).view(-1, c.n_head, c.qk_dim))
+        q = F.normalize(torch.stack(queries, dim=1), dim=-1)  # (B, n_layer, H, d)
+        k = F.normalize(torch.stack(keys, dim=1), dim=-1)
+        z = stats.hidden / stats.count.view(-1, 1)  # (B, C)
+        return [TurnSummary(queries=q[b], keys=k[b], hidden=z[b]) for b in range(q.shape[0])]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

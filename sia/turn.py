@@ -1,0 +1,87 @@
+"""One conversational turn for a batch of identities (DESIGN §2, the library half; no storage here).
+
+measure shock on the message -> generate the reply -> summarise the turn -> advance each identity's state.
+The shock is read from the same prefill pass that starts generation, and the summary from sums the model
+accumulates while decoding, so a turn costs exactly one generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sia.generate import Generation, SamplingParams, StreamEvent, stream
+from sia.identity import Dynamics, IdentityState, advance
+from sia.model import SIAModel, TurnStats
+from sia.shock import standardised_shock
+from sia.tokenizer import ByteTokenizer
+
+__all__ = ["TurnRequest", "TurnResult", "run_turn", "stream_turns"]
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    state: IdentityState
+    message: str
+    dynamics: Dynamics
+    context: tuple[int, ...] = ()  # optional recent-window tokens before this turn (not summarised)
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    reply: str
+    finish_reason: str
+    shock: float  # standardised shock that gated the trace update
+    nll: float  # mean token NLL of the message (and its closing <|end|>) under the pre-turn state
+    prompt_tokens: int
+    completion_tokens: int
+    state: IdentityState  # the identity after this turn; the input state is untouched
+
+
+def stream_turns(
+    model: SIAModel, requests: Sequence[TurnRequest], params: SamplingParams, *, tokenizer: ByteTokenizer | None = None
+) -> Iterator[StreamEvent | list[TurnResult]]:
+    """Yield StreamEvents while replies are generated, then the list of TurnResults (one per request)."""
+    tok = tokenizer or ByteTokenizer()
+    if not requests:
+        raise ValueError("need at least one turn request")
+    prompts, masks, spans = [], [], []
+    for req in requests:
+        if not isinstance(req.message, str):
+            raise TypeError(f"message must be str; got {type(req.message).__name__}")
+        message = tok.encode(req.message)
+        prompt = tok.chat_prompt(req.message, req.context)
+        prompts.append(prompt)
+        masks.append([False] * len(req.context) + [True] * (len(prompt) - len(req.context)))
+        # prompt_nll[j] scores prompt[j+1]: the message bytes and its <|end|> follow the <|user|> marker
+        start = len(req.context)
+        spans.append((start, start + len(message) + 1))
+    with torch.no_grad():
+        cond = model.condition_states([r.state for r in requests])
+    generations: list[Generation] = []
+    for item in stream(model, prompts, cond, params, tokenizer=tok, summary_masks=masks):
+        if isinstance(item, list):
+            generations = item
+        else:
+            yield item
+    results = []
+    with torch.no_grad():  # plain tensors out: the new states may later be used where autograd records
+        summaries = model.summarize(TurnStats.cat([g.stats for g in generations]))
+        for req, gen, summary, (a, b), prompt in zip(requests, generations, summaries, spans, prompts, strict=True):
+            nll = float(gen.prompt_nll[a:b].mean())
+            shock = standardised_shock(nll, req.state.shock, model.config)
+            new_state = advance(req.state, summary, shock=shock, nll=nll, g=model.self_update, dynamics=req.dynamics)
+            results.append(TurnResult(gen.text, gen.finish_reason, shock, nll, len(prompt), len(gen.tokens), new_state))
+    yield results
+
+
+def run_turn(
+    model: SIAModel, request: TurnRequest, params: SamplingParams, *, tokenizer: ByteTokenizer | None = None
+) -> TurnResult:
+    """One identity, one turn, no streaming."""
+    for item in stream_turns(model, [request], params, tokenizer=tokenizer):
+        if isinstance(item, list):
+            return item[0]
+    raise AssertionError("stream_turns ended without results")
