@@ -203,8 +203,10 @@ def low_rank_cleanup(state: IdentityState, energy: float = 0.95) -> tuple[Identi
     power = sigma.square()
     total = power.sum(-1, keepdim=True)  # (n_layer, H, 1)
     cumulative = power.cumsum(-1) / total.clamp_min(torch.finfo(torch.float64).tiny)
-    # rank = 1 + number of prefixes still short of the target; a zero trace keeps rank 0
-    ranks = ((cumulative < energy - 1e-12).sum(-1) + 1) * (total.squeeze(-1) > 0)
+    # rank = 1 + number of prefixes still short of the target (at most d, since rounding can leave the full
+    # sum a hair under 1); a zero trace keeps rank 0
+    short = (cumulative < energy).sum(-1)
+    ranks = (short + 1).clamp_max(sigma.shape[-1]) * (total.squeeze(-1) > 0)
     keep = torch.arange(sigma.shape[-1]) < ranks.unsqueeze(-1)  # (n_layer, H, d)
     kept_sigma = sigma * keep
     cleaned = (u * kept_sigma.unsqueeze(-2)) @ vh

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from sia.checkpoint import save_checkpoint
+from sia.cli import main
+from sia.identity import state_from_bytes
+from sia.model import SIAModel
+
+
+@pytest.fixture
+def checkpoint(model: SIAModel, tmp_path: Path) -> Path:
+    return save_checkpoint(model, tmp_path / "ckpt")
+
+
+def test_generate_keeps_the_identity_in_a_file(
+    checkpoint: Path, model: SIAModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state_file = tmp_path / "me.safetensors"
+    args = ["generate", "--checkpoint", str(checkpoint), "--state", str(state_file), "--max-tokens", "8", "--seed", "1"]
+    assert main([*args[:1], "Hello", *args[1:]]) == 0
+    first = state_from_bytes(state_file.read_bytes(), model.config)
+    assert first.turns == 1
+    assert main([*args[:1], "Again", *args[1:]]) == 0
+    second = state_from_bytes(state_file.read_bytes(), model.config)
+    assert second.turns == 2 and not torch.equal(first.trace, second.trace)
+    assert capsys.readouterr().out.count("\n") >= 2
+
+
+def test_chat_reads_turns_from_stdin(checkpoint: Path, model: SIAModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    state_file = tmp_path / "chat.safetensors"
+    monkeypatch.setattr("sys.stdin", io.StringIO("first\nsecond\n\nignored\n"))
+    assert main(["chat", "--checkpoint", str(checkpoint), "--state", str(state_file), "--max-tokens", "4"]) == 0
+    assert state_from_bytes(state_file.read_bytes(), model.config).turns == 2
+
+
+def test_a_corrupt_state_file_is_an_error_and_left_alone(checkpoint: Path, tmp_path: Path) -> None:
+    state_file = tmp_path / "bad.safetensors"
+    state_file.write_bytes(b"garbage")
+    assert main(["generate", "hi", "--checkpoint", str(checkpoint), "--state", str(state_file)]) == 2
+    assert state_file.read_bytes() == b"garbage"
+
+
+def test_bad_options_are_errors(checkpoint: Path) -> None:
+    assert main(["generate", "hi", "--checkpoint", str(checkpoint), "--temperature", "-1"]) == 2
+    assert main(["generate", "hi", "--checkpoint", str(checkpoint.parent / "nope")]) == 2

@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sia.config import ModelConfig
+from sia.generate import Generation, SamplingParams, StreamEvent, generate, sample_next, stream
+from sia.identity import IdentityState
+from sia.model import SIAModel
+from sia.tokenizer import ByteTokenizer
+from tests.conftest import random_state, sharpen
+
+PROMPTS = [list(b"hello there, persona"), list(b"hi"), list(b"what is my name?")]
+
+
+def _cond(model: SIAModel, config: ModelConfig, n: int = 3):  # type: ignore[no-untyped-def]
+    states = [IdentityState.fresh(config), random_state(config, 1), random_state(config, 2)]
+    return model.condition_states(states[:n])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_cached_generation_equals_uncached(model: SIAModel, config: ModelConfig, temperature: float) -> None:
+    params = SamplingParams(max_new_tokens=24, temperature=temperature, seed=11)
+    cached = generate(model, PROMPTS, _cond(model, config), params)
+    uncached = generate(model, PROMPTS, _cond(model, config), params, use_cache=False)
+    assert [g.tokens for g in cached] == [g.tokens for g in uncached]
+    for a, b in zip(cached, uncached, strict=True):
+        torch.testing.assert_close(a.stats.hidden, b.stats.hidden, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a.prompt_nll, b.prompt_nll)
+        assert a.stats.count.item() == b.stats.count.item()
+
+
+def test_seed_reproduces_and_differs(model: SIAModel, config: ModelConfig) -> None:
+    params = SamplingParams(max_new_tokens=32, temperature=1.0, seed=5)
+    a = generate(model, PROMPTS[:1], _cond(model, config, 1), params)[0].tokens
+    b = generate(model, PROMPTS[:1], _cond(model, config, 1), params)[0].tokens
+    c = generate(model, PROMPTS[:1], _cond(model, config, 1), SamplingParams(max_new_tokens=32, temperature=1.0, seed=6))[
+        0
+    ].tokens
+    assert a == b and a != c
+
+
+def test_batched_rows_equal_solo_rows(model: SIAModel, config: ModelConfig) -> None:
+    """Rows of different lengths and different identity states give what each gives alone."""
+    params = SamplingParams(max_new_tokens=16, temperature=0.7, top_k=50, seed=3)
+    states = [IdentityState.fresh(config), random_state(config, 1), random_state(config, 2)]
+    batched = generate(model, PROMPTS, model.condition_states(states), params)
+    for b, state in enumerate(states):
+        solo = generate(model, [PROMPTS[b]], model.condition_states([state]), params)[0]
+        assert solo.tokens == batched[b].tokens
+        torch.testing.assert_close(solo.prompt_nll, batched[b].prompt_nll, atol=1e-5, rtol=1e-5)
+        assert batched[b].prompt_nll.shape == (len(PROMPTS[b]) - 1,)
+
+
+def test_different_states_give_different_tokens(model: SIAModel, config: ModelConfig) -> None:
+    sharpen(model)
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, seed=0)
+    prompt = [PROMPTS[0]] * 3
+    out = generate(model, prompt, _cond(model, config), params)
+    # same seed and prompt, different identities: at least one pair of rows diverges
+    assert len({tuple(g.tokens) for g in out}) > 1
+
+
+def test_stream_events_concatenate_to_the_text(model: SIAModel, config: ModelConfig) -> None:
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, seed=2)
+    events, results = [], None
+    for item in stream(model, PROMPTS[:2], _cond(model, config, 2), params):
+        if isinstance(item, StreamEvent):
+            events.append(item)
+        else:
+            results = item
+    assert results is not None
+    for row in range(2):
+        row_events = [e for e in events if e.row == row]
+        assert [e.token for e in row_events] == results[row].tokens
+        assert "".join(e.text for e in row_events) == results[row].text
+        assert results[row].finish_reason in ("stop", "length")
+        assert len(results[row].tokens) <= 40
+
+
+def test_stop_strings_cut_the_text_and_are_never_streamed(model: SIAModel, config: ModelConfig) -> None:
+    base = SamplingParams(max_new_tokens=48, temperature=0.0)
+    full = generate(model, PROMPTS[:1], _cond(model, config, 1), base)[0]
+    text = full.text
+    assert len(text) >= 6, "the untrained model produces enough text to cut"
+    stop = text[3:5]
+    params = SamplingParams(max_new_tokens=48, temperature=0.0, stop=(stop,))
+    streamed = ""
+    result: list[Generation] = []
+    for item in stream(model, PROMPTS[:1], _cond(model, config, 1), params):
+        if isinstance(item, StreamEvent):
+            streamed += item.text
+        else:
+            result = item
+    assert result[0].text == text[: text.find(stop)]
+    assert streamed == result[0].text and stop not in streamed
+    assert result[0].finish_reason == "stop"
+
+
+def test_end_token_stops_and_specials_are_banned(model: SIAModel, config: ModelConfig) -> None:
+    tok = ByteTokenizer()
+
+    def favour_specials(module: torch.nn.Module, args: object, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.clone()
+        logits[..., tok.user_id] += 100.0  # banned: must never be sampled
+        logits[..., tok.pad_id] += 100.0
+        logits[..., tok.end_id] += torch.linspace(-50, 50, logits.shape[1])  # likely only late in a sequence
+        return logits
+
+    handle = model.lm_head.register_forward_hook(favour_specials)
+    try:
+        out = generate(model, PROMPTS[:1], _cond(model, config, 1), SamplingParams(max_new_tokens=10, temperature=0.0))[0]
+    finally:
+        handle.remove()
+    assert out.tokens[-1] == tok.end_id and out.finish_reason == "stop"
+    assert tok.user_id not in out.tokens and tok.pad_id not in out.tokens
+
+
+def test_sampling_filters() -> None:
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.9])
+    g = torch.Generator().manual_seed(0)
+    assert sample_next(logits, SamplingParams(temperature=0.0), None) == 1
+    assert {sample_next(logits, SamplingParams(top_k=1), g) for _ in range(20)} == {1}
+    assert {sample_next(logits, SamplingParams(top_p=1e-6), g) for _ in range(20)} == {1}
+    picked = {sample_next(logits, SamplingParams(top_k=2), g) for _ in range(200)}
+    assert picked == {1, 3}
+    # probabilities are (.024, .479, .065, .433): top_p keeps the smallest set whose mass reaches p
+    assert {sample_next(logits, SamplingParams(top_p=0.9), g) for _ in range(400)} == {1, 3}
+    assert {sample_next(logits, SamplingParams(top_p=0.95), g) for _ in range(400)} == {1, 2, 3}
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"stop": ("",)}, "stop"),
+    ],
+)
+def test_bad_params_raise(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_bad_requests_raise(model: SIAModel, config: ModelConfig) -> None:
+    with pytest.raises(ValueError, match="block_size"):
+        generate(model, [[1] * 100], _cond(model, config, 1), SamplingParams(max_new_tokens=64))
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(model, [[]], _cond(model, config, 1), SamplingParams())
+    with pytest.raises(ValueError, match="conditioning has"):
+        generate(model, PROMPTS, _cond(model, config, 1), SamplingParams())
