@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 
+ATTENTION_VARIANTS = ("trace", "dot")
+
+
 @dataclass
 class ModelConfig:
     # --- transformer shape ---
@@ -22,6 +25,9 @@ class ModelConfig:
     n_embd: int = 128  # residual width; value/head width = n_embd // n_head
     mlp_ratio: int = 4
     dropout: float = 0.0
+
+    # --- attention variant (registry in sia/model.py) ---
+    attention: str = "trace"  # "trace": TTA + self slot; "dot": plain dot-product attention, no state (the twin)
 
     # --- identity state ---
     d_self: int = 16  # self-state dimension d_s
@@ -51,6 +57,8 @@ class ModelConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.head_dim < 2:
             raise ValueError(f"n_embd // n_head must be at least 2 (one query/key column + the bias slot); got {self.head_dim}")
+        if self.attention not in ATTENTION_VARIANTS:
+            raise ValueError(f"attention must be one of {ATTENTION_VARIANTS}; got {self.attention!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
         if not self.alpha >= 0.0:

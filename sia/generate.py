@@ -174,9 +174,9 @@ def stream(
     banned = torch.tensor([tok.pad_id, tok.user_id, tok.assistant_id], device=device)
 
     def run(tokens: Tensor, key_valid: Tensor, count: Tensor, cache: KVCache | None) -> tuple[Tensor, TurnStats]:
-        """Forward over ``tokens`` (B, n); key_valid (B, slot + all tokens so far)."""
+        """Forward over ``tokens`` (B, n); key_valid (B, prefix + all tokens so far)."""
         n, Lk = tokens.shape[1], key_valid.shape[1]
-        positions = (key_valid[:, 1:].long().cumsum(1) - 1).clamp_min(0)[:, -n:]  # (B, n)
+        positions = (key_valid[:, model.prefix_len :].long().cumsum(1) - 1).clamp_min(0)[:, -n:]  # (B, n)
         attn_mask = None
         if padded:
             causal = torch.ones(n, Lk, dtype=torch.bool, device=device).tril(diagonal=Lk - n)  # (n, Lk)
@@ -184,9 +184,9 @@ def stream(
         out = model(tokens, cond, cache=cache, positions=positions, attn_mask=attn_mask, summary_mask=count)
         return out.logits, out.stats
 
-    ones = torch.ones(B, 1, dtype=torch.bool, device=device)
-    key_valid = torch.cat([ones, valid], dim=1)  # (B, 1 + L)
-    cache = KVCache(cond, L + params.max_new_tokens) if use_cache else None
+    prefix = torch.ones(B, model.prefix_len, dtype=torch.bool, device=device)  # the self slot, if any
+    key_valid = torch.cat([prefix, valid], dim=1)  # (B, prefix + L)
+    cache = model.new_cache(cond, L + params.max_new_tokens) if use_cache else None
     logits, stats = run(idx, key_valid, counted, cache)  # (B, L, V)
     log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, L-1, V)
     prompt_nll = -log_probs.gather(-1, idx[:, 1:, None]).squeeze(-1)  # (B, L-1)

@@ -39,6 +39,8 @@ __all__ = [
     "state_to_bytes",
     "update_self",
     "update_shock_stats",
+    "self_step",
+    "trace_step",
     "update_trace",
 ]
 
@@ -61,11 +63,15 @@ class ShockStats:
 
 @dataclass(frozen=True)
 class TurnSummary:
-    """What one turn leaves behind for the update rules (for one identity, not batched)."""
+    """What a turn leaves behind for the update rules: one identity, or a batch with a leading B dim."""
 
-    queries: Tensor  # (n_layer, H, d) unit-norm mean query of the turn, Q_t
-    keys: Tensor  # (n_layer, H, d) unit-norm mean key of the turn, K_t
-    hidden: Tensor  # (C,) pooled final hidden state z_t
+    queries: Tensor  # ([B,] n_layer, H, d) unit-norm mean query of the turn, Q_t
+    keys: Tensor  # ([B,] n_layer, H, d) unit-norm mean key of the turn, K_t
+    hidden: Tensor  # ([B,] C) pooled final hidden state z_t
+
+    def row(self, b: int) -> TurnSummary:
+        """One identity's summary out of a batched one."""
+        return TurnSummary(queries=self.queries[b], keys=self.keys[b], hidden=self.hidden[b])
 
 
 @dataclass(frozen=True)
@@ -142,15 +148,29 @@ def stabilised_metric(trace: Tensor, config: ModelConfig) -> Tensor:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def trace_step(trace: Tensor, keys: Tensor, queries: Tensor, shock: Tensor, *, alpha: float, decay: float) -> Tensor:
+    """decay T + alpha tanh(|shock|) (K ⊗ Q) on batched tensors: trace (B, n_layer, H, d, d), keys and
+    queries (B, n_layer, H, d), shock (B,). The tensor form used by training; update_trace wraps it."""
+    outer = keys.unsqueeze(-1) * queries.unsqueeze(-2)  # (B, n_layer, H, d, d): K_a Q_b
+    gate = alpha * torch.tanh(shock.abs())  # (B,)
+    return decay * trace + gate.view(-1, 1, 1, 1, 1) * outer.to(trace.dtype)
+
+
 def update_trace(state: IdentityState, summary: TurnSummary, shock: float, *, alpha: float, decay: float) -> IdentityState:
     """T <- decay T + alpha tanh(|shock|) (K_t ⊗ Q_t), per layer and head."""
     if not math.isfinite(shock):
         raise ValueError(f"shock must be finite; got {shock}")
     if alpha < 0 or not 0 < decay <= 1:
         raise ValueError(f"need alpha >= 0 and 0 < decay <= 1; got alpha={alpha}, decay={decay}")
-    outer = summary.keys.unsqueeze(-1) * summary.queries.unsqueeze(-2)  # (n_layer, H, d, d): K_a Q_b
-    gate = alpha * math.tanh(abs(shock))
-    return replace(state, trace=decay * state.trace + gate * outer.to(state.trace.dtype))
+    trace = trace_step(
+        state.trace.unsqueeze(0),
+        summary.keys.unsqueeze(0),
+        summary.queries.unsqueeze(0),
+        torch.tensor([shock], dtype=state.trace.dtype),
+        alpha=alpha,
+        decay=decay,
+    )
+    return replace(state, trace=trace[0])
 
 
 class SelfUpdate(nn.Module):
@@ -165,13 +185,17 @@ class SelfUpdate(nn.Module):
         return torch.tanh(self.proj(torch.cat([z, s], dim=-1))) - s
 
 
+def self_step(s: Tensor, z: Tensor, g: SelfUpdate, *, eta: float) -> Tensor:
+    """s + eta g(z, s), clamped to [-1, 1] against rounding; s (..., d_s), z (..., C). Differentiable in s, z, g."""
+    step: Tensor = g(z.to(s.dtype), s)
+    return (s + eta * step).clamp(-1.0, 1.0)
+
+
 def update_self(state: IdentityState, summary: TurnSummary, g: SelfUpdate, *, eta: float) -> IdentityState:
     """s <- s + eta g(z, s). For eta in (0, 1] this is a convex step towards tanh(.), so s stays in [-1, 1]."""
     if not 0 < eta <= 1:
         raise ValueError(f"eta must be in (0, 1]; got {eta}")
-    s = state.self_state
-    step = g(summary.hidden.to(s.dtype), s)  # (d_s,); callers that train keep the graph, serving runs no-grad
-    return replace(state, self_state=(s + eta * step).clamp(-1.0, 1.0))
+    return replace(state, self_state=self_step(state.self_state, summary.hidden, g, eta=eta))
 
 
 def update_shock_stats(stats: ShockStats, nll: float) -> ShockStats:

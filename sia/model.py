@@ -41,7 +41,7 @@ class LayerConditioning:
 class Conditioning:
     """Everything one turn fixes for each batch row. Built by SIAModel.condition; never mutated."""
 
-    layers: list[LayerConditioning]
+    layers: list[LayerConditioning | None]  # None for a variant without state (plain attention)
     self_state: Tensor  # (B, d_s)
 
     @property
@@ -50,29 +50,32 @@ class Conditioning:
 
 
 class KVCache:
-    """Augmented keys and values per layer, preallocated; position 0 holds the self slot."""
+    """Keys and values per layer, preallocated; with a stateful variant position 0 holds the self slot."""
 
-    def __init__(self, cond: Conditioning, max_tokens: int) -> None:
-        first = cond.layers[0]
-        B, H, _, w = first.slot_key.shape
-        self.capacity = max_tokens + 1
-        self.length = 1  # the self slot
-        self.keys = [first.slot_key.new_zeros(B, H, self.capacity, w) for _ in cond.layers]
-        self.values = [first.slot_value.new_zeros(B, H, self.capacity, w) for _ in cond.layers]
+    def __init__(self, cond: Conditioning, max_tokens: int, *, n_head: int, width: int) -> None:
+        s = cond.self_state
+        B = s.shape[0]
+        self.prefix = 0 if cond.layers[0] is None else 1
+        self.capacity = max_tokens + self.prefix
+        self.length = self.prefix
+        shape = (B, n_head, self.capacity, width)
+        self.keys = [s.new_zeros(shape) for _ in cond.layers]
+        self.values = [s.new_zeros(shape) for _ in cond.layers]
         for layer, lc in enumerate(cond.layers):
-            self.keys[layer][:, :, :1] = lc.slot_key
-            self.values[layer][:, :, :1] = lc.slot_value
+            if lc is not None:
+                self.keys[layer][:, :, :1] = lc.slot_key
+                self.values[layer][:, :, :1] = lc.slot_value
 
     @property
     def tokens(self) -> int:
         """Tokens cached so far (the self slot not counted)."""
-        return self.length - 1
+        return self.length - self.prefix
 
     def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write (B, H, L, w) keys/values after the current length; return the filled prefix."""
         start, end = self.length, self.length + k.shape[2]
         if end > self.capacity:
-            raise ValueError(f"KV cache holds {self.capacity - 1} tokens; this step needs {end - 1}")
+            raise ValueError(f"KV cache holds {self.capacity - self.prefix} tokens; this step needs {end - self.prefix}")
         self.keys[layer][:, :, start:end] = k
         self.values[layer][:, :, start:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
@@ -137,7 +140,10 @@ class TraceAttention(nn.Module):
         slot_value = self.self_value(s).view(B, H, 1, w)
         return LayerConditioning(q_weight, q_bias, metric, slot_key, slot_value)
 
-    def forward(self, x: Tensor, lc: LayerConditioning, cache: KVCache | None, layer: int, attn_mask: Tensor | None) -> Tensor:
+    def forward(
+        self, x: Tensor, lc: LayerConditioning | None, cache: KVCache | None, layer: int, attn_mask: Tensor | None
+    ) -> Tensor:
+        assert lc is not None, "TraceAttention needs the turn's conditioning"
         B, L, C = x.shape
         H, d, w = self.n_head, self.d, self.w
         q = torch.baddbmm(lc.q_bias, x, lc.q_weight.transpose(1, 2))  # (B, L, H*w) = [S q, 1] per head
@@ -156,6 +162,39 @@ class TraceAttention(nn.Module):
         return out
 
 
+class DotAttention(nn.Module):
+    """Plain causal dot-product attention at the full head width, with no state: the twin SIA is compared with."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_head, self.w = config.n_head, config.head_dim
+        self.q_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.k_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.v_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.o_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def condition(self, metric: Tensor, s: Tensor) -> None:
+        return None
+
+    def forward(
+        self, x: Tensor, lc: LayerConditioning | None, cache: KVCache | None, layer: int, attn_mask: Tensor | None
+    ) -> Tensor:
+        B, L, C = x.shape
+        H, w = self.n_head, self.w
+        q = (self.q_proj(x) / math.sqrt(w)).view(B, L, H, w).transpose(1, 2)  # (B, H, L, w), scale folded in
+        k = self.k_proj(x).view(B, L, H, w).transpose(1, 2)  # (B, H, L, w)
+        v = self.v_proj(x).view(B, L, H, w).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.extend(layer, k, v)
+        y = attend(q, k, v, causal=True, attn_mask=attn_mask)  # (B, H, L, w)
+        out: Tensor = self.dropout(self.o_proj(y.transpose(1, 2).reshape(B, L, C)))
+        return out
+
+
+ATTENTION: dict[str, type[TraceAttention] | type[DotAttention]] = {"trace": TraceAttention, "dot": DotAttention}
+
+
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -172,7 +211,7 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd)
-        self.attn = TraceAttention(config)
+        self.attn = ATTENTION[config.attention](config)
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
@@ -223,9 +262,24 @@ class SIAModel(nn.Module):
             raise ValueError(f"trace must be (B, {c.n_layer}, {c.n_head}, {c.qk_dim}, {c.qk_dim}); got {tuple(trace.shape)}")
         if self_state.shape != (trace.shape[0], c.d_self):
             raise ValueError(f"self_state must be ({trace.shape[0]}, {c.d_self}); got {tuple(self_state.shape)}")
+        if not self.stateful:
+            return Conditioning(layers=[None] * c.n_layer, self_state=self_state)
         metric = stabilised_metric(trace.detach(), c)  # (B, n_layer, H, d, d)
         layers = [attn.condition(metric[:, i], self_state) for i, attn in enumerate(self.attentions)]
         return Conditioning(layers=layers, self_state=self_state)
+
+    @property
+    def stateful(self) -> bool:
+        """False for the plain-attention twin, which ignores identity state."""
+        return self.config.attention != "dot"
+
+    @property
+    def prefix_len(self) -> int:
+        """Keys before the first token: the self slot, or none."""
+        return 1 if self.stateful else 0
+
+    def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
+        return KVCache(cond, max_tokens, n_head=self.config.n_head, width=self.config.head_dim)
 
     def condition_states(self, states: list[IdentityState]) -> Conditioning:
         """Stack one IdentityState per row into a Conditioning."""
@@ -276,11 +330,13 @@ class SIAModel(nn.Module):
         return ModelOutput(logits=self.lm_head(x), stats=stats)
 
     # --- what a turn leaves behind ---
-    def summarize(self, stats: TurnStats) -> list[TurnSummary]:
+    def summarize(self, stats: TurnStats) -> TurnSummary:
         """Turn sums into per-row summaries: unit-norm mean queries/keys (raw, pre-metric) and mean hidden z.
 
         Projections are affine, so mean(q) = W_q mean(h) + b_q: no per-token queries need to be kept.
         """
+        if not self.stateful:
+            raise ValueError(f"the {self.config.attention!r} attention variant keeps no identity state to summarise for")
         if bool((stats.count <= 0).any()):
             raise ValueError("a turn summary needs at least one counted token per row")
         c = self.config
@@ -292,7 +348,7 @@ class SIAModel(nn.Module):
         q = F.normalize(torch.stack(queries, dim=1), dim=-1)  # (B, n_layer, H, d)
         k = F.normalize(torch.stack(keys, dim=1), dim=-1)
         z = stats.hidden / stats.count.view(-1, 1)  # (B, C)
-        return [TurnSummary(queries=q[b], keys=k[b], hidden=z[b]) for b in range(q.shape[0])]
+        return TurnSummary(queries=q, keys=k, hidden=z)  # batched: (B, ...)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -69,7 +69,8 @@ def stream_turns(
     results = []
     with torch.no_grad():  # plain tensors out: the new states may later be used where autograd records
         summaries = model.summarize(TurnStats.cat([g.stats for g in generations]))
-        for req, gen, summary, (a, b), prompt in zip(requests, generations, summaries, spans, prompts, strict=True):
+        for row, (req, gen, (a, b), prompt) in enumerate(zip(requests, generations, spans, prompts, strict=True)):
+            summary = summaries.row(row)
             nll = float(gen.prompt_nll[a:b].mean())
             shock = standardised_shock(nll, req.state.shock, model.config)
             new_state = advance(req.state, summary, shock=shock, nll=nll, g=model.self_update, dynamics=req.dynamics)

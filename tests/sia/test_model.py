@@ -22,7 +22,7 @@ def test_cached_forward_equals_uncached(model: SIAModel, config: ModelConfig) ->
     idx = torch.randint(0, 256, (3, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         full = model(idx, cond)
-        cache = KVCache(cond, 16)
+        cache = model.new_cache(cond, 16)
         parts = [model(idx[:, :5], cond, cache=cache).logits]
         parts += [model(idx[:, t : t + 1], cond, cache=cache).logits for t in range(5, 9)]
         parts.append(model(idx[:, 9:], cond, cache=cache).logits)  # a chunk against a non-empty cache
@@ -83,8 +83,8 @@ def test_summary_is_the_mean_of_the_real_queries_and_keys(model: SIAModel, confi
         for b, start in ((0, 0), (1, 4)):
             q = captured["q"][layer][b, start:].view(-1, config.n_head, config.qk_dim).mean(0)
             k = captured["k"][layer][b, start:].view(-1, config.n_head, config.qk_dim).mean(0)
-            torch.testing.assert_close(summaries[b].queries[layer], F.normalize(q, dim=-1), atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(summaries[b].keys[layer], F.normalize(k, dim=-1), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(summaries.queries[b, layer], F.normalize(q, dim=-1), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(summaries.keys[b, layer], F.normalize(k, dim=-1), atol=1e-5, rtol=1e-5)
     assert out.stats.count.tolist() == [9.0, 5.0]
 
 
@@ -126,3 +126,33 @@ def test_bad_inputs_raise(model: SIAModel, config: ModelConfig) -> None:
     bad = IdentityState(trace=torch.full((2, 2, 15, 15), float("nan")), self_state=torch.zeros(4))
     with pytest.raises(ValueError, match="NaN"):
         model.condition_states([bad])
+
+
+def test_the_dot_twin_ignores_state_and_caches_correctly() -> None:
+    from sia.generate import SamplingParams, generate
+    from tests.conftest import tiny_config
+
+    config = tiny_config(attention="dot")
+    torch.manual_seed(0)
+    twin = SIAModel(config).eval()
+    assert not twin.stateful and twin.prefix_len == 0
+    idx = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(0))
+    states = [IdentityState.fresh(config), random_state(config, 1)]
+    with torch.no_grad():
+        a = twin(idx, twin.condition_states(states)).logits
+        b = twin(idx, twin.condition_states(states[::-1])).logits
+        # plain causal attention, checked against a hand-written layer-0 computation via a full forward
+        cache = twin.new_cache(twin.condition_states(states), 10)
+        parts = [twin(idx[:, :4], twin.condition_states(states), cache=cache).logits]
+        parts += [twin(idx[:, t : t + 1], twin.condition_states(states), cache=cache).logits for t in range(4, 10)]
+    assert torch.equal(a, b)  # identity state does not matter to the twin
+    torch.testing.assert_close(torch.cat(parts, 1), a, atol=1e-5, rtol=1e-5)
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    prompts = [list(b"hello"), list(b"a longer prompt")]
+    cached = generate(twin, prompts, twin.condition_states(states), params)
+    uncached = generate(twin, prompts, twin.condition_states(states), params, use_cache=False)
+    assert [g.tokens for g in cached] == [g.tokens for g in uncached]
+    with pytest.raises(ValueError, match="keeps no identity state"):
+        twin.summarize(twin(idx, twin.condition_states(states)).stats)
+    with pytest.raises(ValueError, match="attention must be one of"):
+        tiny_config(attention="linear")
