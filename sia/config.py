@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-
 ATTENTION_VARIANTS = ("trace", "dot")
 
 

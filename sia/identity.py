@@ -34,13 +34,13 @@ __all__ = [
     "TurnSummary",
     "advance",
     "low_rank_cleanup",
+    "self_step",
     "stabilised_metric",
     "state_from_bytes",
     "state_to_bytes",
+    "trace_step",
     "update_self",
     "update_shock_stats",
-    "self_step",
-    "trace_step",
     "update_trace",
 ]
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from sia.checkpoint import load_checkpoint, save_checkpoint
 from sia.config import ModelConfig
 from sia.identity import IdentityState
-from sia.model import KVCache, SIAModel
+from sia.model import SIAModel
 from tests.conftest import random_state, sharpen
 
 
