@@ -86,6 +86,21 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from sia.train import TrainConfig, train
+
+    config = TrainConfig.from_file(args.config)
+    if args.out is not None:
+        config.out_dir = str(args.out)
+    if args.steps is not None:
+        config.steps = args.steps
+    if args.threads is not None:
+        config.threads = args.threads
+    TrainConfig(**vars(config))  # re-validate after the overrides
+    train(config, progress=not args.quiet)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sia", description="SIA, the stateful identity-attention runtime.")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
@@ -111,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="an interactive conversation in the terminal")
     add_turn_options(chat)
     chat.set_defaults(func=cmd_chat)
+
+    tr = sub.add_parser("train", help="train a model on the project's dialogue corpus (resumes from OUT/checkpoint)")
+    tr.add_argument("--config", type=Path, default=Path("configs/default.json"), help="training config (JSON)")
+    tr.add_argument("--out", type=Path, default=None, help="output directory (overrides the config's out_dir)")
+    tr.add_argument("--steps", type=int, default=None, help="override the number of steps")
+    tr.add_argument("--threads", type=int, default=None, help="torch threads")
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.set_defaults(func=cmd_train)
     return parser
 
 

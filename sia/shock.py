@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from sia.config import ModelConfig
 from sia.identity import ShockStats
 
-__all__ = ["message_nll", "pooled_moments", "standardised_shock"]
+__all__ = ["message_nll", "pooled_moments", "standardise", "standardised_shock"]
 
 
 def message_nll(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
@@ -40,21 +41,37 @@ def message_nll(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
     return (nll * mask).sum(dim=1) / counts
 
 
+def _pooled(count: Tensor, mean: Tensor, m2: Tensor, config: ModelConfig) -> tuple[Tensor, Tensor]:
+    n0, mu0, var0 = config.shock_prior_weight, config.shock_prior_mean, config.shock_prior_std**2
+    total = n0 + count
+    pooled_mean = (n0 * mu0 + count * mean) / total
+    # pooled sum of squares: the prior's, the sample's, and the spread between the two means
+    ss = n0 * var0 + m2 + (n0 * count / total) * (mean - mu0) ** 2
+    return pooled_mean, (ss / total).sqrt()
+
+
+def standardise(nll: Tensor, count: Tensor, mean: Tensor, m2: Tensor, config: ModelConfig) -> Tensor:
+    """Batched shock: every argument (B,); the statistics are those before this message."""
+    pooled_mean, pooled_std = _pooled(count, mean, m2, config)
+    return ((nll - pooled_mean) / pooled_std).clamp(-config.shock_clip, config.shock_clip)
+
+
+def _stats_tensors(stats: ShockStats) -> tuple[Tensor, Tensor, Tensor]:
+    return (
+        torch.tensor([float(stats.count)], dtype=torch.float64),
+        torch.tensor([stats.mean], dtype=torch.float64),
+        torch.tensor([stats.m2], dtype=torch.float64),
+    )
+
+
 def pooled_moments(stats: ShockStats, config: ModelConfig) -> tuple[float, float]:
     """Mean and standard deviation of the identity's NLL, pooled with the prior (weight n0)."""
-    n0, n = config.shock_prior_weight, stats.count
-    mu0, var0 = config.shock_prior_mean, config.shock_prior_std**2
-    total = n0 + n
-    mean = (n0 * mu0 + n * stats.mean) / total
-    # pooled sum of squares: prior's, the sample's, and the spread between the two means
-    ss = n0 * var0 + stats.m2 + (n0 * n / total) * (stats.mean - mu0) ** 2
-    return mean, math.sqrt(ss / total)
+    mean, std = _pooled(*_stats_tensors(stats), config)
+    return float(mean), float(std)
 
 
 def standardised_shock(nll: float, stats: ShockStats, config: ModelConfig) -> float:
     """Standardise one message's NLL against the identity's statistics *before* this message."""
     if not math.isfinite(nll):
         raise ValueError(f"nll must be finite; got {nll}")
-    mean, std = pooled_moments(stats, config)
-    z = (nll - mean) / std
-    return max(-config.shock_clip, min(config.shock_clip, z))
+    return float(standardise(torch.tensor([nll], dtype=torch.float64), *_stats_tensors(stats), config))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import codecs
+import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import ClassVar
 
 __all__ = ["ByteTokenizer", "IncrementalDecoder"]
@@ -36,6 +38,24 @@ class ByteTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         """Bytes back to text; special tokens are dropped; invalid byte runs become U+FFFD."""
         return bytes(i for i in ids if 0 <= i < self.n_bytes).decode("utf-8", errors="replace")
+
+    def to_file(self, path: str | Path) -> None:
+        """Describe the tokenizer so a checkpoint says which one it was trained with."""
+        spec = {"type": "byte", "vocab_size": self.vocab_size, "specials": {str(k): v for k, v in self.specials.items()}}
+        Path(path).write_text(json.dumps(spec, indent=2) + "\n")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ByteTokenizer:
+        """Load and check a tokenizer description; anything but this byte tokenizer is refused."""
+        tok = cls()
+        try:
+            spec = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+        expected = {"type": "byte", "vocab_size": tok.vocab_size, "specials": {str(k): v for k, v in tok.specials.items()}}
+        if spec != expected:
+            raise ValueError(f"{path}: unsupported tokenizer {spec!r}; expected {expected!r}")
+        return tok
 
     def chat_prompt(self, message: str, context: Iterable[int] = ()) -> list[int]:
         """<context> <|user|> message <|end|> <|assistant|> : the prompt the reply continues."""

@@ -1,0 +1,329 @@
+"""``sia train``: train the model on the project's dialogue corpus the way serving uses it.
+
+Every step takes a batch of episodes and plays them turn by turn from fresh identities. Each turn is a
+teacher-forced forward (sia.episodes.forward_turn) under the current state; afterwards the trace and self
+state advance by the serving rules. The earlier turns' text is *not* in the context of later turns, except
+in a small share of batches (``transcript_prob``) that carry the whole transcript so far, so that the
+model also reads context when it has it. Gradients flow through the self state across all turns of an
+episode (episodes are 4 to 6 turns, so no truncation is needed); the trace is carried without gradient.
+
+Loss per turn: cross-entropy of the reply tokens, plus ``user_loss_weight`` times that of the message
+tokens (it keeps the model's NLL of user messages, i.e. shock, meaningful). Adam with linear warm-up and
+cosine decay, gradient clipping. Checkpoints (weights, config, tokenizer, optimizer, step) are safetensors
+and JSON, and a run resumes from its last checkpoint; the batch of step i depends only on (seed, i).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from sia.checkpoint import load_checkpoint, save_checkpoint
+from sia.config import ModelConfig
+from sia.corpus import Episode, make_corpus, persona_preamble
+from sia.episodes import EncodedTurn, StateBatch, batch_turns, encode_turn, forward_turn
+from sia.identity import Dynamics
+from sia.model import SIAModel
+from sia.tokenizer import ByteTokenizer
+
+__all__ = ["TrainConfig", "encode_episode_turns", "train"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields; missing ones take defaults
+    out_dir: str = "runs/default"
+    seed: int = 0
+    train_episodes: int = 20000
+    heldout_episodes: int = 300
+    batch_size: int = 16
+    steps: int = 2000
+    lr: float = 2e-3
+    min_lr: float = 2e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    user_loss_weight: float = 0.3
+    transcript_prob: float = 0.1  # share of batches whose turns see the whole transcript so far
+    eval_every: int = 200  # held-out loss every N steps
+    checkpoint_every: int = 200
+    threads: int | None = None  # torch threads; None keeps torch's default
+
+    def __post_init__(self) -> None:
+        self.model_config()  # validates the model section
+        for name in ("train_episodes", "heldout_episodes", "batch_size", "steps", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        if not 0 < self.min_lr <= self.lr:
+            raise ValueError(f"need 0 < min_lr <= lr; got min_lr={self.min_lr}, lr={self.lr}")
+        if not 0 <= self.transcript_prob <= 1:
+            raise ValueError(f"transcript_prob must be in [0, 1]; got {self.transcript_prob}")
+        if self.user_loss_weight < 0 or self.grad_clip <= 0 or self.warmup_steps < 0:
+            raise ValueError("user_loss_weight and warmup_steps must be >= 0 and grad_clip > 0")
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig.from_dict(self.model)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TrainConfig:
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown training keys {unknown}; known keys are {sorted(known)}")
+        return cls(**data)
+
+    def to_file(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------
+
+
+def encode_episode_turns(tok: ByteTokenizer, episode: Episode, *, transcript: bool, block_size: int) -> list[EncodedTurn]:
+    """Every turn of an episode, encoded with the persona preamble and, if asked, the transcript so far.
+
+    The transcript is cut from the oldest turn so that each encoded turn fits ``block_size``.
+    """
+    preamble = tok.encode(persona_preamble(episode.persona))
+    history: list[list[int]] = []
+    encoded = []
+    for turn in episode.turns:
+        bare = encode_turn(tok, preamble, turn.user, turn.reply)
+        if len(bare.ids) > block_size:
+            raise ValueError(f"a turn of {len(bare.ids)} tokens does not fit block_size {block_size}")
+        context = list(preamble)
+        if transcript:
+            room = block_size - len(bare.ids)
+            kept: list[int] = []
+            for past in reversed(history):
+                if len(kept) + len(past) > room:
+                    break
+                kept = past + kept
+            context += kept
+        encoded.append(encode_turn(tok, context, turn.user, turn.reply))
+        history.append(bare.ids[len(preamble) :])
+    return encoded
+
+
+def _episode_batch(corpus: tuple[Episode, ...], rng: random.Random, size: int) -> list[Episode]:
+    return [corpus[rng.randrange(len(corpus))] for _ in range(size)]
+
+
+def episode_loss(
+    model: SIAModel, episodes: list[Episode], tok: ByteTokenizer, dynamics: Dynamics, *, transcript: bool, user_weight: float
+) -> tuple[Tensor, int]:
+    """Mean weighted token loss over all turns of the episodes, played from fresh identities; and #tokens."""
+    config = model.config
+    device = model.wte.weight.device
+    per_episode = [encode_episode_turns(tok, e, transcript=transcript, block_size=config.block_size) for e in episodes]
+    state = StateBatch.fresh(config, len(episodes), device)
+    total = torch.zeros((), device=device)
+    weight_sum = 0.0
+    n_tokens = 0
+    for t in range(max(len(turns) for turns in per_episode)):
+        batch = batch_turns([turns[t] if t < len(turns) else None for turns in per_episode], pad_id=tok.pad_id, device=device)
+        out = forward_turn(model, batch, state, dynamics)
+        active = batch.active.view(-1, 1)
+        weights = (batch.reply_targets.float() + user_weight * batch.message_targets.float()) * active
+        total = total + (out.token_nll * weights).sum()
+        weight_sum += float(weights.sum())
+        n_tokens += int((batch.summary_mask & batch.active.view(-1, 1)).sum())
+        state = out.state
+    return total / max(weight_sum, 1.0), n_tokens
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints that resume
+# ---------------------------------------------------------------------------------------------------------
+
+TRAINER_FILE = "trainer.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+
+
+def _save_resumable(
+    directory: Path, model: SIAModel, optimizer: torch.optim.Optimizer, step: int, history: dict[str, Any]
+) -> None:
+    tmp = directory.with_name(directory.name + ".tmp")
+    save_checkpoint(model, tmp)
+    ByteTokenizer().to_file(tmp / "tokenizer.json")
+    state = optimizer.state_dict()
+    tensors: dict[str, Tensor] = {}
+    for index, entry in state["state"].items():
+        for name, value in entry.items():
+            tensors[f"{index}.{name}"] = torch.as_tensor(value).contiguous()
+    save_file(tensors, str(tmp / OPTIMIZER_FILE))
+    (tmp / TRAINER_FILE).write_text(json.dumps({"step": step, "param_groups": state["param_groups"], "history": history}))
+    if directory.exists():
+        for child in directory.iterdir():
+            child.unlink()
+        directory.rmdir()
+    tmp.rename(directory)
+
+
+def _load_resumable(directory: Path, optimizer: torch.optim.Optimizer) -> tuple[SIAModel, int, dict[str, Any]]:
+    model = load_checkpoint(directory)
+    meta = json.loads((directory / TRAINER_FILE).read_text())
+    flat = load_file(str(directory / OPTIMIZER_FILE))
+    state: dict[int, dict[str, Tensor]] = {}
+    for key, value in flat.items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    optimizer_state = {"state": state, "param_groups": meta["param_groups"]}
+    return model, int(meta["step"]), {"history": meta["history"], "optimizer": optimizer_state}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _lr(config: TrainConfig, step: int) -> float:
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+@torch.no_grad()
+def heldout_loss(
+    model: SIAModel, episodes: tuple[Episode, ...], tok: ByteTokenizer, dynamics: Dynamics, batch_size: int
+) -> float:
+    model.eval()
+    losses, weights = 0.0, 0
+    for start in range(0, len(episodes), batch_size):
+        chunk = list(episodes[start : start + batch_size])
+        loss, _ = episode_loss(model, chunk, tok, dynamics, transcript=False, user_weight=0.0)
+        losses += float(loss) * len(chunk)
+        weights += len(chunk)
+    model.train()
+    return losses / max(weights, 1)
+
+
+def _progress(step: int, total: int, loss: float, tokens_per_s: float, elapsed: float) -> None:
+    width = 30
+    done = int(width * step / total)
+    eta = elapsed / max(step, 1) * (total - step)
+    bar = "#" * done + "-" * (width - done)
+    sys.stderr.write(f"\r[{bar}] {step}/{total} loss {loss:.4f} {tokens_per_s:,.0f} tok/s eta {eta / 60:.1f} min ")
+    sys.stderr.flush()
+
+
+def train(config: TrainConfig, *, progress: bool = True) -> Path:
+    """Run (or resume) training; returns the output directory holding the final checkpoint and its plots."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config.to_file(out / "train_config.json")
+    tok = ByteTokenizer()
+    corpus = make_corpus(config.seed, config.train_episodes, config.heldout_episodes)
+    model_config = config.model_config()
+    dynamics = Dynamics.from_config(model_config)
+    resume_dir = out / "checkpoint"
+
+    torch.manual_seed(config.seed)
+    model = SIAModel(model_config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
+    step = 0
+    history: dict[str, Any] = {"step": [], "loss": [], "heldout_step": [], "heldout_loss": [], "seconds": 0.0}
+    if (resume_dir / TRAINER_FILE).is_file():
+        model, step, saved = _load_resumable(resume_dir, optimizer)
+        if model.config != model_config:
+            raise ValueError(f"{resume_dir} holds a model of another config; use a fresh out_dir")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
+        optimizer.load_state_dict(saved["optimizer"])
+        history = saved["history"]
+        log.info("resuming %s at step %d", resume_dir, step)
+    model.train()
+    log.info(
+        "model: %s attention, %d parameters; corpus: %d train / %d held-out episodes",
+        model_config.attention,
+        model.num_parameters(),
+        len(corpus.train),
+        len(corpus.heldout),
+    )
+
+    started, window_tokens, window_start = time.perf_counter(), 0, time.perf_counter()
+    smoothed = float("nan")
+    while step < config.steps:
+        rng = random.Random(config.seed * 1_000_003 + step)  # the batch depends on (seed, step) only: resumable
+        episodes = _episode_batch(corpus.train, rng, config.batch_size)
+        transcript = rng.random() < config.transcript_prob
+        for group in optimizer.param_groups:
+            group["lr"] = _lr(config, step)
+        loss, n_tokens = episode_loss(model, episodes, tok, dynamics, transcript=transcript, user_weight=config.user_loss_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        step += 1
+        value = float(loss)
+        smoothed = value if math.isnan(smoothed) else 0.95 * smoothed + 0.05 * value
+        history["step"].append(step)
+        history["loss"].append(value)
+        window_tokens += n_tokens
+        if progress:
+            rate = window_tokens / max(time.perf_counter() - window_start, 1e-9)
+            _progress(step, config.steps, smoothed, rate, time.perf_counter() - started)
+        if step % config.eval_every == 0 or step == config.steps:
+            held = heldout_loss(model, corpus.heldout, tok, dynamics, config.batch_size * 4)
+            history["heldout_step"].append(step)
+            history["heldout_loss"].append(held)
+            log.info("step %d: train loss %.4f, held-out loss %.4f", step, smoothed, held)
+            window_tokens, window_start = 0, time.perf_counter()
+        if step % config.checkpoint_every == 0 or step == config.steps:
+            history["seconds"] = float(history["seconds"]) + time.perf_counter() - started
+            started = time.perf_counter()
+            _save_resumable(resume_dir, model, optimizer, step, history)
+    if progress:
+        sys.stderr.write("\n")
+    model.eval()
+    save_checkpoint(model, out / "final")
+    tok.to_file(out / "final" / "tokenizer.json")
+    (out / "history.json").write_text(json.dumps(history))
+    plot_losses(history, out / "loss.png")
+    log.info("trained %d steps in %.1f min; final checkpoint in %s", step, float(history["seconds"]) / 60, out / "final")
+    return out
+
+
+def plot_losses(history: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps, losses = history["step"], history["loss"]
+    if losses:
+        k = max(1, len(losses) // 100)
+        smooth = [sum(losses[max(0, i - k) : i + 1]) / len(losses[max(0, i - k) : i + 1]) for i in range(len(losses))]
+        ax.plot(steps, smooth, label="train (smoothed)")
+    if history["heldout_loss"]:
+        ax.plot(history["heldout_step"], history["heldout_loss"], "o-", label="held-out (replies)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
