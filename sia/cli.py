@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sia.checkpoint import load_default_model
+from sia.corpus import PERSONAS, persona_preamble
 from sia.generate import SamplingParams, StreamEvent
 from sia.identity import Dynamics, IdentityState, state_from_bytes, state_to_bytes
 from sia.model import SIAModel
+from sia.tokenizer import ByteTokenizer
 from sia.turn import TurnRequest, TurnResult, stream_turns
 
 log = logging.getLogger("sia")
@@ -42,8 +44,9 @@ def _save_state(path: Path | None, state: IdentityState) -> None:
     tmp.replace(path)  # atomic: a crash never leaves a half-written state
 
 
-def _turn(model: SIAModel, state: IdentityState, message: str, params: SamplingParams) -> TurnResult:
-    request = TurnRequest(state=state, message=message, dynamics=Dynamics.from_config(model.config))
+def _turn(model: SIAModel, state: IdentityState, message: str, params: SamplingParams, persona: str) -> TurnResult:
+    context = tuple(ByteTokenizer().encode(persona_preamble(persona)))
+    request = TurnRequest(state=state, message=message, dynamics=Dynamics.from_config(model.config), context=context)
     for item in stream_turns(model, [request], params):
         if isinstance(item, StreamEvent):
             sys.stdout.write(item.text)
@@ -57,7 +60,7 @@ def _turn(model: SIAModel, state: IdentityState, message: str, params: SamplingP
 def cmd_generate(args: argparse.Namespace) -> int:
     model = load_default_model(args.checkpoint)
     state = _load_state(args.state, model)
-    result = _turn(model, state, args.prompt, _sampling(args))
+    result = _turn(model, state, args.prompt, _sampling(args), args.persona)
     log.info(
         "turn %d: shock %.3f, nll %.3f nats/token, %d reply tokens (%s)",
         result.state.turns,
@@ -79,7 +82,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         message = line.rstrip("\n")
         if not message:
             break
-        result = _turn(model, state, message, params)
+        result = _turn(model, state, message, params, args.persona)
         state = result.state
         _save_state(args.state, state)
         log.info("turn %d: shock %.3f", state.turns, result.shock)
@@ -108,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_turn_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: the bundled model)")
+        p.add_argument("--persona", default="sia", choices=sorted(PERSONAS), help="persona whose preamble opens each turn")
         p.add_argument(
             "--state", type=Path, default=None, help="identity state file (safetensors); read if present, written after each turn"
         )

@@ -276,7 +276,7 @@ def train(config: TrainConfig, *, progress: bool = True) -> Path:
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         step += 1
-        value = float(loss)
+        value = float(loss.detach())
         smoothed = value if math.isnan(smoothed) else 0.95 * smoothed + 0.05 * value
         history["step"].append(step)
         history["loss"].append(value)
