@@ -37,12 +37,24 @@ class EncodedTurn:
     context_len: int  # tokens before <|user|>
     message_len: int  # bytes of the message
     reply_start: int  # index of the first reply token (after <|assistant|>)
+    answer: tuple[int, int] | None = None  # token range [start, end) of a recalled value inside the reply
 
 
-def encode_turn(tok: ByteTokenizer, context: Sequence[int], message: str, reply: str) -> EncodedTurn:
+def encode_turn(
+    tok: ByteTokenizer, context: Sequence[int], message: str, reply: str, *, answer: tuple[str, str] | None = None
+) -> EncodedTurn:
+    """Encode one turn; ``answer`` = (reply prefix, value) marks the value's tokens (a recall probe)."""
     prompt = tok.chat_prompt(message, context)
     ids = [*prompt, *tok.encode(reply), tok.end_id]
-    return EncodedTurn(ids=ids, context_len=len(context), message_len=len(prompt) - len(context) - 3, reply_start=len(prompt))
+    span = None
+    if answer is not None:
+        prefix, value = answer
+        if not reply.startswith(prefix + value):
+            raise ValueError(f"reply {reply!r} does not start with {prefix + value!r}")
+        start = len(prompt) + len(tok.encode(prefix))
+        span = (start, start + len(tok.encode(value)))
+    message_len = len(prompt) - len(context) - 3
+    return EncodedTurn(ids=ids, context_len=len(context), message_len=message_len, reply_start=len(prompt), answer=span)
 
 
 @dataclass
@@ -50,6 +62,7 @@ class TurnBatch:
     tokens: Tensor  # (B, L) right-padded with <|pad|>
     reply_targets: Tensor  # (B, L-1) bool: target tokens[:, 1:] belongs to the reply (its <|end|> included)
     message_targets: Tensor  # (B, L-1) bool: target is a message byte or the message's <|end|>
+    answer_targets: Tensor  # (B, L-1) bool: target is a token of a recalled value (probe turns only)
     summary_mask: Tensor  # (B, L) bool: tokens the turn summary counts
     active: Tensor  # (B,) bool: rows that have this turn
 
@@ -61,6 +74,7 @@ def batch_turns(turns: Sequence[EncodedTurn | None], *, pad_id: int, device: tor
     tokens = torch.full((B, L), pad_id, dtype=torch.long)
     reply = torch.zeros(B, L - 1, dtype=torch.bool)
     message = torch.zeros(B, L - 1, dtype=torch.bool)
+    answer = torch.zeros(B, L - 1, dtype=torch.bool)
     summary = torch.zeros(B, L, dtype=torch.bool)
     active = torch.zeros(B, dtype=torch.bool)
     for b, t in enumerate(turns):
@@ -72,9 +86,13 @@ def batch_turns(turns: Sequence[EncodedTurn | None], *, pad_id: int, device: tor
         # target j is tokens[j + 1]: the message bytes and their <|end|> are predicted from <|user|> onwards
         message[b, t.context_len : t.context_len + t.message_len + 1] = True
         reply[b, t.reply_start - 1 : n - 1] = True
+        if t.answer is not None:
+            answer[b, t.answer[0] - 1 : t.answer[1] - 1] = True
         summary[b, t.context_len : n - 1] = True
         active[b] = True
-    return TurnBatch(tokens.to(device), reply.to(device), message.to(device), summary.to(device), active.to(device))
+    return TurnBatch(
+        tokens.to(device), reply.to(device), message.to(device), answer.to(device), summary.to(device), active.to(device)
+    )
 
 
 @dataclass

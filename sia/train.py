@@ -57,6 +57,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     user_loss_weight: float = 0.3
+    answer_weight: float = 1.0  # weight of the tokens of a recalled value in a probe reply (1 = like any reply token)
     transcript_prob: float = 0.1  # share of batches whose turns see the whole transcript so far
     eval_every: int = 200  # held-out loss every N steps
     checkpoint_every: int = 200
@@ -71,8 +72,8 @@ class TrainConfig:
             raise ValueError(f"need 0 < min_lr <= lr; got min_lr={self.min_lr}, lr={self.lr}")
         if not 0 <= self.transcript_prob <= 1:
             raise ValueError(f"transcript_prob must be in [0, 1]; got {self.transcript_prob}")
-        if self.user_loss_weight < 0 or self.grad_clip <= 0 or self.warmup_steps < 0:
-            raise ValueError("user_loss_weight and warmup_steps must be >= 0 and grad_clip > 0")
+        if self.user_loss_weight < 0 or self.answer_weight < 0 or self.grad_clip <= 0 or self.warmup_steps < 0:
+            raise ValueError("user_loss_weight, answer_weight and warmup_steps must be >= 0 and grad_clip > 0")
 
     def model_config(self) -> ModelConfig:
         return ModelConfig.from_dict(self.model)
@@ -106,7 +107,8 @@ def encode_episode_turns(tok: ByteTokenizer, episode: Episode, *, transcript: bo
     preamble = tok.encode(persona_preamble(episode.persona))
     history: list[list[int]] = []
     encoded = []
-    for turn in episode.turns:
+    answers = {p.turn: (p.prefix, p.answer) for p in episode.probes}
+    for index, turn in enumerate(episode.turns):
         bare = encode_turn(tok, preamble, turn.user, turn.reply)
         if len(bare.ids) > block_size:
             raise ValueError(f"a turn of {len(bare.ids)} tokens does not fit block_size {block_size}")
@@ -119,7 +121,7 @@ def encode_episode_turns(tok: ByteTokenizer, episode: Episode, *, transcript: bo
                     break
                 kept = past + kept
             context += kept
-        encoded.append(encode_turn(tok, context, turn.user, turn.reply))
+        encoded.append(encode_turn(tok, context, turn.user, turn.reply, answer=answers.get(index)))
         history.append(bare.ids[len(preamble) :])
     return encoded
 
@@ -129,7 +131,14 @@ def _episode_batch(corpus: tuple[Episode, ...], rng: random.Random, size: int) -
 
 
 def episode_loss(
-    model: SIAModel, episodes: list[Episode], tok: ByteTokenizer, dynamics: Dynamics, *, transcript: bool, user_weight: float
+    model: SIAModel,
+    episodes: list[Episode],
+    tok: ByteTokenizer,
+    dynamics: Dynamics,
+    *,
+    transcript: bool,
+    user_weight: float,
+    answer_weight: float = 1.0,
 ) -> tuple[Tensor, int]:
     """Mean weighted token loss over all turns of the episodes, played from fresh identities; and #tokens."""
     config = model.config
@@ -143,7 +152,8 @@ def episode_loss(
         batch = batch_turns([turns[t] if t < len(turns) else None for turns in per_episode], pad_id=tok.pad_id, device=device)
         out = forward_turn(model, batch, state, dynamics)
         active = batch.active.view(-1, 1)
-        weights = (batch.reply_targets.float() + user_weight * batch.message_targets.float()) * active
+        weights = batch.reply_targets.float() + user_weight * batch.message_targets.float()
+        weights = (weights + (answer_weight - 1.0) * batch.answer_targets.float()) * active
         total = total + (out.token_nll * weights).sum()
         weight_sum += float(weights.sum())
         n_tokens += int((batch.summary_mask & batch.active.view(-1, 1)).sum())
@@ -270,7 +280,15 @@ def train(config: TrainConfig, *, progress: bool = True) -> Path:
         transcript = rng.random() < config.transcript_prob
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, step)
-        loss, n_tokens = episode_loss(model, episodes, tok, dynamics, transcript=transcript, user_weight=config.user_loss_weight)
+        loss, n_tokens = episode_loss(
+            model,
+            episodes,
+            tok,
+            dynamics,
+            transcript=transcript,
+            user_weight=config.user_loss_weight,
+            answer_weight=config.answer_weight,
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)

@@ -149,3 +149,20 @@ def test_bad_training_configs(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text(json.dumps({"stepz": 3}))
     with pytest.raises(ValueError, match="unknown training keys"):
         TrainConfig.from_file(tmp_path / "bad.json")
+
+
+def test_probe_answers_are_marked_and_weighted() -> None:
+    tok = ByteTokenizer()
+    episode = next(e for e in make_corpus(1, 50, 1).train if e.probes)
+    probe = episode.probes[0]
+    turns = encode_episode_turns(tok, episode, transcript=False, block_size=1024)
+    marked = [i for i, t in enumerate(turns) if t.answer is not None]
+    assert marked == sorted(p.turn for p in episode.probes)
+    start, end = turns[probe.turn].answer  # type: ignore[misc]
+    assert tok.decode(turns[probe.turn].ids[start:end]) == probe.answer
+    batch = batch_turns([turns[probe.turn]], pad_id=tok.pad_id)
+    targets = batch.tokens[0, 1:][batch.answer_targets[0]]
+    assert tok.decode(targets.tolist()) == probe.answer
+    assert bool((batch.answer_targets <= batch.reply_targets).all())
+    with pytest.raises(ValueError, match="does not start with"):
+        encode_turn(tok, [], "hi", "hello there", answer=("hello ", "world"))
