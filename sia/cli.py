@@ -104,6 +104,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from sia.evaluate import run_eval
+
+    figures = run_eval(
+        args.checkpoint,
+        args.out,
+        twin_checkpoint=args.twin,
+        seed=args.seed,
+        n_heldout=args.heldout,
+        max_episodes=args.max_episodes,
+    )
+    log.info("report written to %s (%d figures)", args.out / "report.md", len(figures))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sia", description="SIA, the stateful identity-attention runtime.")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
@@ -138,6 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--threads", type=int, default=None, help="torch threads")
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.set_defaults(func=cmd_train)
+
+    ev = sub.add_parser("eval", help="measure what the identity state does; writes a markdown/JSON/PNG report")
+    ev.add_argument("--checkpoint", type=Path, default=None, help="model to evaluate (default: the bundled model)")
+    ev.add_argument("--twin", type=Path, default=None, help="plain-attention twin checkpoint for the perplexity comparison")
+    ev.add_argument("--out", type=Path, default=Path("reports/eval"), help="report directory")
+    ev.add_argument("--seed", type=int, default=0, help="corpus seed (the training run's, for its held-out split)")
+    ev.add_argument("--heldout", type=int, default=300, help="held-out episodes to generate")
+    ev.add_argument("--max-episodes", type=int, default=None, help="evaluate on at most this many episodes")
+    ev.set_defaults(func=cmd_eval)
     return parser
 
 

@@ -49,3 +49,17 @@ def test_a_corrupt_state_file_is_an_error_and_left_alone(checkpoint: Path, tmp_p
 def test_bad_options_are_errors(checkpoint: Path) -> None:
     assert main(["generate", "hi", "--checkpoint", str(checkpoint), "--temperature", "-1"]) == 2
     assert main(["generate", "hi", "--checkpoint", str(checkpoint.parent / "nope")]) == 2
+
+
+def test_the_bundled_model_answers_in_its_chat_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No --checkpoint: the shipped, trained checkpoint replies in readable text and its state is kept."""
+    from sia.checkpoint import DEFAULT_CHECKPOINT, load_default_model
+
+    assert (DEFAULT_CHECKPOINT / "model.safetensors").is_file()
+    model = load_default_model()
+    assert model.config.attention == "trace"
+    state_file = tmp_path / "me.safetensors"
+    assert main(["generate", "Hi, I'm Ana. My favourite colour is green.", "--state", str(state_file), "--seed", "0"]) == 0
+    reply = capsys.readouterr().out.strip()
+    assert len(reply) > 5 and reply.isascii() and sum(c.isalpha() for c in reply) > len(reply) / 2
+    assert state_from_bytes(state_file.read_bytes(), model.config).turns == 1
