@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 TORCH   = torch==2.13.0
-PROMPT ?= Hello! Who are you?
+PROMPT ?= Hi, I'm Ana. My favourite colour is green.
 
 .PHONY: install run chat test lint bench clean
 
@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 run: install
-	$(BIN)/sia generate "$(PROMPT)" --state .sia-state.safetensors
+	$(BIN)/sia generate "$(PROMPT)" --state .sia-state.safetensors --seed 0
 
 chat: install
 	$(BIN)/sia chat --state .sia-state.safetensors

@@ -101,10 +101,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown config keys {unknown}; known keys are {sorted(known)}")
+        check_fields(cls, data, "config")
         return cls(**data)
 
     def to_file(self, path: str | Path) -> None:
@@ -112,10 +109,23 @@ class ModelConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> ModelConfig:
-        try:
-            data = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a JSON object of config fields")
-        return cls.from_dict(data)
+        return cls.from_dict(read_json_object(path))
+
+
+def read_json_object(path: str | Path) -> dict[str, Any]:
+    """A JSON file holding one object; ValueError naming the file otherwise."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of config fields")
+    return data
+
+
+def check_fields(cls: type, data: dict[str, Any], what: str) -> None:
+    """Refuse keys that are not fields of the dataclass ``cls``, listing the known ones."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown {what} keys {unknown}; known keys are {sorted(known)}")

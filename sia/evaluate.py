@@ -78,6 +78,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MODES = ("state", "stateless", "transcript")
+PERPLEXITY_RATIO_TARGET = 1.05
 KL_TARGET = 0.05  # nats: history must move the reply distribution at least this much
 CONTROL_TOLERANCE = 1e-9  # the same history replayed must give the same distribution
 RECALL_TARGET = 0.9
@@ -839,7 +840,14 @@ def _targets(figures: dict[str, Any]) -> list[dict[str, Any]]:
         return None if value is None else ok
 
     kl, control = hist["kl_mean"], hist["control_kl"]
+    ratio = figures["perplexity"].get("ratio")
     return [
+        {
+            "name": "reply perplexity relative to the plain-attention twin",
+            "value": ratio,
+            "target": f"<= {PERPLEXITY_RATIO_TARGET}",
+            "pass": check(ratio, ratio is not None and ratio <= PERPLEXITY_RATIO_TARGET),
+        },
         {
             "name": "history dependence: mean KL(p_A ‖ p_B) on a common turn (nats)",
             "value": kl,

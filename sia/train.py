@@ -21,7 +21,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from sia.checkpoint import load_checkpoint, save_checkpoint
-from sia.config import ModelConfig
+from sia.config import ModelConfig, check_fields, read_json_object
 from sia.corpus import Episode, make_corpus, persona_preamble
 from sia.episodes import EncodedTurn, StateBatch, batch_turns, encode_turn, forward_turn
 from sia.identity import Dynamics
@@ -80,14 +80,8 @@ class TrainConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> TrainConfig:
-        try:
-            data = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown training keys {unknown}; known keys are {sorted(known)}")
+        data = read_json_object(path)
+        check_fields(cls, data, "training")
         return cls(**data)
 
     def to_file(self, path: str | Path) -> None:

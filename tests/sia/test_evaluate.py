@@ -76,7 +76,7 @@ def test_evaluate_writes_the_report_the_json_and_every_plot(report: Report) -> N
     markdown = (out / "report.md").read_text()
     assert "| figure | value | target | result |" in markdown
     assert figures["model"]["config"]["attention"] == "trace" and figures["twin"]["config"]["attention"] == "dot"
-    assert len(figures["targets"]) == 5 and all(t["pass"] in (True, False, None) for t in figures["targets"])
+    assert len(figures["targets"]) == 6 and all(t["pass"] in (True, False, None) for t in figures["targets"])
 
 
 def test_recall_is_scored_for_every_probe_in_every_mode(report: Report, episodes: tuple[Episode, ...]) -> None:
