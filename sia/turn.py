@@ -47,6 +47,8 @@ def stream_turns(
     tok = tokenizer or ByteTokenizer()
     if not requests:
         raise ValueError("need at least one turn request")
+    if not model.stateful:
+        raise ValueError(f"turns need a stateful model; the {model.config.attention!r} variant keeps no identity state")
     prompts, masks, spans = [], [], []
     for req in requests:
         if not isinstance(req.message, str):

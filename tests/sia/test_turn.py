@@ -116,3 +116,11 @@ def test_bad_requests(model: SIAModel, config: ModelConfig) -> None:
         next(iter(stream_turns(model, [], GREEDY)))
     with pytest.raises(TypeError, match="message must be str"):
         run_turn(model, _request(IdentityState.fresh(config), b"bytes", config), GREEDY)  # type: ignore[arg-type]
+
+
+def test_a_stateless_twin_is_refused_before_any_work() -> None:
+    from tests.conftest import tiny_config
+
+    twin = SIAModel(tiny_config(attention="dot")).eval()
+    with pytest.raises(ValueError, match="stateful model"):
+        run_turn(twin, _request(IdentityState.fresh(twin.config), "hi", twin.config), GREEDY)
