@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 ATTENTION_VARIANTS = ("trace", "dot")
+POOLING_VARIANTS = ("mean", "attention")
 
 
 @dataclass
@@ -30,6 +31,7 @@ class ModelConfig:
 
     # --- identity state ---
     d_self: int = 16  # self-state dimension d_s
+    pooling: str = "mean"  # how a turn's hidden states pool into z: "mean", or "attention" (a learned score per token)
 
     # --- identity dynamics (defaults; a persona may override them) ---
     alpha: float = 0.1  # plasticity: how strongly a turn imprints the trace
@@ -58,6 +60,8 @@ class ModelConfig:
             raise ValueError(f"n_embd // n_head must be at least 2 (one query/key column + the bias slot); got {self.head_dim}")
         if self.attention not in ATTENTION_VARIANTS:
             raise ValueError(f"attention must be one of {ATTENTION_VARIANTS}; got {self.attention!r}")
+        if self.pooling not in POOLING_VARIANTS:
+            raise ValueError(f"pooling must be one of {POOLING_VARIANTS}; got {self.pooling!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
         if not self.alpha >= 0.0:

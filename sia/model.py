@@ -15,7 +15,7 @@ Positions are learned absolute embeddings added to the residual stream; docs/att
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -86,26 +86,37 @@ class KVCache:
 
 @dataclass
 class TurnStats:
-    """Additive sums from which the turn summary is read, so it needs no second pass."""
+    """Mergeable sums from which the turn summary is read, so it needs no second pass.
+
+    The pooled hidden state z is a softmax-weighted mean over counted tokens, z = sum_i e^{a_i} x_i / sum_i e^{a_i},
+    kept in online-softmax form (running max, normaliser, weighted sum) so chunks merge exactly. With mean
+    pooling every score a_i is 0 and z is the plain mean.
+    """
 
     layer_inputs: Tensor  # (B, n_layer, C) sum of each attention's normalised input over counted tokens
-    hidden: Tensor  # (B, C) sum of the final normalised hidden state
+    hidden: Tensor  # (B, C) sum of e^{a_i - pool_max} x_i over counted tokens (x: final normalised hidden state)
     count: Tensor  # (B,) tokens counted
+    pool_max: Tensor  # (B,) running maximum of the pooling scores a_i
+    pool_norm: Tensor  # (B,) sum of e^{a_i - pool_max}
 
     def __add__(self, other: TurnStats) -> TurnStats:
-        return TurnStats(self.layer_inputs + other.layer_inputs, self.hidden + other.hidden, self.count + other.count)
+        top = torch.maximum(self.pool_max, other.pool_max)
+        mine, theirs = torch.exp(self.pool_max - top), torch.exp(other.pool_max - top)  # (B,)
+        return TurnStats(
+            self.layer_inputs + other.layer_inputs,
+            self.hidden * mine.unsqueeze(-1) + other.hidden * theirs.unsqueeze(-1),
+            self.count + other.count,
+            top,
+            self.pool_norm * mine + other.pool_norm * theirs,
+        )
 
     def row(self, b: int) -> TurnStats:
-        return TurnStats(self.layer_inputs[b : b + 1], self.hidden[b : b + 1], self.count[b : b + 1])
+        return TurnStats(*(getattr(self, f.name)[b : b + 1] for f in fields(self)))
 
     @staticmethod
     def cat(parts: list[TurnStats]) -> TurnStats:
         """Stack per-row stats back into one batch."""
-        return TurnStats(
-            torch.cat([p.layer_inputs for p in parts]),
-            torch.cat([p.hidden for p in parts]),
-            torch.cat([p.count for p in parts]),
-        )
+        return TurnStats(*(torch.cat([getattr(p, f.name) for p in parts]) for f in fields(TurnStats)))
 
 
 @dataclass
@@ -240,6 +251,8 @@ class SIAModel(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
         self.self_update = SelfUpdate(config)
+        # attention pooling of the turn's hidden states: a learned score per token (None: plain mean)
+        self.pool = nn.Linear(config.n_embd, 1) if config.pooling == "attention" else None
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith(("o_proj.weight", "mlp.proj.weight")):
@@ -326,8 +339,20 @@ class SIAModel(nn.Module):
         if cache is not None:
             cache.advance(L)
         x = self.ln_f(x)  # (B, L, C)
-        stats = TurnStats(torch.stack(layer_inputs, dim=1), (x * weight).sum(dim=1), weight.sum(dim=(1, 2)))
+        hidden, pool_max, pool_norm = self._pool(x, weight)
+        stats = TurnStats(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
         return ModelOutput(logits=self.lm_head(x), stats=stats)
+
+    def _pool(self, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Online-softmax pooling sums of x (B, L, C) over tokens with weight (B, L, 1) > 0."""
+        B, L, _ = x.shape
+        scores = x.new_zeros(B, L) if self.pool is None else self.pool(x).squeeze(-1)  # (B, L)
+        counted = weight.squeeze(-1) > 0
+        scores = scores.masked_fill(~counted, float("-inf"))
+        top = scores.max(dim=1).values  # (B,)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row with nothing counted
+        e = torch.exp(scores - top.unsqueeze(-1)) * weight.squeeze(-1)  # (B, L)
+        return (e.unsqueeze(-1) * x).sum(dim=1), top, e.sum(dim=1)
 
     # --- what a turn leaves behind ---
     def summarize(self, stats: TurnStats) -> TurnSummary:
@@ -347,7 +372,7 @@ class SIAModel(nn.Module):
             keys.append(attn.k_proj(mean_in[:, i]).view(-1, c.n_head, c.qk_dim))
         q = F.normalize(torch.stack(queries, dim=1), dim=-1)  # (B, n_layer, H, d)
         k = F.normalize(torch.stack(keys, dim=1), dim=-1)
-        z = stats.hidden / stats.count.view(-1, 1)  # (B, C)
+        z = stats.hidden / stats.pool_norm.view(-1, 1)  # (B, C) pooled hidden state
         return TurnSummary(queries=q, keys=k, hidden=z)  # batched: (B, ...)
 
     def num_parameters(self) -> int:

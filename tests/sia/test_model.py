@@ -156,3 +156,38 @@ def test_the_dot_twin_ignores_state_and_caches_correctly() -> None:
         twin.summarize(twin(idx, twin.condition_states(states)).stats)
     with pytest.raises(ValueError, match="attention must be one of"):
         tiny_config(attention="linear")
+
+
+def test_attention_pooling_merges_exactly_and_is_a_softmax_mean() -> None:
+    from tests.conftest import tiny_config
+
+    config = tiny_config(pooling="attention")
+    torch.manual_seed(0)
+    model = SIAModel(config).eval()
+    assert model.pool is not None
+    with torch.no_grad():
+        model.pool.weight.normal_(std=1.0)  # non-trivial scores
+    cond = model.condition_states([IdentityState.fresh(config), random_state(config, 1)])
+    idx = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, :3] = False
+    with torch.no_grad():
+        whole = model(idx, cond, summary_mask=mask)
+        cache = model.new_cache(cond, 12)
+        parts = model(idx[:, :5], cond, cache=cache, summary_mask=mask[:, :5]).stats
+        for t in range(5, 12):
+            parts = parts + model(idx[:, t : t + 1], cond, cache=cache, summary_mask=mask[:, t : t + 1]).stats
+        # the reference: softmax over the counted tokens of the pool's scores, weighting ln_f outputs
+        captured: list[torch.Tensor] = []
+        handle = model.ln_f.register_forward_hook(lambda m, i, o: captured.append(o))
+        model(idx, cond)
+        handle.remove()
+    x = captured[0]  # (2, 12, C)
+    for b, start in ((0, 0), (1, 3)):
+        weights = torch.softmax(model.pool(x[b, start:]).squeeze(-1), dim=0)  # type: ignore[misc]
+        expected = (weights.unsqueeze(-1) * x[b, start:]).sum(0)
+        torch.testing.assert_close(model.summarize(whole.stats).hidden[b], expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model.summarize(parts).hidden[b], expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(model.summarize(whole.stats).hidden[0], x[0].mean(0), atol=1e-3)  # not the plain mean
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        tiny_config(pooling="max")
