@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sia.config import ModelConfig
-from sia.identity import Dynamics, IdentityState, ShockStats, self_step, trace_step
+from sia.identity import Dynamics, IdentityState, ShockStats, self_step, trace_step, welford_step
 from sia.model import SIAModel
 from sia.shock import standardise
 from sia.tokenizer import ByteTokenizer
@@ -163,8 +163,6 @@ def forward_turn(model: SIAModel, batch: TurnBatch, state: StateBatch, dynamics:
         state.trace, summary.keys.detach(), summary.queries.detach(), shock.float(), alpha=dynamics.alpha, decay=dynamics.decay
     )
     self_state = self_step(state.self_state, summary.hidden, model.self_update, eta=dynamics.eta)
-    count = state.shock_count + 1
-    delta = message_nll - state.shock_mean
-    mean = state.shock_mean + delta / count
-    new = StateBatch(trace, self_state, count, mean, state.shock_m2 + delta * (message_nll - mean))
+    count, mean, m2 = welford_step(state.shock_count, state.shock_mean, state.shock_m2, message_nll)
+    new = StateBatch(trace, self_state, count, mean, m2)
     return TurnOutput(logits, token_nll, message_nll, shock, new.where(batch.active, state))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -42,7 +43,10 @@ __all__ = [
     "update_self",
     "update_shock_stats",
     "update_trace",
+    "welford_step",
 ]
+
+N = TypeVar("N", float, Tensor)
 
 FORMAT_VERSION = 1
 MAX_STATE_BYTES = 64 * 1024 * 1024  # refuse to parse blobs larger than this
@@ -198,14 +202,20 @@ def update_self(state: IdentityState, summary: TurnSummary, g: SelfUpdate, *, et
     return replace(state, self_state=self_step(state.self_state, summary.hidden, g, eta=eta))
 
 
+def welford_step(count: N, mean: N, m2: N, x: N) -> tuple[N, N, N]:
+    """One step of Welford's running mean and sum of squared deviations; floats or batched tensors alike."""
+    count = count + 1
+    delta = x - mean
+    mean = mean + delta / count
+    return count, mean, m2 + delta * (x - mean)
+
+
 def update_shock_stats(stats: ShockStats, nll: float) -> ShockStats:
     """Welford's update of the running NLL statistics with one new message."""
     if not math.isfinite(nll):
         raise ValueError(f"nll must be finite; got {nll}")
-    count = stats.count + 1
-    delta = nll - stats.mean
-    mean = stats.mean + delta / count
-    return ShockStats(count=count, mean=mean, m2=stats.m2 + delta * (nll - mean))
+    count, mean, m2 = welford_step(float(stats.count), stats.mean, stats.m2, nll)
+    return ShockStats(count=int(count), mean=mean, m2=m2)
 
 
 # ---------------------------------------------------------------------------------------------------------
