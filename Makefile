@@ -29,8 +29,8 @@ test: install
 	$(BIN)/python -m pytest
 
 lint: install
-	$(BIN)/ruff check sia tests benchmarks
-	$(BIN)/ruff format --check sia tests benchmarks
+	$(BIN)/ruff check sia server migrations tests benchmarks
+	$(BIN)/ruff format --check sia server migrations tests benchmarks
 	$(BIN)/mypy
 
 bench: install

@@ -171,7 +171,9 @@ def stream(
             raise ValueError(f"summary mask of row {b} has {len(mask)} entries for {len(prompt)} tokens")
         counted[b, L - len(prompt) :] = torch.tensor(mask, dtype=torch.bool)
     padded = min(lengths) != L
-    banned = torch.tensor([tok.pad_id, tok.user_id, tok.assistant_id], device=device)
+    # never sampled: the markers that only the prompt uses, and the NUL byte, which no text contains (a reply
+    # holding it could not be stored as text by PostgreSQL, nor shown by most terminals)
+    banned = torch.tensor([0, tok.pad_id, tok.user_id, tok.assistant_id], device=device)
 
     def run(tokens: Tensor, key_valid: Tensor, count: Tensor, cache: KVCache | None) -> tuple[Tensor, TurnStats]:
         """Forward over ``tokens`` (B, n); key_valid (B, prefix + all tokens so far)."""

@@ -104,6 +104,7 @@ def test_end_token_stops_and_specials_are_banned(model: SIAModel, config: ModelC
         logits = logits.clone()
         logits[..., tok.user_id] += 100.0  # banned: must never be sampled
         logits[..., tok.pad_id] += 100.0
+        logits[..., 0] += 100.0  # the NUL byte: no text contains it
         logits[..., tok.end_id] += torch.linspace(-50, 50, logits.shape[1])  # likely only late in a sequence
         return logits
 
@@ -113,7 +114,7 @@ def test_end_token_stops_and_specials_are_banned(model: SIAModel, config: ModelC
     finally:
         handle.remove()
     assert out.tokens[-1] == tok.end_id and out.finish_reason == "stop"
-    assert tok.user_id not in out.tokens and tok.pad_id not in out.tokens
+    assert tok.user_id not in out.tokens and tok.pad_id not in out.tokens and 0 not in out.tokens
 
 
 def test_sampling_filters() -> None:

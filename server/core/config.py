@@ -1,0 +1,51 @@
+"""One settings object for the service and the store, read from ``SIA_*`` environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    """Every setting has a default that runs the embedded configuration (SQLite + the bundled model)."""
+
+    model_config = SettingsConfigDict(env_prefix="SIA_", extra="ignore")
+
+    # --- storage -------------------------------------------------------------------------------------
+    data_dir: Path = Field(Path("sia-data"), description="directory for the SQLite database and other local files")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default sqlite:///<data_dir>/sia.db. PostgreSQL: postgresql+psycopg://..."
+    )
+    db_pool_size: int = Field(10, ge=1, description="connections kept open per process (PostgreSQL)")
+    db_max_overflow: int = Field(20, ge=0, description="extra connections allowed under load (PostgreSQL)")
+    sqlite_busy_timeout_ms: int = Field(5000, ge=0, description="how long SQLite waits for its write lock")
+
+    # --- identities and turns ------------------------------------------------------------------------
+    checkpoint: Path | None = Field(None, description="model checkpoint directory; default the bundled model")
+    busy_timeout_s: float = Field(10.0, gt=0, description="how long a turn waits for its identity before 'busy'")
+    lease_s: float = Field(
+        300.0, gt=0, description="a turn's hold on its identity expires after this long (a crashed process's hold too)"
+    )
+    history_retention: int = Field(100, ge=1, description="state versions kept per identity (named snapshots are kept apart)")
+
+    @model_validator(mode="after")
+    def _default_database(self) -> Settings:
+        if self.database_url is None:
+            self.database_url = f"sqlite:///{self.data_dir / 'sia.db'}"
+        return self
+
+    @property
+    def url(self) -> str:
+        assert self.database_url is not None  # set by the validator
+        return self.database_url
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

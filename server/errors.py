@@ -1,0 +1,27 @@
+"""Errors of the store and the runtime. The service maps each to one HTTP status."""
+
+from __future__ import annotations
+
+__all__ = ["BusyError", "ConflictError", "CorruptStateError", "NotFoundError", "StoreError"]
+
+
+class StoreError(Exception):
+    """Base class: something about stored identities or personas prevents the operation."""
+
+
+class NotFoundError(StoreError, LookupError):
+    """An unknown persona, identity, state version or snapshot (HTTP 404)."""
+
+
+class ConflictError(StoreError):
+    """The operation clashes with what is stored: a name already taken, or an identity that changed under a
+    turn whose hold had expired (HTTP 409)."""
+
+
+class BusyError(ConflictError):
+    """Another turn holds the identity and did not let go within the bounded wait (HTTP 409, retry later)."""
+
+
+class CorruptStateError(StoreError):
+    """A stored state fails its checksum or does not parse; never silently re-initialised (HTTP 500 for that
+    identity only; an admin can roll back, import or reset it)."""

@@ -1,0 +1,368 @@
+"""The turn runtime: DESIGN §2 with durable state. Used by the HTTP service and the command line alike.
+
+hold the identity (store lease) -> load and validate its state -> run the turn (sia.turn: shock, generation,
+summary, update) with no transaction open -> commit the new state, the turn and a history row in one
+transaction. Every state operation (reset, rollback, import, clean-up) goes through the same hold, so it is
+serial with turns; reads (export, diff, history) need no hold.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from server.core.config import Settings
+from server.errors import CorruptStateError
+from server.store import Blob, Lease, NewTurn, PersonaRecord, Store, VersionRecord
+from sia.corpus import PERSONAS, persona_preamble
+from sia.generate import SamplingParams, StreamEvent
+from sia.identity import (
+    CleanupReport,
+    Dynamics,
+    IdentityState,
+    ShockStats,
+    StateFormatError,
+    low_rank_cleanup,
+    state_from_bytes,
+    state_to_bytes,
+)
+from sia.model import SIAModel
+from sia.tokenizer import ByteTokenizer
+from sia.turn import TurnRequest, TurnResult, stream_turns
+
+__all__ = ["DEFAULT_PERSONA", "Runtime", "Sampling", "StateDiff", "TurnOutcome", "check_user", "encode"]
+
+log = logging.getLogger("sia.runtime")
+
+DEFAULT_PERSONA = "sia"
+
+StateChange = Callable[[IdentityState, PersonaRecord], IdentityState]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a request may say about decoding; None means the persona's default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    reply: str
+    finish_reason: str
+    turn: int  # this turn's index for the identity (0, 1, ...)
+    shock: float
+    nll: float
+    state_version: int  # the identity's version after the turn
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+
+
+@dataclass(frozen=True)
+class StateDiff:
+    """Change from version ``a`` to version ``b``."""
+
+    a: int
+    b: int
+    trace_norm: list[list[float]]  # [layer][head] Frobenius norm of T_b - T_a
+    self_norm: float  # ||s_b - s_a||
+    turns: int  # turns_b - turns_a (the state's own counter)
+
+
+class Runtime:
+    """One loaded model over one store. Thread-safe; turns of one identity are serial, others run in parallel."""
+
+    def __init__(self, model: SIAModel, store: Store, tokenizer: ByteTokenizer | None = None) -> None:
+        if not model.stateful:
+            raise ValueError(f"the runtime needs a stateful model; {model.config.attention!r} keeps no identity state")
+        self.model = model.eval()
+        self.store = store
+        self.tokenizer = tokenizer or ByteTokenizer()
+        self.config = model.config
+
+    @property
+    def settings(self) -> Settings:
+        return self.store.settings
+
+    # --- personas --------------------------------------------------------------------------------------
+
+    def ensure_default_personas(self) -> list[str]:
+        """Create the personas the bundled model was trained with (``sia`` first) if they are missing."""
+        existing = {p.name for p in self.store.list_personas()}
+        created = []
+        for name in sorted(PERSONAS, key=lambda n: (n != DEFAULT_PERSONA, n)):
+            if name not in existing:
+                self.store.create_persona(name, description=PERSONAS[name], preamble=persona_preamble(name))
+                created.append(name)
+        return created
+
+    def validate_persona_values(self, values: dict[str, object]) -> None:
+        """Raise ValueError for rates, sampling defaults or an initial state this model cannot use."""
+        base = Dynamics.from_config(self.config)
+        Dynamics(
+            alpha=_float(values.get("alpha"), base.alpha),
+            decay=_float(values.get("decay"), base.decay),
+            eta=_float(values.get("eta"), base.eta),
+        )
+        SamplingParams(
+            max_new_tokens=int(str(values.get("max_tokens", 64))),
+            temperature=_float(values.get("temperature"), 0.8),
+            top_p=None if values.get("top_p") is None else _float(values.get("top_p"), 1.0),
+            top_k=None if values.get("top_k") is None else int(str(values.get("top_k"))),
+        )
+        blob = values.get("initial_state")
+        if blob is not None:
+            if not isinstance(blob, bytes):
+                raise ValueError("initial_state must be bytes (a serialised identity state)")
+            state_from_bytes(blob, self.config)
+
+    def _dynamics(self, persona: PersonaRecord) -> Dynamics:
+        base = Dynamics.from_config(self.config)
+        return Dynamics(
+            alpha=base.alpha if persona.alpha is None else persona.alpha,
+            decay=base.decay if persona.decay is None else persona.decay,
+            eta=base.eta if persona.eta is None else persona.eta,
+        )
+
+    def sampling_params(self, persona: PersonaRecord, sampling: Sampling) -> SamplingParams:
+        """The request's decoding parameters with the persona's defaults filled in (ValueError if invalid)."""
+        return SamplingParams(
+            max_new_tokens=persona.max_tokens if sampling.max_tokens is None else sampling.max_tokens,
+            temperature=persona.temperature if sampling.temperature is None else sampling.temperature,
+            top_p=persona.top_p if sampling.top_p is None else sampling.top_p,
+            top_k=persona.top_k if sampling.top_k is None else sampling.top_k,
+            seed=sampling.seed,
+            stop=tuple(sampling.stop),
+        )
+
+    def _initial_state(self, persona: PersonaRecord) -> IdentityState:
+        if persona.initial_state is None:
+            return IdentityState.fresh(self.config)
+        try:
+            return state_from_bytes(persona.initial_state, self.config)
+        except StateFormatError as exc:
+            raise CorruptStateError(f"persona {persona.name!r} has an unusable initial state: {exc}") from exc
+
+    def _initial_blob(self, persona: PersonaRecord) -> Blob:
+        return encode(self._initial_state(persona))
+
+    # --- turns -----------------------------------------------------------------------------------------
+
+    def turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> TurnOutcome:
+        """One whole turn; the identity is created from the persona on its first turn."""
+        for item in self.stream_turn(persona, user, message, sampling):
+            if isinstance(item, TurnOutcome):
+                return item
+        raise AssertionError("a turn stream ended without an outcome")
+
+    def stream_turn(
+        self, persona: str, user: str, message: str, sampling: Sampling | None = None
+    ) -> Iterator[StreamEvent | TurnOutcome]:
+        """Yield StreamEvents as the reply is generated, then the TurnOutcome once the turn is committed.
+
+        Nothing is written unless the generator runs to its end: closing it early (a client that went away)
+        or an exception anywhere leaves the identity exactly as it was.
+        """
+        check_user(user)
+        if not isinstance(message, str):
+            raise TypeError(f"message must be str; got {type(message).__name__}")
+        if "\x00" in message:
+            raise ValueError("message must not contain NUL characters")
+        record = self.store.get_persona(persona)
+        params = self.sampling_params(record, sampling or Sampling())
+        dynamics = self._dynamics(record)
+        context = tuple(self.tokenizer.encode(record.preamble))
+        lease = self.store.acquire(persona, user, create=self._initial_blob)
+        committed = False
+        try:
+            state = self._decode(lease.state, lease)
+            started = time.perf_counter()
+            request = TurnRequest(state=state, message=message, dynamics=dynamics, context=context)
+            result: TurnResult | None = None
+            for item in stream_turns(self.model, [request], params, tokenizer=self.tokenizer):
+                if isinstance(item, StreamEvent):
+                    yield item
+                else:
+                    result = item[0]
+            assert result is not None
+            latency_ms = (time.perf_counter() - started) * 1000
+            turn = NewTurn(
+                message=message,
+                reply=result.reply,
+                finish_reason=result.finish_reason,
+                shock=result.shock,
+                nll=result.nll,
+                prompt_tokens=result.prompt_tokens,
+                completion_tokens=result.completion_tokens,
+                latency_ms=latency_ms,
+            )
+            version = self.store.commit(lease, encode(result.state), reason="turn", turn=turn)
+            committed = True
+        finally:
+            if not committed:
+                self.store.release(lease)
+        yield TurnOutcome(
+            reply=result.reply,
+            finish_reason=result.finish_reason,
+            turn=lease.turn_count,
+            shock=result.shock,
+            nll=result.nll,
+            state_version=version,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            latency_ms=latency_ms,
+        )
+
+    # --- reading state ---------------------------------------------------------------------------------
+
+    def state(self, persona: str, user: str, version: int | None = None) -> tuple[int, IdentityState]:
+        """(version, state): the current state, or a retained earlier version."""
+        current, blob = self.store.read_state(persona, user)
+        if version is not None and version != current:
+            blob = self.store.read_version(persona, user, version)
+            current = version
+        return current, self._parse(blob, f"version {current} of ({persona!r}, {user!r})")
+
+    def export_state(self, persona: str, user: str, version: int | None = None) -> bytes:
+        """The safetensors bytes of the current (or a retained) state, validated before they leave."""
+        return state_to_bytes(self.state(persona, user, version)[1])
+
+    def diff(self, persona: str, user: str, a: int, b: int | None = None) -> StateDiff:
+        """Per layer and head ||T_b - T_a||_F, and ||s_b - s_a||; b defaults to the current version."""
+        va, sa = self.state(persona, user, a)
+        vb, sb = self.state(persona, user, b)
+        trace = torch.linalg.matrix_norm(sb.trace.double() - sa.trace.double())  # (n_layer, H)
+        return StateDiff(
+            a=va,
+            b=vb,
+            trace_norm=trace.tolist(),
+            self_norm=float(torch.linalg.vector_norm(sb.self_state.double() - sa.self_state.double())),
+            turns=sb.turns - sa.turns,
+        )
+
+    # --- changing state (each serial with turns) -------------------------------------------------------
+
+    def reset(self, persona: str, user: str, *, layers: Sequence[int] | None = None, self_only: bool = False) -> int:
+        """Reset everything (a fresh identity from the persona), or only the trace of ``layers``, or only s.
+
+        The conversation's turn records stay; returns the new version.
+        """
+        if layers is not None and self_only:
+            raise ValueError("reset either chosen layers or only the self state, not both")
+        if layers is not None:
+            bad = [i for i in layers if not 0 <= i < self.config.n_layer]
+            if bad or not layers:
+                raise ValueError(f"layers must be a non-empty list of indices in [0, {self.config.n_layer}); got {list(layers)}")
+
+        def change(state: IdentityState, persona_record: PersonaRecord) -> IdentityState:
+            initial = self._initial_state(persona_record)
+            if self_only:
+                return replace(state, self_state=initial.self_state.clone())
+            if layers is not None:
+                trace = state.trace.clone()
+                trace[list(layers)] = initial.trace[list(layers)]
+                return replace(state, trace=trace)
+            return initial
+
+        reason = "reset:self" if self_only else "reset:layers" if layers is not None else "reset"
+        return self._apply(persona, user, change, reason, reads_current=self_only or layers is not None)
+
+    def rollback(self, persona: str, user: str, *, version: int | None = None, snapshot: str | None = None) -> int:
+        """Make a retained version (or a named snapshot) current again, as a new version; returns it."""
+        if (version is None) == (snapshot is None):
+            raise ValueError("roll back to exactly one of a version or a snapshot")
+        if snapshot is not None:
+            target, what = self.store.read_snapshot(persona, user, snapshot)[1], f"snapshot {snapshot!r}"
+        else:
+            assert version is not None
+            target, what = self.store.read_version(persona, user, version), f"version {version}"
+        state = self._parse(target, f"{what} of ({persona!r}, {user!r})")
+        return self._apply(persona, user, lambda _s, _p: state, f"rollback:{snapshot or version}", reads_current=False)
+
+    def import_state(self, persona: str, user: str, blob: bytes) -> int:
+        """Replace the state with validated safetensors bytes (creating the identity if needed)."""
+        state = state_from_bytes(blob, self.config)  # StateFormatError (a ValueError) names what is wrong
+        return self._apply(persona, user, lambda _s, _p: state, "import", reads_current=False, create=True)
+
+    def cleanup(self, persona: str, user: str, energy: float = 0.95) -> tuple[int, CleanupReport]:
+        """Low-rank clean-up of the trace; returns the new version and the ranks kept."""
+        reports: list[CleanupReport] = []
+
+        def change(state: IdentityState, _p: PersonaRecord) -> IdentityState:
+            cleaned, report = low_rank_cleanup(state, energy)
+            reports.append(report)
+            return cleaned
+
+        if not 0 < energy <= 1:
+            raise ValueError(f"energy must be in (0, 1]; got {energy}")
+        version = self._apply(persona, user, change, "cleanup", reads_current=True)
+        return version, reports[0]
+
+    def history(self, persona: str, user: str) -> list[VersionRecord]:
+        return self.store.history(persona, user)
+
+    def _apply(
+        self, persona: str, user: str, change: StateChange, reason: str, *, reads_current: bool, create: bool = False
+    ) -> int:
+        """Hold the identity, compute its new state with ``change``, commit it as a new version.
+
+        Operations that replace the state wholesale (``reads_current=False``) neither read nor verify the
+        stored blob, so they also repair an identity whose stored state is damaged; ``change`` then gets the
+        persona's initial state in its place.
+        """
+        check_user(user)
+        record = self.store.get_persona(persona)
+        lease = self.store.acquire(persona, user, create=self._initial_blob if create else None, verify=reads_current)
+        committed = False
+        try:
+            state = self._decode(lease.state, lease) if reads_current else self._initial_state(record)
+            new_state = change(state, record)
+            new_state.validate(self.config)
+            version = self.store.commit(lease, encode(new_state), reason=reason)
+            committed = True
+        finally:
+            if not committed:
+                self.store.release(lease)
+        log.info("identity (%r, %r): %s -> version %d", persona, user, reason, version)
+        return version
+
+    # --- parsing ---------------------------------------------------------------------------------------
+
+    def _decode(self, blob: bytes, lease: Lease) -> IdentityState:
+        return self._parse(blob, f"identity ({lease.persona!r}, {lease.user_id!r})")
+
+    def _parse(self, blob: bytes, what: str) -> IdentityState:
+        try:
+            return state_from_bytes(blob, self.config)
+        except StateFormatError as exc:
+            raise CorruptStateError(f"the stored state of {what} is unusable: {exc}") from exc
+
+
+def encode(state: IdentityState) -> Blob:
+    """The blob and the column figures the store keeps beside it."""
+    s: ShockStats = state.shock
+    return Blob(state_to_bytes(state), state.format_version, s.count, s.mean, s.m2)
+
+
+def check_user(user: str) -> None:
+    """User ids are 1 to 256 printable characters (they appear in logs and URLs)."""
+    if not isinstance(user, str) or not 0 < len(user) <= 256 or not user.isprintable():
+        raise ValueError("user must be 1 to 256 printable characters")
+
+
+def _float(value: object, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a number; got {value!r}")
+    return float(value)

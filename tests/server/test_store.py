@@ -1,0 +1,165 @@
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import update
+
+from server.db.tables import IdentityRow
+from server.errors import BusyError, ConflictError, CorruptStateError, NotFoundError
+from server.store import Blob, NewTurn, PersonaRecord, Store, sha256
+
+
+def blob(tag: bytes) -> Blob:
+    return Blob(data=b"state:" + tag, format_version=1, shock_count=0, shock_mean=0.0, shock_m2=0.0)
+
+
+def initial(_: PersonaRecord) -> Blob:
+    return blob(b"init")
+
+
+TURN = NewTurn("hi", "hello", "stop", 0.5, 2.0, 10, 5, 12.0)
+
+
+def test_persona_crud(store: Store) -> None:
+    p = store.create_persona("ana", description="a test", preamble="[ana]", alpha=0.2, temperature=0.5)
+    assert (p.name, p.description, p.preamble, p.alpha, p.decay, p.temperature, p.max_tokens) == (
+        "ana",
+        "a test",
+        "[ana]",
+        0.2,
+        None,
+        0.5,
+        64,
+    )
+    with pytest.raises(ConflictError, match="already exists"):
+        store.create_persona("ana")
+    assert [x.name for x in store.list_personas()] == ["ana"]
+    updated = store.update_persona("ana", decay=0.9, description="changed")
+    assert (updated.decay, updated.description, updated.alpha) == (0.9, "changed", 0.2)
+    assert updated.updated_at >= p.updated_at
+    with pytest.raises(ValueError, match="unknown persona fields"):
+        store.update_persona("ana", colour="green")
+    store.delete_persona("ana")
+    with pytest.raises(NotFoundError):
+        store.get_persona("ana")
+
+
+def test_identity_is_created_once_and_turns_are_recorded(store: Store) -> None:
+    store.create_persona("p")
+    with pytest.raises(NotFoundError, match="identity"):
+        store.acquire("p", "u")  # no create callback: unknown identity
+    with pytest.raises(NotFoundError, match="persona"):
+        store.acquire("nope", "u", create=initial)
+    lease = store.acquire("p", "u", create=initial)
+    assert (lease.version, lease.turn_count, lease.state) == (1, 0, b"state:init")
+    assert store.get_identity("p", "u").busy
+    version = store.commit(lease, blob(b"one"), reason="turn", turn=TURN)
+    assert version == 2
+    ident = store.get_identity("p", "u")
+    assert (ident.version, ident.turn_count, ident.busy, ident.state_sha256) == (2, 1, False, sha256(b"state:one"))
+    assert store.read_state("p", "u") == (2, b"state:one")
+    [turn] = store.turns("p", "u")
+    assert (turn.index, turn.message, turn.reply, turn.version_before, turn.version_after) == (0, "hi", "hello", 1, 2)
+    assert [(v.version, v.reason, v.turn_index) for v in store.history("p", "u")] == [(2, "turn", 0), (1, "init", None)]
+    assert store.read_version("p", "u", 1) == b"state:init"
+    assert store.count_identities("p") == 1
+
+
+def test_lease_makes_waiters_busy_then_lets_them_in(store: Store) -> None:
+    store.create_persona("p")
+    lease = store.acquire("p", "u", create=initial)
+    t0 = time.monotonic()
+    with pytest.raises(BusyError, match="busy"):
+        store.acquire("p", "u", timeout=0.2)
+    assert time.monotonic() - t0 >= 0.2
+    store.acquire("p", "other", create=initial)  # another identity is not blocked
+
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(store.acquire("p", "u", timeout=5).version))
+    waiter.start()
+    time.sleep(0.1)
+    store.commit(lease, blob(b"x"), reason="turn", turn=TURN)
+    waiter.join()
+    assert got == [2]  # the waiter saw the committed state
+
+
+def test_release_writes_nothing(store: Store) -> None:
+    store.create_persona("p")
+    lease = store.acquire("p", "u", create=initial)
+    store.release(lease)
+    ident = store.get_identity("p", "u")
+    assert (ident.version, ident.turn_count, ident.busy) == (1, 0, False)
+    assert store.turns("p", "u") == []
+
+
+def test_expired_lease_is_taken_over_and_its_commit_refused(store: Store) -> None:
+    store.create_persona("p")
+    store.settings.lease_s = 0.05
+    stale = store.acquire("p", "u", create=initial)
+    time.sleep(0.1)
+    fresh = store.acquire("p", "u", timeout=1)  # the stale hold expired
+    store.commit(fresh, blob(b"fresh"), reason="turn", turn=TURN)
+    with pytest.raises(ConflictError, match="changed while"):
+        store.commit(stale, blob(b"stale"), reason="turn", turn=TURN)
+    assert store.read_state("p", "u") == (2, b"state:fresh")
+    assert len(store.turns("p", "u")) == 1
+
+
+def test_history_is_pruned_to_the_retention(store: Store) -> None:
+    store.create_persona("p")
+    retention = store.settings.history_retention
+    for i in range(retention + 5):
+        store.commit(store.acquire("p", "u", create=initial), blob(str(i).encode()), reason="turn", turn=TURN)
+    versions = [v.version for v in store.history("p", "u")]
+    last = retention + 6
+    assert versions == list(range(last, last - retention, -1))
+    with pytest.raises(NotFoundError, match="no retained version 1"):
+        store.read_version("p", "u", 1)
+    assert [t.index for t in store.turns("p", "u", limit=1000)] == list(range(retention + 5))  # turns are not pruned
+
+
+def test_snapshots(store: Store) -> None:
+    store.create_persona("p")
+    store.commit(store.acquire("p", "u", create=initial), blob(b"a"), reason="turn", turn=TURN)
+    snap = store.create_snapshot("p", "u", "before")
+    assert (snap.name, snap.version) == ("before", 2)
+    old = store.create_snapshot("p", "u", "origin", version=1)
+    assert old.version == 1
+    with pytest.raises(ConflictError, match="already has a snapshot"):
+        store.create_snapshot("p", "u", "before")
+    with pytest.raises(NotFoundError):
+        store.create_snapshot("p", "u", "x", version=99)
+    assert store.read_snapshot("p", "u", "origin")[1] == b"state:init"
+    assert [s.name for s in store.list_snapshots("p", "u")] == ["before", "origin"]
+    store.delete_snapshot("p", "u", "before")
+    with pytest.raises(NotFoundError):
+        store.read_snapshot("p", "u", "before")
+
+
+def test_checksum_mismatch_is_corrupt_and_isolated(store: Store) -> None:
+    store.create_persona("p")
+    store.release(store.acquire("p", "bad", create=initial))
+    store.release(store.acquire("p", "good", create=initial))
+    with store._tx() as s:
+        s.execute(update(IdentityRow).where(IdentityRow.user_id == "bad").values(state=b"state:flipped"))
+    with pytest.raises(CorruptStateError, match="checksum"):
+        store.read_state("p", "bad")
+    with pytest.raises(CorruptStateError, match="checksum"):
+        store.acquire("p", "bad")
+    assert not store.get_identity("p", "bad").busy  # a refused hold is released
+    lease = store.acquire("p", "bad", verify=False)  # what a repair (import, reset, rollback) uses
+    store.commit(lease, blob(b"repaired"), reason="import")
+    assert store.read_state("p", "bad") == (2, b"state:repaired")
+    assert store.read_state("p", "good") == (1, b"state:init")
+
+
+def test_deleting_a_persona_removes_its_identities(store: Store) -> None:
+    store.create_persona("p")
+    store.commit(store.acquire("p", "u", create=initial), blob(b"a"), reason="turn", turn=TURN)
+    store.create_snapshot("p", "u", "s")
+    store.delete_persona("p")
+    store.create_persona("p")
+    with pytest.raises(NotFoundError):
+        store.get_identity("p", "u")
