@@ -35,6 +35,7 @@ lint: install
 
 bench: install
 	$(BIN)/python -m benchmarks.attention
+	$(BIN)/python -m benchmarks.store
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

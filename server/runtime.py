@@ -54,6 +54,17 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # the fields given are checked now, before any identity is held; the persona fills in the rest
+        SamplingParams(
+            max_new_tokens=64 if self.max_tokens is None else self.max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=tuple(self.stop),
+        )
+
 
 @dataclass(frozen=True)
 class TurnOutcome:
@@ -178,13 +189,14 @@ class Runtime:
             raise TypeError(f"message must be str; got {type(message).__name__}")
         if "\x00" in message:
             raise ValueError("message must not contain NUL characters")
-        record = self.store.get_persona(persona)
-        params = self.sampling_params(record, sampling or Sampling())
-        dynamics = self._dynamics(record)
-        context = tuple(self.tokenizer.encode(record.preamble))
+        sampling = sampling or Sampling()
         lease = self.store.acquire(persona, user, create=self._initial_blob)
         committed = False
         try:
+            record = lease.persona_record
+            params = self.sampling_params(record, sampling)
+            dynamics = self._dynamics(record)
+            context = tuple(self.tokenizer.encode(record.preamble))
             state = self._decode(lease.state, lease)
             started = time.perf_counter()
             request = TurnRequest(state=state, message=message, dynamics=dynamics, context=context)
@@ -321,10 +333,10 @@ class Runtime:
         persona's initial state in its place.
         """
         check_user(user)
-        record = self.store.get_persona(persona)
         lease = self.store.acquire(persona, user, create=self._initial_blob if create else None, verify=reads_current)
         committed = False
         try:
+            record = lease.persona_record
             state = self._decode(lease.state, lease) if reads_current else self._initial_state(record)
             new_state = change(state, record)
             new_state.validate(self.config)

@@ -49,6 +49,8 @@ __all__ = [
     "sha256",
 ]
 
+PRUNE_EVERY = 8  # history is pruned on every 8th version: one statement fewer in most commits
+
 PERSONA_FIELDS = ("description", "preamble", "alpha", "decay", "eta", "temperature", "top_p", "top_k", "max_tokens")
 
 
@@ -112,12 +114,16 @@ class Lease:
     """A turn's hold on one identity, with the state as it was when the hold was taken."""
 
     identity_id: int
-    persona: str
+    persona_record: PersonaRecord  # the persona as it was when the hold was taken
     user_id: str
     token: str
     version: int
     turn_count: int
     state: bytes
+
+    @property
+    def persona(self) -> str:
+        return self.persona_record.name
 
 
 @dataclass(frozen=True)
@@ -345,11 +351,15 @@ class Store:
         return lease
 
     def _claim(self, persona: str, user_id: str, token: str, verify: bool) -> tuple[bool, Lease | None]:
-        """(whether the identity exists, the lease if it was free). A damaged blob releases and raises."""
+        """(whether the identity exists, the lease if it was free). A damaged blob releases and raises.
+
+        Two statements on the fast path: the persona, then a conditional UPDATE ... RETURNING that takes the
+        hold and reads the state at once.
+        """
         with self._tx() as s:
             p = self._persona_row(s, persona)
             now = time.time()
-            mine = s.execute(
+            claimed = s.execute(
                 update(IdentityRow)
                 .where(
                     IdentityRow.persona_id == p.id,
@@ -357,19 +367,20 @@ class Store:
                     (IdentityRow.lease_token.is_(None)) | (IdentityRow.lease_expires < now),
                 )
                 .values(lease_token=token, lease_expires=now + self.settings.lease_s)
+                .returning(
+                    IdentityRow.id, IdentityRow.version, IdentityRow.turn_count, IdentityRow.state, IdentityRow.state_sha256
+                )
                 .execution_options(synchronize_session=False)
-            )
-            row = s.scalar(select(IdentityRow).where(IdentityRow.persona_id == p.id, IdentityRow.user_id == user_id))
-            if row is None:
-                return False, None
-            if mine.rowcount != 1:  # type: ignore[attr-defined]
-                return True, None
-            lease = Lease(row.id, persona, user_id, token, row.version, row.turn_count, bytes(row.state))
-            digest = row.state_sha256
+            ).one_or_none()
+            if claimed is None:
+                exists = s.scalar(select(IdentityRow.id).where(IdentityRow.persona_id == p.id, IdentityRow.user_id == user_id))
+                return exists is not None, None
+            record = _persona(p)
+        lease = Lease(claimed.id, record, user_id, token, claimed.version, claimed.turn_count, bytes(claimed.state))
         if not verify:
             return True, lease
         try:
-            _verified(lease.state, digest, f"identity ({persona!r}, {user_id!r})")
+            _verified(lease.state, claimed.state_sha256, f"identity ({persona!r}, {user_id!r})")
         except CorruptStateError:
             self.release(lease)
             raise
@@ -430,12 +441,13 @@ class Store:
                     identity_id=lease.identity_id, version=new_version, reason=reason, turn_index=turn_index, **_blob_ref(blob)
                 )
             )
-            s.execute(
-                delete(StateVersionRow).where(
-                    StateVersionRow.identity_id == lease.identity_id,
-                    StateVersionRow.version <= new_version - self.settings.history_retention,
+            if new_version % PRUNE_EVERY == 0:  # history holds between retention and retention + PRUNE_EVERY - 1
+                s.execute(
+                    delete(StateVersionRow).where(
+                        StateVersionRow.identity_id == lease.identity_id,
+                        StateVersionRow.version <= new_version - self.settings.history_retention,
+                    )
                 )
-            )
         return new_version
 
     # --- history, turns, snapshots ---------------------------------------------------------------------

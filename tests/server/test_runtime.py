@@ -242,6 +242,8 @@ def test_bad_arguments(runtime: Runtime) -> None:
     with pytest.raises(ValueError, match="temperature"):
         runtime.turn("sia", "u", "hi", Sampling(temperature=-1.0))
     with pytest.raises(NotFoundError):
+        runtime.state("sia", "u")  # refused before the identity was created
+    with pytest.raises(NotFoundError):
         runtime.state("sia", "never-seen")
 
 
