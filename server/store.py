@@ -32,7 +32,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from server.core.config import Settings
-from server.db.engine import make_engine, make_sessionmaker
+from server.db.engine import READ_ONLY, make_engine, make_sessionmaker
 from server.db.tables import IdentityRow, PersonaRow, SnapshotRow, StateVersionRow, TurnRow, utcnow
 from server.errors import BusyError, ConflictError, CorruptStateError, NotFoundError
 
@@ -192,15 +192,16 @@ class Store:
         self.settings = settings
         self.engine = engine or make_engine(settings)
         self._sessions = make_sessionmaker(self.engine)
+        self._read_sessions = make_sessionmaker(self.engine.execution_options(**{READ_ONLY: True}))
 
     def close(self) -> None:
         self.engine.dispose()
 
     @contextmanager
-    def _tx(self) -> Iterator[Session]:
+    def transaction(self, *, read_only: bool = False) -> Iterator[Session]:
         """One short transaction; SQLite's 'database is locked' past its busy timeout becomes BusyError."""
         try:
-            with self._sessions.begin() as session:
+            with (self._read_sessions if read_only else self._sessions).begin() as session:
                 yield session
         except OperationalError as exc:
             if "database is locked" in str(exc):
@@ -214,7 +215,7 @@ class Store:
         if unknown:
             raise ValueError(f"unknown persona fields: {sorted(unknown)}")
         try:
-            with self._tx() as s:
+            with self.transaction() as s:
                 row = PersonaRow(name=name, **{k: v for k, v in values.items() if v is not None})  # None: the default
                 s.add(row)
                 s.flush()
@@ -223,18 +224,18 @@ class Store:
             raise ConflictError(f"persona {name!r} already exists") from exc
 
     def get_persona(self, name: str) -> PersonaRecord:
-        with self._tx() as s:
+        with self.transaction(read_only=True) as s:
             return _persona(self._persona_row(s, name))
 
     def list_personas(self) -> list[PersonaRecord]:
-        with self._tx() as s:
+        with self.transaction(read_only=True) as s:
             return [_persona(r) for r in s.scalars(select(PersonaRow).order_by(PersonaRow.name))]
 
     def update_persona(self, name: str, **values: Any) -> PersonaRecord:
         unknown = set(values) - {*PERSONA_FIELDS, "initial_state"}
         if unknown:
             raise ValueError(f"unknown persona fields: {sorted(unknown)}")
-        with self._tx() as s:
+        with self.transaction() as s:
             row = self._persona_row(s, name)
             for key, value in values.items():
                 setattr(row, key, value)
@@ -244,7 +245,7 @@ class Store:
 
     def delete_persona(self, name: str) -> None:
         """Delete a persona and, by cascade, its identities, turns, history and snapshots."""
-        with self._tx() as s:
+        with self.transaction() as s:
             row = self._persona_row(s, name)
             s.execute(delete(PersonaRow).where(PersonaRow.id == row.id))
 
@@ -265,36 +266,36 @@ class Store:
         return row
 
     def get_identity(self, persona: str, user_id: str) -> IdentityRecord:
-        with self._tx() as s:
+        with self.transaction(read_only=True) as s:
             return _identity(self._identity_row(s, persona, user_id), persona)
 
     def list_identities(self, persona: str, *, limit: int = 100, offset: int = 0) -> list[IdentityRecord]:
-        with self._tx() as s:
+        with self.transaction(read_only=True) as s:
             p = self._persona_row(s, persona)
             query = select(IdentityRow).where(IdentityRow.persona_id == p.id).order_by(IdentityRow.user_id)
             rows = s.scalars(query.limit(limit).offset(offset))
             return [_identity(r, persona) for r in rows]
 
     def count_identities(self, persona: str) -> int:
-        with self._tx() as s:
+        with self.transaction(read_only=True) as s:
             p = self._persona_row(s, persona)
             return int(s.scalar(select(func.count()).select_from(IdentityRow).where(IdentityRow.persona_id == p.id)) or 0)
 
     def read_state(self, persona: str, user_id: str) -> tuple[int, bytes]:
         """(version, blob) of the current state, checksum verified."""
-        with self._tx() as s:
+        with self.transaction(read_only=True) as s:
             row = self._identity_row(s, persona, user_id)
             return row.version, _verified(row.state, row.state_sha256, f"identity ({persona!r}, {user_id!r})")
 
     def _create_identity(self, persona: str, user_id: str, initial: Callable[[PersonaRecord], Blob]) -> None:
         """Insert the identity at version 1 from ``initial(persona)``; a concurrent creator winning is fine."""
-        with self._tx() as s:
+        with self.transaction() as s:
             p = self._persona_row(s, persona)
             if s.scalar(select(IdentityRow.id).where(IdentityRow.persona_id == p.id, IdentityRow.user_id == user_id)):
                 return
             blob = initial(_persona(p))
         try:
-            with self._tx() as s:
+            with self.transaction() as s:
                 row = IdentityRow(persona_id=p.id, user_id=user_id, version=1, turn_count=0, **_blob_columns(blob))
                 s.add(row)
                 s.flush()
@@ -356,7 +357,7 @@ class Store:
         Two statements on the fast path: the persona, then a conditional UPDATE ... RETURNING that takes the
         hold and reads the state at once.
         """
-        with self._tx() as s:
+        with self.transaction() as s:
             p = self._persona_row(s, persona)
             now = time.time()
             claimed = s.execute(
@@ -388,7 +389,7 @@ class Store:
 
     def release(self, lease: Lease) -> None:
         """Let go of the identity without writing anything (a failed or abandoned turn)."""
-        with self._tx() as s:
+        with self.transaction() as s:
             s.execute(
                 update(IdentityRow)
                 .where(IdentityRow.id == lease.identity_id, IdentityRow.lease_token == lease.token)
@@ -403,7 +404,7 @@ class Store:
         holder changed the identity meanwhile.
         """
         new_version = lease.version + 1
-        with self._tx() as s:
+        with self.transaction() as s:
             values: dict[str, Any] = dict(
                 version=new_version, lease_token=None, lease_expires=None, updated_at=utcnow(), **_blob_columns(blob)
             )
@@ -454,7 +455,7 @@ class Store:
 
     def history(self, persona: str, user_id: str) -> list[VersionRecord]:
         """The retained versions, newest first."""
-        with self._tx() as s:
+        with self.transaction(read_only=True) as s:
             ident = self._identity_row(s, persona, user_id)
             rows = s.scalars(
                 select(StateVersionRow).where(StateVersionRow.identity_id == ident.id).order_by(StateVersionRow.version.desc())
@@ -462,7 +463,7 @@ class Store:
             return [_record(VersionRecord, r) for r in rows]
 
     def read_version(self, persona: str, user_id: str, version: int) -> bytes:
-        with self._tx() as s:
+        with self.transaction(read_only=True) as s:
             ident = self._identity_row(s, persona, user_id)
             row = s.scalar(
                 select(StateVersionRow).where(StateVersionRow.identity_id == ident.id, StateVersionRow.version == version)
@@ -475,7 +476,7 @@ class Store:
 
     def turns(self, persona: str, user_id: str, *, limit: int = 100, offset: int = 0) -> list[TurnRecord]:
         """Turns in order, oldest first."""
-        with self._tx() as s:
+        with self.transaction(read_only=True) as s:
             ident = self._identity_row(s, persona, user_id)
             rows = s.scalars(
                 select(TurnRow).where(TurnRow.identity_id == ident.id).order_by(TurnRow.index).limit(limit).offset(offset)
@@ -487,7 +488,7 @@ class Store:
         if not name or len(name) > 128:
             raise ValueError("a snapshot name must have 1 to 128 characters")
         try:
-            with self._tx() as s:
+            with self.transaction() as s:
                 ident = self._identity_row(s, persona, user_id)
                 if version is None or version == ident.version:
                     data, digest, at = ident.state, ident.state_sha256, ident.version
@@ -507,19 +508,19 @@ class Store:
             raise ConflictError(f"identity ({persona!r}, {user_id!r}) already has a snapshot named {name!r}") from exc
 
     def list_snapshots(self, persona: str, user_id: str) -> list[SnapshotRecord]:
-        with self._tx() as s:
+        with self.transaction(read_only=True) as s:
             ident = self._identity_row(s, persona, user_id)
             rows = s.scalars(select(SnapshotRow).where(SnapshotRow.identity_id == ident.id).order_by(SnapshotRow.created_at))
             return [_record(SnapshotRecord, r) for r in rows]
 
     def read_snapshot(self, persona: str, user_id: str, name: str) -> tuple[SnapshotRecord, bytes]:
-        with self._tx() as s:
+        with self.transaction(read_only=True) as s:
             ident = self._identity_row(s, persona, user_id)
             row = self._snapshot_row(s, ident, name)
             return _record(SnapshotRecord, row), _verified(row.state, row.state_sha256, f"snapshot {name!r}")
 
     def delete_snapshot(self, persona: str, user_id: str, name: str) -> None:
-        with self._tx() as s:
+        with self.transaction() as s:
             ident = self._identity_row(s, persona, user_id)
             s.delete(self._snapshot_row(s, ident, name))
 

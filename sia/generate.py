@@ -22,6 +22,9 @@ from sia.tokenizer import ByteTokenizer, IncrementalDecoder
 __all__ = ["Generation", "SamplingParams", "StreamEvent", "generate", "sample_next", "stream"]
 
 
+MAX_TOP_LOGPROBS = 20
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 64
@@ -30,6 +33,7 @@ class SamplingParams:
     top_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    top_logprobs: int = 0  # report this many most likely tokens (with log-probabilities) at every step
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -42,6 +46,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
+        if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]; got {self.top_logprobs!r}")
 
     @property
     def greedy(self) -> bool:
@@ -55,6 +61,8 @@ class StreamEvent:
     row: int
     token: int
     text: str
+    logprob: float = 0.0  # log-probability of ``token`` under the model (temperature 1, before any filtering)
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # the params.top_logprobs most likely tokens, best first
 
 
 @dataclass
@@ -202,9 +210,15 @@ def stream(
         for b, row in enumerate(rows):
             if row.finish_reason is not None:
                 continue
-            token = sample_next(last[b].index_fill(0, banned, float("-inf")), params, row.generator)
+            logits_b = last[b].index_fill(0, banned, float("-inf"))  # (V,)
+            token = sample_next(logits_b, params, row.generator)
+            log_p = F.log_softmax(logits_b.float(), dim=-1)  # (V,)
+            top: tuple[tuple[int, float], ...] = ()
+            if params.top_logprobs:
+                values, ids = log_p.topk(params.top_logprobs)
+                top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
             delta = row.push(token, params, tok.end_id)
-            yield StreamEvent(row=b, token=token, text=delta)
+            yield StreamEvent(row=b, token=token, text=delta, logprob=float(log_p[token]), top_logprobs=top)
             if row.finish_reason is None:
                 step[b, 0], alive[b, 0] = token, True
         if not bool(alive.any()):

@@ -33,6 +33,20 @@ class Settings(BaseSettings):
     )
     history_retention: int = Field(100, ge=1, description="state versions kept per identity (named snapshots are kept apart)")
 
+    # --- the HTTP service ----------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="address `sia serve` binds (development mode always binds 127.0.0.1)")
+    port: int = Field(8000, ge=1, le=65535, description="port `sia serve` listens on")
+    auto_migrate: bool = Field(
+        True, description="`sia serve` upgrades a SQLite database at start-up (PostgreSQL: run `sia db upgrade` once)"
+    )
+    max_message_chars: int = Field(8000, ge=1, description="longest user message accepted")
+    max_tokens_cap: int = Field(512, ge=1, description="largest max_tokens a request may ask for")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="request bodies larger than this are refused with 413")
+    max_concurrent_turns: int = Field(4, ge=1, description="turns generating at once per process; more wait their turn")
+    cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS (JSON list); none by default")
+    log_json: bool = Field(True, description="JSON log lines with a request id (false: plain text)")
+    log_level: str = Field("INFO", description="logging level")
+
     @model_validator(mode="after")
     def _default_database(self) -> Settings:
         if self.database_url is None:

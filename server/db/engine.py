@@ -11,7 +11,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.core.config import Settings
 
-__all__ = ["is_sqlite", "make_engine", "make_sessionmaker"]
+__all__ = ["READ_ONLY", "is_sqlite", "make_engine", "make_sessionmaker"]
+
+READ_ONLY = "sia_read_only"  # execution option: this engine's transactions only read
 
 
 def is_sqlite(engine: Engine) -> bool:
@@ -50,9 +52,11 @@ def _sqlite_engine(settings: Settings) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        # take the write lock at BEGIN: a transaction never upgrades from reader to writer mid-way and dies
-        # with "database is locked"; transactions are short (no model inference inside one)
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # writers take the write lock at BEGIN: a transaction never upgrades from reader to writer mid-way and
+        # dies with "database is locked"; transactions are short (no model inference inside one). Readers
+        # (engine.execution_options(read_only=True)) begin deferred and never wait for the writer (WAL).
+        read_only = connection.get_execution_options().get(READ_ONLY, False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
 

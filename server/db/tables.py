@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from sqlalchemy import DateTime, Float, ForeignKey, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "IdentityRow", "PersonaRow", "SnapshotRow", "StateVersionRow", "TurnRow", "utcnow"]
+__all__ = ["ApiKeyRow", "Base", "IdentityRow", "PersonaRow", "SnapshotRow", "StateVersionRow", "TurnRow", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -111,3 +111,19 @@ class SnapshotRow(Base):
     state: Mapped[bytes] = mapped_column(LargeBinary)
     state_sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiKeyRow(Base):
+    """An API key, stored as its sha256 (the key itself is shown once, at creation)."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))  # "admin" or "user"
+    user_id: Mapped[str | None] = mapped_column(String(256))  # the only user a user key may act as
+    key_hash: Mapped[str] = mapped_column(String(64))
+    prefix: Mapped[str] = mapped_column(String(16))  # the key's first characters, to tell keys apart in listings
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -11,7 +11,7 @@ from server.db import migrate
 from server.db.engine import make_engine
 from server.db.tables import Base
 
-TABLES = {"personas", "identities", "turns", "state_versions", "snapshots"}
+TABLES = {"personas", "identities", "turns", "state_versions", "snapshots", "api_keys"}
 
 
 def _tables(settings: Settings) -> set[str]:
@@ -25,7 +25,7 @@ def _tables(settings: Settings) -> set[str]:
 def test_upgrade_and_downgrade(settings: Settings) -> None:
     assert migrate.current_revision(settings) is None
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0001"
+    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0002"
     assert _tables(settings) == TABLES
     migrate.downgrade(settings, "base")
     assert migrate.current_revision(settings) is None
@@ -82,7 +82,7 @@ def test_db_commands(tmp_path: Path) -> None:
 
     assert sia("db", "current").stdout.startswith("empty (no revision)")
     sia("db", "upgrade")
-    assert sia("db", "current").stdout.strip() == "0001 (up to date)"
+    assert sia("db", "current").stdout.strip() == "0002 (up to date)"
     engine = create_engine(f"sqlite:///{tmp_path / 'sia.db'}")
     try:
         assert set(inspect(engine).get_table_names()) >= TABLES

@@ -192,7 +192,7 @@ def test_corrupt_state_raises_and_is_isolated(runtime: Runtime, damage: str) -> 
     else:
         blob = _raw_blob(state, trace=state.trace[:1].clone())
     digest = sha256(good) if damage == "checksum" else sha256(blob)
-    with runtime.store._tx() as s:
+    with runtime.store.transaction() as s:
         s.execute(update(IdentityRow).where(IdentityRow.user_id == "bad").values(state=blob, state_sha256=digest))
     with pytest.raises(CorruptStateError):
         runtime.turn("sia", "bad", "hello again", GREEDY)

@@ -143,7 +143,7 @@ def test_checksum_mismatch_is_corrupt_and_isolated(store: Store) -> None:
     store.create_persona("p")
     store.release(store.acquire("p", "bad", create=initial))
     store.release(store.acquire("p", "good", create=initial))
-    with store._tx() as s:
+    with store.transaction() as s:
         s.execute(update(IdentityRow).where(IdentityRow.user_id == "bad").values(state=b"state:flipped"))
     with pytest.raises(CorruptStateError, match="checksum"):
         store.read_state("p", "bad")
@@ -164,3 +164,12 @@ def test_deleting_a_persona_removes_its_identities(store: Store) -> None:
     store.create_persona("p")
     with pytest.raises(NotFoundError):
         store.get_identity("p", "u")
+
+
+def test_reads_do_not_wait_for_a_writer(store: Store) -> None:
+    store.create_persona("p")
+    with store.transaction() as writer:  # holds SQLite's write lock (BEGIN IMMEDIATE) until the block ends
+        writer.execute(update(IdentityRow).values(turn_count=0))
+        t0 = time.monotonic()
+        assert store.get_persona("p").name == "p"
+        assert time.monotonic() - t0 < 1.0  # a reader waiting for the lock would sit out the 5 s busy timeout

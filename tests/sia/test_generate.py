@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -153,3 +155,18 @@ def test_bad_requests_raise(model: SIAModel, config: ModelConfig) -> None:
         generate(model, [[]], _cond(model, config, 1), SamplingParams())
     with pytest.raises(ValueError, match="conditioning has"):
         generate(model, PROMPTS, _cond(model, config, 1), SamplingParams())
+
+
+def test_logprobs_describe_the_distribution_sampled_from(model: SIAModel, config: ModelConfig) -> None:
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, top_logprobs=5)
+    events = [e for e in stream(model, PROMPTS[:1], _cond(model, config, 1), params) if isinstance(e, StreamEvent)]
+    assert len(events) == 6
+    for e in events:
+        ids = [t for t, _ in e.top_logprobs]
+        values = [v for _, v in e.top_logprobs]
+        assert len(ids) == 5 and values == sorted(values, reverse=True)
+        assert ids[0] == e.token and values[0] == e.logprob  # greedy picks the most likely token
+        assert e.logprob <= 0 and sum(math.exp(v) for v in values) <= 1 + 1e-5
+    assert not SamplingParams().top_logprobs
+    with pytest.raises(ValueError, match="top_logprobs"):
+        SamplingParams(top_logprobs=21)
