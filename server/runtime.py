@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -53,6 +53,7 @@ class Sampling:
     top_k: int | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    top_logprobs: int = 0  # report this many alternatives with every generated token
 
     def __post_init__(self) -> None:
         # the fields given are checked now, before any identity is held; the persona fills in the rest
@@ -63,6 +64,7 @@ class Sampling:
             top_k=self.top_k,
             seed=self.seed,
             stop=tuple(self.stop),
+            top_logprobs=self.top_logprobs,
         )
 
 
@@ -154,6 +156,7 @@ class Runtime:
             top_k=persona.top_k if sampling.top_k is None else sampling.top_k,
             seed=sampling.seed,
             stop=tuple(sampling.stop),
+            top_logprobs=sampling.top_logprobs,
         )
 
     def _initial_state(self, persona: PersonaRecord) -> IdentityState:
@@ -178,7 +181,7 @@ class Runtime:
 
     def stream_turn(
         self, persona: str, user: str, message: str, sampling: Sampling | None = None
-    ) -> Iterator[StreamEvent | TurnOutcome]:
+    ) -> Generator[StreamEvent | TurnOutcome, None, None]:
         """Yield StreamEvents as the reply is generated, then the TurnOutcome once the turn is committed.
 
         Nothing is written unless the generator runs to its end: closing it early (a client that went away)

@@ -44,6 +44,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1 << 20, ge=1024, description="request bodies larger than this are refused with 413")
     max_concurrent_turns: int = Field(4, ge=1, description="turns generating at once per process; more wait their turn")
     cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS (JSON list); none by default")
+    torch_threads: int = Field(1, ge=1, description="torch threads per process (turns already run in parallel)")
     log_json: bool = Field(True, description="JSON log lines with a request id (false: plain text)")
     log_level: str = Field("INFO", description="logging level")
 

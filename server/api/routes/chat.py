@@ -1,0 +1,88 @@
+"""POST /v1/personas/{persona}/chat: one turn with a persona, as JSON or as Server-Sent Events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from server.api.deps import CallerDep, SettingsDep, TurnsDep, acting_user
+from server.api.errors import ApiError, error_body
+from server.api.schemas import ERROR_RESPONSES, ChatRequest, ChatResponse, Usage
+from server.core.config import Settings
+from server.errors import StoreError
+from server.runtime import Sampling, TurnOutcome
+
+router = APIRouter(prefix="/v1/personas", tags=["chat"])
+
+
+def check_limits(settings: Settings, message: str, max_tokens: int | None) -> None:
+    if len(message) > settings.max_message_chars:
+        raise ApiError(
+            422, f"message: longer than {settings.max_message_chars} characters", code="message_too_long", param="message"
+        )
+    if "\x00" in message:
+        raise ApiError(422, "message: must not contain NUL characters", code="invalid_value", param="message")
+    if max_tokens is not None and max_tokens > settings.max_tokens_cap:
+        raise ApiError(422, f"max_tokens: at most {settings.max_tokens_cap}", code="max_tokens_too_large", param="max_tokens")
+
+
+def chat_response(out: TurnOutcome) -> ChatResponse:
+    return ChatResponse(
+        reply=out.reply,
+        finish_reason=out.finish_reason,
+        turn=out.turn,
+        shock=out.shock,
+        state_version=out.state_version,
+        usage=Usage(
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            total_tokens=out.prompt_tokens + out.completion_tokens,
+        ),
+    )
+
+
+def sse(event: str, data: object) -> str:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+@router.post(
+    "/{persona}/chat",
+    response_model=ChatResponse,
+    responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}, "description": "the turn, or its event stream"}},
+)
+async def chat(persona: str, body: ChatRequest, caller: CallerDep, turns: TurnsDep, settings: SettingsDep) -> object:
+    """Send a message to a persona as a user: the identity (persona, user) answers and is updated."""
+    user = acting_user(caller, body.user)
+    check_limits(settings, body.message, body.max_tokens)
+    sampling = Sampling(
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        stop=tuple(body.stop),
+    )
+    if not body.stream:
+        return chat_response(await turns.turn(persona, user, body.message, sampling))
+
+    stream = turns.stream(persona, user, body.message, sampling)
+    first = await anext(stream)  # errors before the first token (404, 409, ...) still get a status code
+
+    async def events() -> AsyncIterator[str]:
+        item = first
+        try:
+            while True:
+                if isinstance(item, TurnOutcome):
+                    yield sse("done", chat_response(item).model_dump())
+                    return
+                yield sse("token", {"text": item.text, "token": item.token, "logprob": item.logprob})
+                item = await anext(stream)
+        except (StoreError, ValueError) as exc:
+            yield sse("error", error_body(str(exc), "api_error", type(exc).__name__))
+        finally:
+            await stream.aclose()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

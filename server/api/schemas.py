@@ -1,0 +1,185 @@
+"""Request and response bodies of the public API (chat and the OpenAI-compatible routes).
+
+These are the wire format; the tables (server/db/tables.py) and the runtime's records are separate.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sia.generate import MAX_TOP_LOGPROBS
+
+UserId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$", description="the user's id")]
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+# --- native chat ------------------------------------------------------------------------------------------
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user: UserId | None = Field(None, description="required unless the API key is bound to a user")
+    message: str = Field(description="the user's new message")
+    max_tokens: int | None = Field(None, ge=1, description="most tokens in the reply (persona default)")
+    temperature: float | None = Field(None, ge=0, le=5, description="0 is greedy (persona default)")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="makes sampling reproducible")
+    stop: list[str] = Field(default_factory=list, max_length=4)
+    stream: bool = Field(False, description="Server-Sent Events: token events, then a done event")
+
+
+class ChatResponse(BaseModel):
+    reply: str
+    finish_reason: str
+    turn: int = Field(description="this turn's index for the identity (0, 1, ...)")
+    shock: float = Field(description="the standardised shock of the message")
+    state_version: int = Field(description="the identity's state version after the turn")
+    usage: Usage
+
+
+# --- OpenAI-compatible --------------------------------------------------------------------------------------
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        if self.content is None:
+            return ""
+        return "".join(p.text or "" for p in self.content if p.type == "text")
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """OpenAI's chat completion request; fields SIA has no use for (penalties, tools, ...) are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(description="the persona's name")
+    messages: list[Message] = Field(min_length=1, description="the last user message is the new turn")
+    user: UserId | None = Field(None, description="the user id (required unless the key is bound to a user)")
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    n: int = Field(1, ge=1, le=1, description="only one choice per request")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> list[str]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return stops
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str
+
+
+class SiaTurnInfo(BaseModel):
+    """What SIA adds to OpenAI's response: the identity's side of the turn."""
+
+    turn: int
+    shock: float
+    state_version: int
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    system_fingerprint: str | None = None
+    sia: SiaTurnInfo
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "sia"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text}
+    for status, text in (
+        (400, "invalid value"),
+        (401, "missing or unknown API key"),
+        (403, "the key may not do this"),
+        (404, "unknown persona or identity"),
+        (409, "the identity stayed busy, or a conflicting change"),
+        (413, "request body too large"),
+        (422, "invalid body"),
+    )
+}

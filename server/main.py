@@ -1,0 +1,83 @@
+"""The FastAPI application: ``create_app(settings)``; the model and the store are loaded once, in the lifespan."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import torch
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from server.api.errors import install_error_handlers
+from server.api.middleware import RequestContext
+from server.api.routes import chat, health, openai
+from server.auth import KeyRing
+from server.core.config import Settings, get_settings
+from server.db import migrate
+from server.observability import Metrics
+from server.runtime import Runtime
+from server.serving import TurnService
+from server.store import Store
+from sia.checkpoint import load_default_model
+from sia.model import SIAModel
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("sia.server")
+
+
+def create_app(settings: Settings | None = None, *, model: SIAModel | None = None) -> FastAPI:
+    """The service. ``model`` replaces the checkpoint named by the settings (tests pass a tiny one)."""
+    settings = settings or get_settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        torch.set_num_threads(settings.torch_threads)
+        store = Store(settings)
+        loaded = model or load_default_model(settings.checkpoint)
+        runtime = Runtime(loaded, store)
+        app.state.runtime = runtime
+        app.state.keys = KeyRing(store)
+        app.state.turns = TurnService(runtime, metrics, settings.max_concurrent_turns)
+        app.state.schema_head = migrate.head_revision(settings)
+        app.state.parameters = sum(p.numel() for p in loaded.parameters())
+        try:
+            if migrate.current_revision(settings) == app.state.schema_head:
+                created = runtime.ensure_default_personas()
+                if created:
+                    log.info("created the default personas: %s", ", ".join(created))
+                if app.state.keys.dev_mode():
+                    log.warning("development mode: no API key exists, so every request is allowed (`sia keys create`)")
+            else:
+                log.error("the database is not migrated to %s; /readyz fails until `sia db upgrade`", app.state.schema_head)
+        except Exception as exc:  # the database may come up later; /readyz reports it meanwhile
+            log.error("database unavailable at start-up: %s", str(exc).splitlines()[0])
+        try:
+            yield
+        finally:
+            store.close()
+
+    app = FastAPI(
+        title="SIA",
+        summary="The stateful identity-attention runtime: per-identity Trace Tensor Attention state behind a chat API.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    app.include_router(chat.router)
+    app.include_router(openai.router)
+    app.include_router(health.router)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+            allow_headers=["authorization", "content-type", "x-request-id"],
+        )
+    app.add_middleware(RequestContext, max_body_bytes=settings.max_body_bytes, metrics=metrics)
+    return app

@@ -1,0 +1,71 @@
+"""The runtime seen from the event loop: turns run in worker threads, never on the loop itself.
+
+At most ``max_concurrent_turns`` turns compute at once per process (an anyio capacity limiter); a streamed
+turn takes a slot only while it computes its next token, so a slow reader does not hold one. A stream that is
+closed early (the client went away) closes the runtime's generator, which releases the identity unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+
+import anyio
+import anyio.to_thread
+
+from server.errors import BusyError
+from server.observability import Metrics
+from server.runtime import Runtime, Sampling, TurnOutcome
+from sia.generate import StreamEvent
+
+__all__ = ["TurnService"]
+
+_END = object()
+
+
+class TurnService:
+    def __init__(self, runtime: Runtime, metrics: Metrics, max_concurrent: int) -> None:
+        self.runtime = runtime
+        self.metrics = metrics
+        self.limiter = anyio.CapacityLimiter(max_concurrent)
+
+    async def turn(self, persona: str, user: str, message: str, sampling: Sampling) -> TurnOutcome:
+        async for item in self.stream(persona, user, message, sampling):
+            if isinstance(item, TurnOutcome):
+                return item
+        raise AssertionError("a turn ended without an outcome")
+
+    async def stream(
+        self, persona: str, user: str, message: str, sampling: Sampling
+    ) -> AsyncGenerator[StreamEvent | TurnOutcome, None]:
+        """The runtime's stream_turn, one item per worker-thread hop."""
+        gen = self.runtime.stream_turn(persona, user, message, sampling)
+        started = time.perf_counter()
+        outcome = "abandoned"
+        try:
+            while True:
+                item = await anyio.to_thread.run_sync(next, gen, _END, limiter=self.limiter)
+                if item is _END:
+                    break
+                assert isinstance(item, StreamEvent | TurnOutcome)
+                if isinstance(item, TurnOutcome):
+                    outcome = "ok"
+                    self._record(item, time.perf_counter() - started)
+                yield item
+        except BusyError:
+            outcome = "busy"
+            raise
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            if outcome != "ok":
+                with anyio.CancelScope(shield=True):  # runs even when the request task is being cancelled
+                    await anyio.to_thread.run_sync(gen.close)
+            self.metrics.turns.labels(outcome=outcome).inc()
+
+    def _record(self, out: TurnOutcome, seconds: float) -> None:
+        self.metrics.turn_seconds.observe(seconds)
+        self.metrics.tokens.labels(kind="prompt").inc(out.prompt_tokens)
+        self.metrics.tokens.labels(kind="completion").inc(out.completion_tokens)
+        self.metrics.shock.observe(out.shock)
