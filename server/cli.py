@@ -6,8 +6,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sia import cli as library_cli
+
+if TYPE_CHECKING:
+    from server.auth import KeyRing
 
 log = logging.getLogger("sia")
 
@@ -43,6 +47,111 @@ def cmd_db_current(_args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Migrate the SQLite default, load the model, create the default personas, serve."""
+    import uvicorn
+
+    from server.auth import KeyRing
+    from server.core.config import Settings
+    from server.db import migrate
+    from server.main import create_app
+    from server.observability import configure_logging
+    from server.store import Store
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    settings = Settings(**overrides)
+    configure_logging(settings.log_level, json_lines=settings.log_json)
+    if settings.auto_migrate and settings.url.startswith("sqlite"):
+        migrate.upgrade(settings)
+    store = Store(settings)
+    try:
+        dev_mode = KeyRing(store).dev_mode()
+    finally:
+        store.close()
+    host = settings.host
+    if dev_mode and host != "127.0.0.1":
+        log.warning("development mode (no API key exists): binding 127.0.0.1 instead of %s; create a key first", host)
+        host = "127.0.0.1"
+    app = create_app(settings)
+    uvicorn.run(app, host=host, port=settings.port, log_config=None, timeout_graceful_shutdown=10)
+    return 0
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    ring = _key_ring()
+    record, key = ring.create("admin" if args.admin else "user", user_id=args.user, name=args.name or "")
+    role = record.role
+    sys.stdout.write(f"{key}\n")
+    log.info(
+        "created %s key %d (%s)%s; it is shown only once",
+        role,
+        record.id,
+        record.prefix,
+        f" for user {record.user_id!r}" if record.user_id else "",
+    )
+    return 0
+
+
+def cmd_keys_list(_args: argparse.Namespace) -> int:
+    for k in _key_ring().list():
+        state = f"revoked {k.revoked_at:%Y-%m-%d}" if k.revoked_at else "active"
+        who = f"user={k.user_id}" if k.user_id else "admin"
+        sys.stdout.write(f"{k.id}\t{k.prefix}…\t{who}\t{state}\t{k.name}\n")
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    record = _key_ring().revoke(args.id)
+    log.info("revoked key %d (%s)", record.id, record.prefix)
+    return 0
+
+
+def _key_ring() -> KeyRing:
+    from server.auth import KeyRing
+    from server.core.config import Settings
+    from server.store import Store
+
+    return KeyRing(Store(Settings()))
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """With --user: a conversation with a stored identity (the runtime); without: the library's file-backed chat."""
+    if args.user is None:
+        return int(library_cli.cmd_chat(args))
+    from server.core.config import Settings
+    from server.db import migrate
+    from server.runtime import Runtime, Sampling, TurnOutcome
+    from server.store import Store
+    from sia.checkpoint import load_default_model
+
+    settings = Settings()
+    if settings.auto_migrate and settings.url.startswith("sqlite"):
+        migrate.upgrade(settings)
+    runtime = Runtime(load_default_model(args.checkpoint or settings.checkpoint), Store(settings))
+    runtime.ensure_default_personas()
+    sampling = Sampling(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+    sys.stdout.write(f"Talking to {args.persona!r} as {args.user!r}; an empty line or Ctrl-D ends the conversation.\n")
+    for line in sys.stdin:
+        message = line.rstrip("\n")
+        if not message:
+            break
+        for item in runtime.stream_turn(args.persona, args.user, message, sampling):
+            if isinstance(item, TurnOutcome):
+                sys.stdout.write("\n")
+                log.info("turn %d: shock %.3f, state version %d", item.turn, item.shock, item.state_version)
+            else:
+                sys.stdout.write(item.text)
+                sys.stdout.flush()
+    return 0
+
+
 def _safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
@@ -52,6 +161,7 @@ def _safe_url(url: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = library_cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert isinstance(sub.choices, dict)
 
     db = sub.add_parser("db", help="the identity database (SIA_DATABASE_URL; default SQLite under SIA_DATA_DIR)")
     db_sub = db.add_subparsers(dest="db_command", required=True)
@@ -63,6 +173,28 @@ def build_parser() -> argparse.ArgumentParser:
     down.set_defaults(func=cmd_db_downgrade)
     cur = db_sub.add_parser("current", help="print the database's revision")
     cur.set_defaults(func=cmd_db_current)
+
+    serve = sub.add_parser("serve", help="serve the HTTP API (migrates a SQLite database, creates the default personas)")
+    serve.add_argument("--host", default=None, help="address to bind (default SIA_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default SIA_PORT or 8000)")
+    serve.set_defaults(func=cmd_serve)
+
+    keys = sub.add_parser("keys", help="API keys (stored hashed; a key is shown once, when created)")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="create a key and print it")
+    who = create.add_mutually_exclusive_group(required=True)
+    who.add_argument("--admin", action="store_true", help="an admin key (every route, /admin included)")
+    who.add_argument("--user", help="a user key bound to this user id")
+    create.add_argument("--name", default=None, help="a label for listings")
+    create.set_defaults(func=cmd_keys_create)
+    keys_sub.add_parser("list", help="list keys (never the keys themselves)").set_defaults(func=cmd_keys_list)
+    revoke = keys_sub.add_parser("revoke", help="revoke a key by id")
+    revoke.add_argument("id", type=int)
+    revoke.set_defaults(func=cmd_keys_revoke)
+
+    chat = sub.choices["chat"]
+    chat.add_argument("--user", default=None, help="talk to the stored identity (persona, user) instead of a state file")
+    chat.set_defaults(func=cmd_chat)
     return parser
 
 

@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_turn_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: the bundled model)")
-        p.add_argument("--persona", default="sia", choices=sorted(PERSONAS), help="persona whose preamble opens each turn")
+        p.add_argument("--persona", default="sia", help=f"persona whose preamble opens each turn ({', '.join(sorted(PERSONAS))})")
         p.add_argument(
             "--state", type=Path, default=None, help="identity state file (safetensors); read if present, written after each turn"
         )

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.errors import BusyError, ConflictError, CorruptStateError, NotFoundError
 
-__all__ = ["ApiError", "BodyTooLarge", "error_body", "install_error_handlers"]
+__all__ = ["ApiError", "error_body", "install_error_handlers"]
 
 log = logging.getLogger("sia.api")
 
@@ -37,13 +37,6 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
         self.headers = headers
-
-
-class BodyTooLarge(Exception):
-    """Raised while a request body is read, once more than the limit has arrived."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"request body exceeds {limit} bytes")
 
 
 def error_body(message: str, type: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
@@ -95,10 +88,6 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = _STATUS_TYPES.get(exc.status_code, "api_error")
         return _respond(request, exc.status_code, str(exc.detail), kind, None, None, getattr(exc, "headers", None))
-
-    @app.exception_handler(BodyTooLarge)
-    async def too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
-        return _respond(request, 413, str(exc), "request_too_large", "body_too_large")
 
     @app.exception_handler(NotFoundError)
     async def not_found(request: Request, exc: NotFoundError) -> JSONResponse:

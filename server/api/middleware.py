@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.api.errors import BodyTooLarge, error_body
+from server.api.errors import error_body
 from server.observability import Metrics, request_id
 
 __all__ = ["RequestContext"]
@@ -39,9 +39,11 @@ class RequestContext:
         rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
         token = request_id.set(rid)
         started = time.perf_counter()
-        status = {"code": 500, "sent": False}
+        status = {"code": 500, "sent": False, "refused": False}
 
         async def send_with_id(message: Message) -> None:
+            if status["refused"]:
+                return  # the 413 already went out; whatever the app says afterwards is dropped
             if message["type"] == "http.response.start":
                 status["code"], status["sent"] = message["status"], True
                 message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
@@ -60,14 +62,18 @@ class RequestContext:
                 if message["type"] == "http.request":
                     received += len(message.get("body", b""))
                     if received > self.max_body_bytes:
-                        raise BodyTooLarge(self.max_body_bytes)
+                        # a chunked body past the limit: answer 413 now and tell the app the client left
+                        if not status["sent"]:
+                            await self._too_large(send_with_id)
+                            status["refused"] = True
+                        return {"type": "http.disconnect"}
                 return message
 
             try:
                 await self.app(scope, counting_receive, send_with_id)
-            except BodyTooLarge:
-                if not status["sent"]:
-                    await self._too_large(send_with_id)
+            except Exception:
+                if not status["refused"]:
+                    raise
         finally:
             elapsed = time.perf_counter() - started
             route = _route(scope)

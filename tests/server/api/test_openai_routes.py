@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import json
+import math
+
+from fastapi.testclient import TestClient
+
+from tests.server.api.conftest import Keys, bearer
+
+
+def completion(client: TestClient, user: str, content: str, **extra: object) -> dict[str, object]:
+    body = {
+        "model": "sia",
+        "user": user,
+        "messages": [{"role": "system", "content": "ignored"}, {"role": "user", "content": content}],
+    }
+    r = client.post("/v1/chat/completions", json={**body, **extra})
+    assert r.status_code == 200, r.text
+    result: dict[str, object] = r.json()
+    return result
+
+
+def test_completion_shape_and_logprobs(client: TestClient) -> None:
+    out = completion(client, "ana", "Hello there", max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+    assert out["object"] == "chat.completion" and out["model"] == "sia" and str(out["id"]).startswith("chatcmpl-")
+    [choice] = out["choices"]  # type: ignore[misc]
+    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")
+    content = choice["logprobs"]["content"]
+    assert 1 <= len(content) <= 6
+    for entry in content:
+        tops = entry["top_logprobs"]
+        assert len(tops) == 3 and tops[0]["logprob"] == entry["logprob"]  # greedy: the chosen token is the top one
+        assert [t["logprob"] for t in tops] == sorted((t["logprob"] for t in tops), reverse=True)
+    visible = bytes(b for e in content if e["bytes"] for b in e["bytes"]).decode("utf-8", errors="replace")
+    assert visible == choice["message"]["content"]
+    assert out["usage"]["completion_tokens"] == len(content)  # type: ignore[index]
+    assert out["sia"] == {"turn": 0, "shock": out["sia"]["shock"], "state_version": 2}  # type: ignore[index]
+    no_lp = completion(client, "ana", "Hello there", max_tokens=3)
+    assert no_lp["choices"][0]["logprobs"] is None  # type: ignore[index]
+
+
+def test_history_changes_the_distribution(client: TestClient) -> None:
+    for message in ("I am furious!!! Everything is awful!", "Why does nobody listen to me?", "I hate this."):
+        completion(client, "angry", message, max_tokens=4, seed=1)
+    probe = {"max_tokens": 4, "temperature": 0, "logprobs": True, "top_logprobs": 5}
+    angry = completion(client, "angry", "How are you today?", **probe)
+    fresh = completion(client, "fresh", "How are you today?", **probe)
+    a = angry["choices"][0]["logprobs"]["content"][0]["top_logprobs"]  # type: ignore[index]
+    f = fresh["choices"][0]["logprobs"]["content"][0]["top_logprobs"]  # type: ignore[index]
+    gap = (
+        max(abs(x["logprob"] - y["logprob"]) for x, y in zip(a, f, strict=True))
+        if [x["token"] for x in a] == [y["token"] for y in f]
+        else math.inf
+    )
+    assert gap > 1e-3  # the same prompt, different histories: a different next-token distribution
+
+
+def test_streaming_chunks_end_with_done(client: TestClient) -> None:
+    body = {
+        "model": "sia",
+        "user": "s",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "stream": True,
+        "max_tokens": 8,
+        "seed": 3,
+        "stream_options": {"include_usage": True},
+        "logprobs": True,
+    }
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = [line for line in "".join(r.iter_text()).split("\n") if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finals) == 1
+    usage = chunks[-1]["usage"]
+    assert chunks[-1]["choices"] == [] and usage["completion_tokens"] >= 1
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert usage["completion_tokens"] == sum(1 for c in chunks if c["choices"] and c["choices"][0]["logprobs"])
+    replay = completion(client, "s2", "Hi", max_tokens=8, seed=3)
+    assert text == replay["choices"][0]["message"]["content"]  # type: ignore[index]
+
+
+def test_models_list_personas(client: TestClient) -> None:
+    r = client.get("/v1/models")
+    assert r.status_code == 200
+    ids = [m["id"] for m in r.json()["data"]]
+    assert "sia" in ids and r.json()["object"] == "list"
+
+
+def test_openai_errors(client: TestClient, keys: Keys) -> None:
+    h = bearer(keys.admin)
+    r = client.post(
+        "/v1/chat/completions", json={"model": "nobody", "user": "u", "messages": [{"role": "user", "content": "x"}]}, headers=h
+    )
+    assert r.status_code == 404 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = client.post("/v1/chat/completions", json={"model": "sia", "user": "u", "messages": []}, headers=h)
+    assert r.status_code == 422
+    r = client.post(
+        "/v1/chat/completions",
+        json={"model": "sia", "user": "u", "n": 2, "messages": [{"role": "user", "content": "x"}]},
+        headers=h,
+    )
+    assert r.status_code == 422 and r.json()["error"]["param"] == "n"
+    r = client.post(
+        "/v1/chat/completions",
+        json={"model": "sia", "user": "u", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]},
+        headers=h,
+    )
+    assert r.status_code == 400
+    r = client.post("/v1/chat/completions", json={"model": "sia", "messages": [{"role": "user", "content": "x"}]}, headers=h)
+    assert r.status_code == 422 and r.json()["error"]["param"] == "user"
+    r = client.post(
+        "/v1/chat/completions",
+        json={"model": "sia", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+        headers=bearer(keys.ana),
+    )
+    assert r.status_code == 200  # the user key names the user
+    assert client.get("/v1/models").status_code == 401
