@@ -1,9 +1,10 @@
-# One command each: `make run` installs and starts SIA; `make test` installs and passes the tests.
+# One command each: `make run` installs and starts the SIA service; `make test` installs and passes the tests.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 TORCH   = torch==2.13.0
-PROMPT ?= Hi, I'm Ana. My favourite colour is green.
+PERSONA ?= sia
+USER_ID ?= you
 
 .PHONY: install run chat test lint bench clean
 
@@ -19,11 +20,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# SQLite under sia-data/ and the bundled model; http://127.0.0.1:8000 (SIA_* settings, see docs/operations)
 run: install
-	$(BIN)/sia generate "$(PROMPT)" --state .sia-state.safetensors --seed 0
+	$(BIN)/sia serve
 
+# a conversation in the terminal with the stored identity (PERSONA, USER_ID)
 chat: install
-	$(BIN)/sia chat --state .sia-state.safetensors
+	$(BIN)/sia chat --persona $(PERSONA) --user $(USER_ID)
 
 test: install
 	$(BIN)/python -m pytest

@@ -49,18 +49,20 @@ def cmd_db_current(_args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Migrate the SQLite default, load the model, create the default personas, serve."""
-    import uvicorn
-
-    from server.auth import KeyRing
     from server.core.config import Settings
-    from server.db import migrate
-    from server.main import create_app
     from server.observability import configure_logging
-    from server.store import Store
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = Settings(**overrides)
-    configure_logging(settings.log_level, json_lines=settings.log_json)
+    configure_logging(settings.log_level, json_lines=settings.log_json)  # before the imports below log anything
+
+    import uvicorn
+
+    from server.auth import KeyRing
+    from server.db import migrate
+    from server.main import create_app
+    from server.store import Store
+
     if settings.auto_migrate and settings.url.startswith("sqlite"):
         migrate.upgrade(settings)
     store = Store(settings)

@@ -54,6 +54,7 @@ def configure_logging(level: str = "INFO", *, json_lines: bool = True) -> None:
         logger.handlers[:] = []
         logger.propagate = True
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # the service logs each request itself
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 class Metrics:

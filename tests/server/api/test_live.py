@@ -1,0 +1,196 @@
+"""A real uvicorn process (`sia serve`): streaming, the official OpenAI client, concurrency, disconnects, logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from server.core.config import Settings
+from server.store import Store
+
+
+@dataclass
+class Live:
+    url: str
+    settings: Settings
+    process: subprocess.Popen[str]
+    log_path: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def live(tmp_path: Path, checkpoint_dir: Path) -> Iterator[Live]:
+    port = _free_port()
+    env = {
+        **os.environ,
+        "SIA_DATA_DIR": str(tmp_path / "data"),
+        "SIA_CHECKPOINT": str(checkpoint_dir),
+        "SIA_PORT": str(port),
+        "SIA_BUSY_TIMEOUT_S": "30",
+        "SIA_MAX_TOKENS_CAP": "64",
+        "OMP_NUM_THREADS": "1",
+    }
+    env.pop("SIA_DATABASE_URL", None)
+    log_path = tmp_path / "server.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "server.cli", "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"sia serve did not become ready:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.2)
+    try:
+        yield Live(url, Settings(data_dir=tmp_path / "data"), proc, log_path)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_the_official_openai_client_works_unmodified(live: Live) -> None:
+    client = OpenAI(base_url=f"{live.url}/v1", api_key="not-needed-in-development-mode")
+    assert "sia" in [m.id for m in client.models.list()]
+    out = client.chat.completions.create(
+        model="sia",
+        user="ana",
+        messages=[{"role": "user", "content": "Hi, I'm Ana."}],
+        max_tokens=8,
+        seed=1,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    choice = out.choices[0]
+    assert choice.message.role == "assistant" and out.usage is not None and out.usage.completion_tokens >= 1
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    assert all(len(t.top_logprobs) == 2 for t in choice.logprobs.content)
+
+    stream = client.chat.completions.create(
+        model="sia",
+        user="bea",
+        messages=[{"role": "user", "content": "Hi, I'm Ana."}],
+        max_tokens=8,
+        seed=1,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            pieces.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    assert "".join(pieces) == choice.message.content  # same seed, fresh identities: the same reply, streamed
+    assert finish == choice.finish_reason and usage is not None and usage.completion_tokens == out.usage.completion_tokens
+
+    from openai import NotFoundError, UnprocessableEntityError
+
+    with pytest.raises(NotFoundError) as err:
+        client.chat.completions.create(model="nobody", user="u", messages=[{"role": "user", "content": "x"}])
+    assert "does not exist" in str(err.value)
+    with pytest.raises(UnprocessableEntityError):
+        client.chat.completions.create(model="sia", user="u", messages=[{"role": "user", "content": "x"}], temperature=-1)
+
+
+def test_concurrent_turns_on_shared_and_separate_identities(live: Live) -> None:
+    results: list[tuple[str, int, int]] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+
+    def client(worker: int) -> None:
+        user = "shared" if worker % 2 == 0 else f"solo-{worker}"
+        with httpx.Client(base_url=live.url, timeout=60) as http:
+            for i in range(3):
+                r = http.post("/v1/personas/sia/chat", json={"user": user, "message": f"turn {i}", "max_tokens": 4, "seed": i})
+                with lock:
+                    if r.status_code == 200:
+                        results.append((user, r.json()["turn"], r.json()["state_version"]))
+                    else:
+                        failures.append(f"{r.status_code} {r.text}")
+
+    threads = [threading.Thread(target=client, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    shared = sorted(turn for user, turn, _ in results if user == "shared")
+    assert shared == list(range(12))  # 4 workers x 3 turns, serial: every index exactly once
+    store = Store(live.settings)
+    try:
+        assert store.get_identity("sia", "shared").turn_count == 12
+        for w in range(1, 8, 2):
+            assert store.get_identity("sia", f"solo-{w}").turn_count == 3
+    finally:
+        store.close()
+
+
+def test_a_client_that_disconnects_mid_stream_changes_nothing(live: Live) -> None:
+    httpx.post(f"{live.url}/v1/personas/sia/chat", json={"user": "d", "message": "hello", "max_tokens": 4}, timeout=60)
+    store = Store(live.settings)
+    try:
+        before = store.get_identity("sia", "d")
+        with httpx.stream(
+            "POST",
+            f"{live.url}/v1/personas/sia/chat",
+            timeout=60,
+            json={"user": "d", "message": "tell me everything", "max_tokens": 64, "temperature": 1.0, "seed": 1, "stream": True},
+        ) as r:
+            first = next(r.iter_lines())
+            assert first.startswith("event: token")
+        # the connection is closed; the server notices, abandons the turn and lets go of the identity
+        deadline = time.monotonic() + 30
+        while store.get_identity("sia", "d").busy and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = store.get_identity("sia", "d")
+        assert (after.version, after.turn_count, after.state_sha256, after.busy) == (
+            before.version,
+            before.turn_count,
+            before.state_sha256,
+            False,
+        )
+        metrics = httpx.get(f"{live.url}/metrics").text
+        assert 'sia_turns_total{outcome="abandoned"} 1.0' in metrics
+    finally:
+        store.close()
+    r = httpx.post(f"{live.url}/v1/personas/sia/chat", json={"user": "d", "message": "again", "max_tokens": 4}, timeout=60)
+    assert r.status_code == 200 and r.json()["turn"] == 1
+
+
+def test_logs_are_json_lines_that_user_text_cannot_forge(live: Live) -> None:
+    httpx.get(f"{live.url}/healthz%0D%0A%7B%22level%22%3A%22CRITICAL%22%7D", headers={"X-Request-ID": "trace-me"})
+    httpx.post(f"{live.url}/v1/personas/sia/chat", json={"user": "x\r\ny", "message": "hi"})
+    time.sleep(0.3)
+    lines = [line for line in live.log_path.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert any(r.get("request_id") == "trace-me" for r in records)
+    assert not any(r.get("level") == "CRITICAL" for r in records)
+    assert any(r.get("status") == 422 for r in records)
