@@ -201,7 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return library_cli.main(argv, parser=build_parser())
+    from server.errors import StoreError
+
+    try:
+        return library_cli.main(argv, parser=build_parser())
+    except StoreError as exc:  # unknown persona, busy or corrupt identity, ...: a message, not a traceback
+        log.error("%s", exc)
+        return 2
 
 
 if __name__ == "__main__":
