@@ -1,8 +1,22 @@
+"""Shared fixtures: tiny model configs, random identity states, and the real PostgreSQL.
+
+PostgreSQL tests use the server named by SIA_TEST_POSTGRES_URL (.ci/run sets it to the local server); each
+test gets a database of its own, dropped afterwards. Without a reachable server those tests skip, saying why.
+"""
+
 from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
+from sia.checkpoint import save_checkpoint
 from sia.config import ModelConfig
 from sia.identity import IdentityState
 from sia.model import SIAModel
@@ -48,3 +62,44 @@ def sharpen(model: SIAModel) -> SIAModel:
             attn.self_value.weight.mul_(50)
         model.wte.weight.mul_(10)
     return model
+
+
+def tiny_model() -> SIAModel:
+    torch.manual_seed(0)
+    return sharpen(SIAModel(tiny_config(block_size=256)).eval())
+
+
+@pytest.fixture
+def checkpoint_dir(tmp_path: Path) -> Path:
+    """The tiny model saved as a checkpoint, for subprocesses."""
+    return save_checkpoint(tiny_model(), tmp_path / "checkpoint")
+
+
+POSTGRES_ENV = "SIA_TEST_POSTGRES_URL"
+
+
+def _postgres_admin_url() -> str:
+    url = os.environ.get(POSTGRES_ENV)
+    if not url:
+        pytest.skip(f"{POSTGRES_ENV} is not set; set it to a PostgreSQL server URL to run the PostgreSQL tests")
+    return url
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test."""
+    admin_url = make_url(_postgres_admin_url()).set(drivername="postgresql+psycopg")
+    name = f"sia_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # no server reachable: the PostgreSQL half of the suite cannot run here
+        admin.dispose()
+        pytest.skip(f"PostgreSQL at {admin_url.render_as_string(hide_password=True)} is not usable: {exc}")
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings"]
@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     torch_threads: int = Field(1, ge=1, description="torch threads per process (turns already run in parallel)")
     log_json: bool = Field(True, description="JSON log lines with a request id (false: plain text)")
     log_level: str = Field("INFO", description="logging level")
+
+    @field_validator("database_url", "checkpoint", mode="before")
+    @classmethod
+    def _empty_is_default(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="after")
     def _default_database(self) -> Settings:

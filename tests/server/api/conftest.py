@@ -12,7 +12,7 @@ from server.auth import KeyRing
 from server.core.config import Settings
 from server.db import migrate
 from server.main import create_app
-from tests.server.conftest import tiny_model
+from tests.conftest import tiny_model
 
 
 @pytest.fixture

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,60 +15,29 @@ from openai import OpenAI
 
 from server.core.config import Settings
 from server.store import Store
+from tests.live import free_port, serving
 
 
 @dataclass
 class Live:
     url: str
     settings: Settings
-    process: subprocess.Popen[str]
     log_path: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
 def live(tmp_path: Path, checkpoint_dir: Path) -> Iterator[Live]:
-    port = _free_port()
+    port = free_port()
     env = {
-        **os.environ,
         "SIA_DATA_DIR": str(tmp_path / "data"),
         "SIA_CHECKPOINT": str(checkpoint_dir),
         "SIA_PORT": str(port),
         "SIA_BUSY_TIMEOUT_S": "30",
         "SIA_MAX_TOKENS_CAP": "64",
-        "OMP_NUM_THREADS": "1",
     }
-    env.pop("SIA_DATABASE_URL", None)
     log_path = tmp_path / "server.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, text=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"sia serve did not become ready:\n{log_path.read_text()[-3000:]}")
-        time.sleep(0.2)
-    try:
-        yield Live(url, Settings(data_dir=tmp_path / "data"), proc, log_path)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with serving(env, log_path, port=port) as url:
+        yield Live(url, Settings(data_dir=tmp_path / "data"), log_path)
 
 
 def test_the_official_openai_client_works_unmodified(live: Live) -> None:
