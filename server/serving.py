@@ -8,7 +8,7 @@ closed early (the client went away) closes the runtime's generator, which releas
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import anyio
 import anyio.to_thread
@@ -18,9 +18,14 @@ from server.observability import Metrics
 from server.runtime import Runtime, Sampling, TurnOutcome
 from sia.generate import StreamEvent
 
-__all__ = ["TurnService"]
+__all__ = ["ClientGone", "Disconnected", "TurnService"]
 
 _END = object()
+Disconnected = Callable[[], Awaitable[bool]]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its turn completed; the turn was abandoned and nothing was kept."""
 
 
 class TurnService:
@@ -29,21 +34,26 @@ class TurnService:
         self.metrics = metrics
         self.limiter = anyio.CapacityLimiter(max_concurrent)
 
-    async def turn(self, persona: str, user: str, message: str, sampling: Sampling) -> TurnOutcome:
-        async for item in self.stream(persona, user, message, sampling):
+    async def turn(
+        self, persona: str, user: str, message: str, sampling: Sampling, *, gone: Disconnected | None = None
+    ) -> TurnOutcome:
+        """A whole turn. With ``gone``, a client that disconnects before the end abandons it (nothing is kept)."""
+        async for item in self.stream(persona, user, message, sampling, gone=gone):
             if isinstance(item, TurnOutcome):
                 return item
         raise AssertionError("a turn ended without an outcome")
 
     async def stream(
-        self, persona: str, user: str, message: str, sampling: Sampling
+        self, persona: str, user: str, message: str, sampling: Sampling, *, gone: Disconnected | None = None
     ) -> AsyncGenerator[StreamEvent | TurnOutcome, None]:
-        """The runtime's stream_turn, one item per worker-thread hop."""
+        """The runtime's stream_turn, one item per worker-thread hop; ``gone()`` is asked before each hop."""
         gen = self.runtime.stream_turn(persona, user, message, sampling)
         started = time.perf_counter()
         outcome = "abandoned"
         try:
             while True:
+                if gone is not None and await gone():
+                    raise ClientGone
                 item = await anyio.to_thread.run_sync(next, gen, _END, limiter=self.limiter)
                 if item is _END:
                     break
@@ -54,6 +64,8 @@ class TurnService:
                 yield item
         except BusyError:
             outcome = "busy"
+            raise
+        except ClientGone:
             raise
         except Exception:
             outcome = "error"

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -23,8 +24,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[str]
+
+
 @contextmanager
-def serving(
+def server_process(
     env: dict[str, str], log_path: Path, command: Sequence[str] | None = None, *, port: int, ready_timeout: float = 120
 ) -> Iterator[str]:
     """Run ``command`` (default ``sia serve``) with ``env`` on top of this process's; yield its base URL."""
@@ -46,10 +53,17 @@ def serving(
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"{' '.join(argv)} did not become ready:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.2)
-        yield url
+        yield Server(url, proc)
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextmanager
+def serving(env: dict[str, str], log_path: Path, command: Sequence[str] | None = None, *, port: int) -> Iterator[str]:
+    """``server_process``, yielding only the base URL."""
+    with server_process(env, log_path, command, port=port) as server:
+        yield server.url

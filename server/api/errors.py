@@ -15,6 +15,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.errors import BusyError, ConflictError, CorruptStateError, NotFoundError
+from server.serving import ClientGone
 
 __all__ = ["ApiError", "error_body", "install_error_handlers"]
 
@@ -88,6 +89,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = _STATUS_TYPES.get(exc.status_code, "api_error")
         return _respond(request, exc.status_code, str(exc.detail), kind, None, None, getattr(exc, "headers", None))
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> JSONResponse:
+        # nobody reads this answer; 499 (client closed request) is what proxies log for it
+        return _respond(request, 499, "the client disconnected; the turn was abandoned", "api_error", "client_gone")
 
     @app.exception_handler(NotFoundError)
     async def not_found(request: Request, exc: NotFoundError) -> JSONResponse:

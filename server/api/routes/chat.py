@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from server.api.deps import CallerDep, SettingsDep, TurnsDep, acting_user
@@ -53,7 +53,9 @@ def sse(event: str, data: object) -> str:
     response_model=ChatResponse,
     responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}, "description": "the turn, or its event stream"}},
 )
-async def chat(persona: str, body: ChatRequest, caller: CallerDep, turns: TurnsDep, settings: SettingsDep) -> object:
+async def chat(
+    persona: str, body: ChatRequest, caller: CallerDep, turns: TurnsDep, settings: SettingsDep, request: Request
+) -> object:
     """Send a message to a persona as a user: the identity (persona, user) answers and is updated."""
     user = acting_user(caller, body.user)
     check_limits(settings, body.message, body.max_tokens)
@@ -66,7 +68,7 @@ async def chat(persona: str, body: ChatRequest, caller: CallerDep, turns: TurnsD
         stop=tuple(body.stop),
     )
     if not body.stream:
-        return chat_response(await turns.turn(persona, user, body.message, sampling))
+        return chat_response(await turns.turn(persona, user, body.message, sampling, gone=request.is_disconnected))
 
     stream = turns.stream(persona, user, body.message, sampling)
     first = await anext(stream)  # errors before the first token (404, 409, ...) still get a status code

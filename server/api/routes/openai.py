@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from server.api.deps import CallerDep, RuntimeDep, SettingsDep, TurnsDep, acting_user
@@ -85,13 +85,15 @@ async def list_models(caller: CallerDep, runtime: RuntimeDep) -> ModelList:
     response_model=ChatCompletion,
     responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}, "description": "the completion or its chunks"}},
 )
-async def chat_completions(body: ChatCompletionRequest, caller: CallerDep, turns: TurnsDep, settings: SettingsDep) -> object:
+async def chat_completions(
+    body: ChatCompletionRequest, caller: CallerDep, turns: TurnsDep, settings: SettingsDep, request: Request
+) -> object:
     """One turn of the identity (model, user), in OpenAI's format."""
     user, message, sampling = _request(body, caller, settings)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     want_logprobs = body.logprobs
-    stream = turns.stream(body.model, user, message, sampling)
+    stream = turns.stream(body.model, user, message, sampling, gone=None if body.stream else request.is_disconnected)
     first = await anext(stream)  # errors before the first token still get their status code
 
     if not body.stream:
