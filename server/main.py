@@ -12,7 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from server.api.errors import install_error_handlers
 from server.api.middleware import RequestContext
-from server.api.routes import chat, health, openai
+from server.api.routes import admin, chat, health, openai
 from server.auth import KeyRing
 from server.core.config import Settings, get_settings
 from server.db import migrate
@@ -72,6 +72,7 @@ def create_app(settings: Settings | None = None, *, model: SIAModel | None = Non
     app.include_router(chat.router)
     app.include_router(openai.router)
     app.include_router(health.router)
+    app.include_router(admin.router)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

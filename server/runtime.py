@@ -9,6 +9,7 @@ serial with turns; reads (export, diff, history) need no hold.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
@@ -34,7 +35,17 @@ from sia.model import SIAModel
 from sia.tokenizer import ByteTokenizer
 from sia.turn import TurnRequest, TurnResult, stream_turns
 
-__all__ = ["DEFAULT_PERSONA", "Runtime", "Sampling", "StateDiff", "TurnOutcome", "check_user", "encode"]
+__all__ = [
+    "DEFAULT_PERSONA",
+    "Counterfactual",
+    "CounterfactualReply",
+    "Runtime",
+    "Sampling",
+    "StateDiff",
+    "TurnOutcome",
+    "check_user",
+    "encode",
+]
 
 log = logging.getLogger("sia.runtime")
 
@@ -90,6 +101,28 @@ class StateDiff:
     trace_norm: list[list[float]]  # [layer][head] Frobenius norm of T_b - T_a
     self_norm: float  # ||s_b - s_a||
     turns: int  # turns_b - turns_a (the state's own counter)
+
+
+@dataclass(frozen=True)
+class CounterfactualReply:
+    """One side of a counterfactual: what a state would answer (nothing of it is stored)."""
+
+    version: int | None  # the state's version; None for the persona's initial state
+    reply: str
+    finish_reason: str
+    shock: float
+    nll: float
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Counterfactual:
+    """The same message, decoding parameters and seed answered by two states of one identity."""
+
+    seed: int
+    current: CounterfactualReply
+    other: CounterfactualReply
 
 
 class Runtime:
@@ -237,6 +270,53 @@ class Runtime:
             completion_tokens=result.completion_tokens,
             latency_ms=latency_ms,
         )
+
+    def counterfactual(
+        self, persona: str, user: str, message: str, sampling: Sampling | None = None, *, against: int | None = None
+    ) -> Counterfactual:
+        """What the identity's current state answers to ``message``, beside what another state answers: the
+        retained version ``against``, or (None) the persona's initial state, i.e. the identity after a full reset.
+
+        Both rows decode in one batch with the same parameters and seed (a random one, reported, if the request
+        gives none; rows are independent of their batch). Nothing is held or written: the identity's version,
+        turns and history stay as they were, and a turn running meanwhile is neither blocked nor seen half-done.
+        """
+        check_user(user)
+        if not isinstance(message, str):
+            raise TypeError(f"message must be str; got {type(message).__name__}")
+        if "\x00" in message:
+            raise ValueError("message must not contain NUL characters")
+        sampling = sampling or Sampling()
+        if sampling.seed is None:
+            sampling = replace(sampling, seed=secrets.randbelow(2**63))
+        assert sampling.seed is not None
+        record = self.store.get_persona(persona)
+        params = self.sampling_params(record, sampling)
+        current_version, current = self.state(persona, user)
+        if against is None:
+            other_version, other = None, self._initial_state(record)
+        else:
+            other_version, other = self.state(persona, user, against)
+        dynamics = self._dynamics(record)
+        context = tuple(self.tokenizer.encode(record.preamble))
+        requests = [TurnRequest(state=s, message=message, dynamics=dynamics, context=context) for s in (current, other)]
+        results: list[TurnResult] = []
+        for item in stream_turns(self.model, requests, params, tokenizer=self.tokenizer):
+            if isinstance(item, list):
+                results = item
+        current_reply, other_reply = (
+            CounterfactualReply(
+                version=v,
+                reply=r.reply,
+                finish_reason=r.finish_reason,
+                shock=r.shock,
+                nll=r.nll,
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=r.completion_tokens,
+            )
+            for v, r in zip((current_version, other_version), results, strict=True)
+        )
+        return Counterfactual(seed=sampling.seed, current=current_reply, other=other_reply)
 
     # --- reading state ---------------------------------------------------------------------------------
 

@@ -1,0 +1,267 @@
+"""Request and response bodies of the admin API (/admin/...): personas, identities and their state.
+
+The wire format only; the tables (server/db/tables.py) and the store's records are separate. Bodies are
+strict (unknown fields are refused with 422) and numbers must be finite.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from server.api.schemas import Usage
+
+PersonaName = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="1 to 64 of A-Z a-z 0-9 _ . -")
+]
+SnapshotName = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+# stored times are UTC; SQLite hands them back without a zone, PostgreSQL with one: both leave as UTC
+Timestamp = Annotated[datetime, AfterValidator(_utc)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# --- personas ------------------------------------------------------------------------------------------------
+
+
+class PersonaFields(_Strict):
+    """A persona's settings. On create, a field left out takes its default; on update, it stays as it is."""
+
+    description: str | None = Field(None, max_length=4000)
+    preamble: str | None = Field(None, max_length=4000, description="text put before every turn of this persona")
+    alpha: float | None = Field(None, ge=0, description="trace write rate; null: the model's default")
+    decay: float | None = Field(None, gt=0, le=1, description="trace decay per turn; null: the model's default")
+    eta: float | None = Field(None, gt=0, le=1, description="self-state step; null: the model's default")
+    temperature: float | None = Field(None, ge=0, le=5, description="default sampling temperature (0 is greedy)")
+    top_p: float | None = Field(None, gt=0, le=1, description="default nucleus mass; null: off")
+    top_k: int | None = Field(None, ge=1, description="default top-k; null: off")
+    max_tokens: int | None = Field(None, ge=1, description="default reply length cap")
+
+
+class PersonaCreate(PersonaFields):
+    name: PersonaName
+
+
+class PersonaUpdate(PersonaFields):
+    """Only the fields sent change. alpha, decay, eta, top_p and top_k may be set to null (back to the default);
+    description, preamble, temperature and max_tokens may not."""
+
+    @model_validator(mode="after")
+    def _not_null(self) -> PersonaUpdate:
+        for name in ("description", "preamble", "temperature", "max_tokens"):
+            if name in self.model_fields_set and getattr(self, name) is None:
+                raise ValueError(f"{name} may not be null")
+        return self
+
+
+class Persona(BaseModel):
+    name: str
+    description: str
+    preamble: str
+    alpha: float | None
+    decay: float | None
+    eta: float | None
+    temperature: float
+    top_p: float | None
+    top_k: int | None
+    max_tokens: int
+    has_initial_state: bool = Field(description="new identities start from an uploaded state, not from zero")
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class PersonaList(BaseModel):
+    data: list[Persona]
+
+
+# --- identities ----------------------------------------------------------------------------------------------
+
+
+class ShockStatistics(BaseModel):
+    """Running statistics of the message NLL that shocks are standardised against."""
+
+    count: int
+    mean: float
+    std: float = Field(description="population standard deviation, sqrt(M2 / count); 0 before two messages")
+
+
+class IdentitySummary(BaseModel):
+    user: str
+    version: int = Field(description="the current state version")
+    turns: int = Field(description="turns recorded (a reset does not rewind it)")
+    shock: ShockStatistics
+    state_sha256: str
+    busy: bool = Field(description="a turn or state operation holds the identity right now")
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class IdentityList(BaseModel):
+    persona: str
+    total: int
+    limit: int
+    offset: int
+    data: list[IdentitySummary]
+
+
+class HeadSpectrum(BaseModel):
+    layer: int
+    head: int
+    trace_norm: float = Field(description="||T||_F")
+    eigenvalues: list[float] = Field(description="eigenvalues of sym(T) = (T + T^T) / 2, ascending")
+    metric_eigenvalues: list[float] = Field(description="eigenvalues of the attention metric M(T) / c, ascending")
+    spectral_entropy: float = Field(description="entropy (nats) of |eigenvalues| normalised to sum 1; in [0, ln d]")
+
+
+class IdentityDetail(IdentitySummary):
+    state_version: int = Field(description="the version these numbers describe (the current one unless ?version=)")
+    state_turns: int = Field(description="the state's own turn counter (a reset or rollback rewinds it)")
+    self_state: list[float]
+    self_norm: float = Field(description="||s||_2")
+    heads: list[HeadSpectrum] = Field(description="per layer and head, layer-major")
+
+
+class Turn(BaseModel):
+    index: int
+    message: str
+    reply: str
+    finish_reason: str
+    shock: float
+    nll: float
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    version_before: int
+    version_after: int
+    created_at: Timestamp
+
+
+class TurnList(BaseModel):
+    total: int
+    limit: int
+    offset: int
+    data: list[Turn]
+
+
+# --- state ---------------------------------------------------------------------------------------------------
+
+
+class StateVersion(BaseModel):
+    version: int = Field(description="the identity's state version after the operation")
+
+
+class ResetRequest(_Strict):
+    """Nothing: a fresh identity from the persona. ``layers``: only those layers' traces. ``self_only``: only s."""
+
+    layers: list[int] | None = Field(None, min_length=1)
+    self_only: bool = False
+
+    @model_validator(mode="after")
+    def _one(self) -> ResetRequest:
+        if self.layers is not None and self.self_only:
+            raise ValueError("reset either chosen layers or only the self state, not both")
+        return self
+
+
+class RollbackRequest(_Strict):
+    version: int | None = Field(None, ge=1)
+    snapshot: SnapshotName | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> RollbackRequest:
+        if (self.version is None) == (self.snapshot is None):
+            raise ValueError("give exactly one of version or snapshot")
+        return self
+
+
+class Version(BaseModel):
+    version: int
+    reason: str = Field(description="init, turn, reset, reset:layers, reset:self, rollback:<to>, import, cleanup")
+    turn_index: int | None
+    state_sha256: str
+    created_at: Timestamp
+
+
+class History(BaseModel):
+    current: int
+    data: list[Version] = Field(description="retained versions, newest first")
+
+
+class Diff(BaseModel):
+    a: int
+    b: int
+    trace_norm: list[list[float]] = Field(description="[layer][head] ||T_b - T_a||_F")
+    self_norm: float = Field(description="||s_b - s_a||_2")
+    turns: int = Field(description="turns_b - turns_a (the states' own counters)")
+
+
+class SnapshotCreate(_Strict):
+    name: SnapshotName
+    version: int | None = Field(None, ge=1, description="a retained version; the current one if left out")
+
+
+class Snapshot(BaseModel):
+    name: str
+    version: int
+    state_sha256: str
+    created_at: Timestamp
+
+
+class SnapshotList(BaseModel):
+    data: list[Snapshot]
+
+
+class CleanupRequest(_Strict):
+    energy: float = Field(0.95, gt=0, le=1, description="share of ||T||_F^2 to keep per layer and head")
+
+
+class Cleanup(BaseModel):
+    version: int
+    ranks: list[list[int]] = Field(description="[layer][head] singular components kept")
+    energy_kept: list[list[float]] = Field(description="[layer][head] share of ||T||_F^2 kept")
+
+
+# --- counterfactual ------------------------------------------------------------------------------------------
+
+
+class AgainstVersion(_Strict):
+    version: int = Field(ge=1)
+
+
+class CounterfactualRequest(_Strict):
+    message: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=5)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="both replies use it; random (and reported) if absent")
+    stop: list[str] = Field(default_factory=list, max_length=4)
+    against: Literal["reset"] | AgainstVersion = Field(
+        "reset", description='"reset": the persona\'s initial state; {"version": n}: a retained version'
+    )
+
+
+class CounterfactualReply(BaseModel):
+    state_version: int | None = Field(description="the state that answered; null for the persona's initial state")
+    reply: str
+    finish_reason: str
+    shock: float
+    nll: float
+    usage: Usage
+
+
+class Counterfactual(BaseModel):
+    seed: int
+    current: CounterfactualReply
+    other: CounterfactualReply
+    same: bool = Field(description="the two replies are identical")

@@ -1,0 +1,260 @@
+"""/admin/personas/{persona}/identities: inspect identities and operate on their state.
+
+Reads (detail, turns, history, diff, export, plot) hold nothing; changes (import, reset, rollback, clean-up)
+go through the runtime's hold, so they are serial with the identity's turns (409 if it stays busy). The
+counterfactual runs the model on two states and writes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Annotated, Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Query, Request, Response, status
+
+from server.api.admin_schemas import (
+    Cleanup,
+    CleanupRequest,
+    Counterfactual,
+    CounterfactualReply,
+    CounterfactualRequest,
+    Diff,
+    HeadSpectrum,
+    History,
+    IdentityDetail,
+    IdentityList,
+    IdentitySummary,
+    ResetRequest,
+    RollbackRequest,
+    ShockStatistics,
+    Snapshot,
+    SnapshotCreate,
+    SnapshotList,
+    StateVersion,
+    Turn,
+    TurnList,
+    Version,
+)
+from server.api.deps import RuntimeDep, SettingsDep, TurnsDep
+from server.api.errors import ApiError
+from server.api.routes.admin_personas import OCTET_STREAM_BODY
+from server.api.routes.chat import check_limits
+from server.api.schemas import Usage
+from server.plots import identity_png, summarise
+from server.runtime import CounterfactualReply as Reply
+from server.runtime import Runtime, Sampling
+from server.store import IdentityRecord
+from sia.identity import StateFormatError, state_to_bytes
+
+router = APIRouter(prefix="/personas/{persona}/identities")
+
+Limit = Annotated[int, Query(ge=1, le=1000, description="at most this many items")]
+Offset = Annotated[int, Query(ge=0, description="skip this many items")]
+OCTET_STREAM: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes of the state"}
+}
+PNG: dict[int | str, dict[str, Any]] = {200: {"content": {"image/png": {}}, "description": "the identity's figure"}}
+
+
+def summary_fields(record: IdentityRecord) -> dict[str, object]:
+    std = math.sqrt(record.shock_m2 / record.shock_count) if record.shock_count > 0 else 0.0
+    return dict(
+        user=record.user_id,
+        version=record.version,
+        turns=record.turn_count,
+        shock=ShockStatistics(count=record.shock_count, mean=record.shock_mean, std=std),
+        state_sha256=record.state_sha256,
+        busy=record.busy,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+    )
+
+
+@router.get("")
+def list_identities(persona: str, runtime: RuntimeDep, limit: Limit = 100, offset: Offset = 0) -> IdentityList:
+    """The persona's identities ordered by user id (404 for an unknown persona)."""
+    records = runtime.store.list_identities(persona, limit=limit, offset=offset)
+    return IdentityList(
+        persona=persona,
+        total=runtime.store.count_identities(persona),
+        limit=limit,
+        offset=offset,
+        data=[IdentitySummary(**summary_fields(r)) for r in records],
+    )
+
+
+@router.get("/{user}")
+def get_identity(
+    persona: str,
+    user: str,
+    runtime: RuntimeDep,
+    version: Annotated[int | None, Query(ge=1, description="a retained version instead of the current state")] = None,
+) -> IdentityDetail:
+    """Counters, shock statistics, the self state and the spectra of the trace per layer and head."""
+    record = runtime.store.get_identity(persona, user)
+    state_version, state = runtime.state(persona, user, version)
+    numbers = summarise(state, runtime.config)
+    return IdentityDetail(
+        **summary_fields(record),
+        state_version=state_version,
+        state_turns=numbers.turns,
+        self_state=numbers.self_state,
+        self_norm=numbers.self_norm,
+        heads=[HeadSpectrum(**vars(h)) for h in numbers.heads],
+    )
+
+
+@router.get("/{user}/turns")
+def list_turns(persona: str, user: str, runtime: RuntimeDep, limit: Limit = 100, offset: Offset = 0) -> TurnList:
+    """The identity's turn records, oldest first."""
+    total = runtime.store.get_identity(persona, user).turn_count
+    records = runtime.store.turns(persona, user, limit=limit, offset=offset)
+    return TurnList(total=total, limit=limit, offset=offset, data=[Turn(**vars(t)) for t in records])
+
+
+@router.get("/{user}/plot.png", response_class=Response, responses=PNG)
+def plot(persona: str, user: str, runtime: RuntimeDep) -> Response:
+    """Eigenvalue heatmap of the current trace, trace norms and self state over the retained versions, shocks."""
+    return Response(identity_png(runtime, persona, user), media_type="image/png", headers={"Cache-Control": "no-store"})
+
+
+# --- state ---------------------------------------------------------------------------------------------------
+
+
+@router.get("/{user}/state", response_class=Response, responses=OCTET_STREAM)
+def export_state(
+    persona: str,
+    user: str,
+    runtime: RuntimeDep,
+    version: Annotated[int | None, Query(ge=1, description="a retained version instead of the current state")] = None,
+) -> Response:
+    """The state as safetensors bytes; the version travels in the X-SIA-State-Version header."""
+    state_version, state = runtime.state(persona, user, version)
+    return Response(
+        state_to_bytes(state),
+        media_type="application/octet-stream",
+        headers={
+            "X-SIA-State-Version": str(state_version),
+            "Content-Disposition": f'attachment; filename="state-v{state_version}.safetensors"',
+        },
+    )
+
+
+def _import(runtime: Runtime, persona: str, user: str, blob: bytes) -> int:
+    try:
+        return runtime.import_state(persona, user, blob)
+    except StateFormatError as exc:
+        raise ApiError(422, f"body: not a usable identity state for this model: {exc}", code="invalid_state") from exc
+
+
+@router.put("/{user}/state", openapi_extra=OCTET_STREAM_BODY)
+async def import_state(persona: str, user: str, request: Request, runtime: RuntimeDep) -> StateVersion:
+    """Replace the state with raw safetensors bytes (validated; 422 if unusable), creating the identity if needed."""
+    blob = await request.body()
+    return StateVersion(version=await anyio.to_thread.run_sync(_import, runtime, persona, user, blob))
+
+
+@router.post("/{user}/reset")
+def reset(persona: str, user: str, runtime: RuntimeDep, body: ResetRequest | None = None) -> StateVersion:
+    """No body: a fresh identity from the persona. {"layers": [...]}: those traces only. {"self_only": true}: s only.
+
+    The turn records stay; 400 for a layer index this model does not have.
+    """
+    body = body or ResetRequest()
+    return StateVersion(version=runtime.reset(persona, user, layers=body.layers, self_only=body.self_only))
+
+
+@router.get("/{user}/history")
+def history(persona: str, user: str, runtime: RuntimeDep) -> History:
+    """The retained versions, newest first (settings.history_retention of them, plus up to 7 before pruning)."""
+    records = runtime.history(persona, user)
+    current = runtime.store.get_identity(persona, user).version
+    return History(current=current, data=[Version(**vars(v)) for v in records])
+
+
+@router.get("/{user}/diff")
+def diff(
+    persona: str,
+    user: str,
+    runtime: RuntimeDep,
+    a: Annotated[int, Query(ge=1, description="the earlier version")],
+    b: Annotated[int | None, Query(ge=1, description="the later version; the current one if left out")] = None,
+) -> Diff:
+    """Per layer and head ||T_b - T_a||_F, and ||s_b - s_a||, between two retained versions."""
+    return Diff(**vars(runtime.diff(persona, user, a, b)))
+
+
+@router.post("/{user}/rollback")
+def rollback(persona: str, user: str, body: RollbackRequest, runtime: RuntimeDep) -> StateVersion:
+    """Make a retained version or a named snapshot current again, as a new version."""
+    return StateVersion(version=runtime.rollback(persona, user, version=body.version, snapshot=body.snapshot))
+
+
+@router.post("/{user}/snapshots", status_code=status.HTTP_201_CREATED)
+def create_snapshot(persona: str, user: str, body: SnapshotCreate, runtime: RuntimeDep) -> Snapshot:
+    """Name the current state (or a retained version); kept until deleted. 409 if the name is taken."""
+    return Snapshot(**vars(runtime.store.create_snapshot(persona, user, body.name, body.version)))
+
+
+@router.get("/{user}/snapshots")
+def list_snapshots(persona: str, user: str, runtime: RuntimeDep) -> SnapshotList:
+    return SnapshotList(data=[Snapshot(**vars(s)) for s in runtime.store.list_snapshots(persona, user)])
+
+
+@router.delete("/{user}/snapshots/{name}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)
+def delete_snapshot(persona: str, user: str, name: str, runtime: RuntimeDep) -> None:
+    runtime.store.delete_snapshot(persona, user, name)
+
+
+@router.post("/{user}/cleanup")
+def cleanup(persona: str, user: str, runtime: RuntimeDep, body: CleanupRequest | None = None) -> Cleanup:
+    """Keep, per layer and head, the fewest singular components of T holding ``energy`` of ||T||_F^2."""
+    body = body or CleanupRequest()
+    version, report = runtime.cleanup(persona, user, body.energy)
+    return Cleanup(version=version, ranks=report.ranks.tolist(), energy_kept=report.energy_kept.tolist())
+
+
+# --- counterfactual ------------------------------------------------------------------------------------------
+
+
+def _reply(r: Reply) -> CounterfactualReply:
+    return CounterfactualReply(
+        state_version=r.version,
+        reply=r.reply,
+        finish_reason=r.finish_reason,
+        shock=r.shock,
+        nll=r.nll,
+        usage=Usage(
+            prompt_tokens=r.prompt_tokens,
+            completion_tokens=r.completion_tokens,
+            total_tokens=r.prompt_tokens + r.completion_tokens,
+        ),
+    )
+
+
+@router.post("/{user}/counterfactual")
+async def counterfactual(
+    persona: str, user: str, body: CounterfactualRequest, runtime: RuntimeDep, turns: TurnsDep, settings: SettingsDep
+) -> Counterfactual:
+    """The reply of the current state beside the reply of the persona's initial state (``"against": "reset"``)
+    or of a retained version, with the same seed. Nothing is written: no turn, no new version."""
+    check_limits(settings, body.message, body.max_tokens)
+    sampling = Sampling(
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        stop=tuple(body.stop),
+    )
+    against = None if body.against == "reset" else body.against.version
+    run = partial(runtime.counterfactual, persona, user, body.message, sampling, against=against)
+    result = await anyio.to_thread.run_sync(run, limiter=turns.limiter)
+    return Counterfactual(
+        seed=result.seed,
+        current=_reply(result.current),
+        other=_reply(result.other),
+        same=result.current.reply == result.other.reply,
+    )
