@@ -220,6 +220,19 @@ class Runtime:
         Nothing is written unless the generator runs to its end: closing it early (a client that went away)
         or an exception anywhere leaves the identity exactly as it was.
         """
+        pending = self.begin_turn(persona, user, message, sampling)
+        try:
+            yield from pending.run()
+        finally:
+            pending.release()  # a no-op once the turn committed
+
+    def begin_turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> PendingTurn:
+        """Hold the identity (waiting up to the busy timeout) and load its state; inference has not started.
+
+        The caller must either run the returned turn to its end or release it. Waiting for the identity is
+        kept apart from generation so a server can wait outside its inference slots (a turn that waits for a
+        busy identity must not occupy a slot that the turn holding the identity needs to finish).
+        """
         check_user(user)
         if not isinstance(message, str):
             raise TypeError(f"message must be str; got {type(message).__name__}")
@@ -227,49 +240,18 @@ class Runtime:
             raise ValueError("message must not contain NUL characters")
         sampling = sampling or Sampling()
         lease = self.store.acquire(persona, user, create=self._initial_blob)
-        committed = False
         try:
             record = lease.persona_record
-            params = self.sampling_params(record, sampling)
-            dynamics = self._dynamics(record)
-            context = tuple(self.tokenizer.encode(record.preamble))
-            state = self._decode(lease.state, lease)
-            started = time.perf_counter()
-            request = TurnRequest(state=state, message=message, dynamics=dynamics, context=context)
-            result: TurnResult | None = None
-            for item in stream_turns(self.model, [request], params, tokenizer=self.tokenizer):
-                if isinstance(item, StreamEvent):
-                    yield item
-                else:
-                    result = item[0]
-            assert result is not None
-            latency_ms = (time.perf_counter() - started) * 1000
-            turn = NewTurn(
+            request = TurnRequest(
+                state=self._decode(lease.state, lease),
                 message=message,
-                reply=result.reply,
-                finish_reason=result.finish_reason,
-                shock=result.shock,
-                nll=result.nll,
-                prompt_tokens=result.prompt_tokens,
-                completion_tokens=result.completion_tokens,
-                latency_ms=latency_ms,
+                dynamics=self._dynamics(record),
+                context=tuple(self.tokenizer.encode(record.preamble)),
             )
-            version = self.store.commit(lease, encode(result.state), reason="turn", turn=turn)
-            committed = True
-        finally:
-            if not committed:
-                self.store.release(lease)
-        yield TurnOutcome(
-            reply=result.reply,
-            finish_reason=result.finish_reason,
-            turn=lease.turn_count,
-            shock=result.shock,
-            nll=result.nll,
-            state_version=version,
-            prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens,
-            latency_ms=latency_ms,
-        )
+            return PendingTurn(self, lease, request, self.sampling_params(record, sampling))
+        except BaseException:
+            self.store.release(lease)
+            raise
 
     def counterfactual(
         self, persona: str, user: str, message: str, sampling: Sampling | None = None, *, against: int | None = None
@@ -441,6 +423,59 @@ class Runtime:
             return state_from_bytes(blob, self.config)
         except StateFormatError as exc:
             raise CorruptStateError(f"the stored state of {what} is unusable: {exc}") from exc
+
+
+class PendingTurn:
+    """A turn whose identity is held: ``run()`` generates, updates and commits; ``release()`` gives up."""
+
+    def __init__(self, runtime: Runtime, lease: Lease, request: TurnRequest, params: SamplingParams) -> None:
+        self.runtime, self.lease, self.request, self.params = runtime, lease, request, params
+        self._finished = False
+
+    def run(self) -> Generator[StreamEvent | TurnOutcome, None, None]:
+        """StreamEvents, then the TurnOutcome after the commit; closing it early releases the identity."""
+        rt, lease = self.runtime, self.lease
+        try:
+            started = time.perf_counter()
+            result: TurnResult | None = None
+            for item in stream_turns(rt.model, [self.request], self.params, tokenizer=rt.tokenizer):
+                if isinstance(item, StreamEvent):
+                    yield item
+                else:
+                    result = item[0]
+            assert result is not None
+            latency_ms = (time.perf_counter() - started) * 1000
+            turn = NewTurn(
+                message=self.request.message,
+                reply=result.reply,
+                finish_reason=result.finish_reason,
+                shock=result.shock,
+                nll=result.nll,
+                prompt_tokens=result.prompt_tokens,
+                completion_tokens=result.completion_tokens,
+                latency_ms=latency_ms,
+            )
+            version = rt.store.commit(lease, encode(result.state), reason="turn", turn=turn)
+            self._finished = True
+        finally:
+            self.release()
+        yield TurnOutcome(
+            reply=result.reply,
+            finish_reason=result.finish_reason,
+            turn=lease.turn_count,
+            shock=result.shock,
+            nll=result.nll,
+            state_version=version,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            latency_ms=latency_ms,
+        )
+
+    def release(self) -> None:
+        """Let go of the identity, writing nothing; idempotent, and a no-op after the commit."""
+        if not self._finished:
+            self._finished = True
+            self.runtime.store.release(self.lease)
 
 
 def encode(state: IdentityState) -> Blob:

@@ -8,14 +8,14 @@ closed early (the client went away) closes the runtime's generator, which releas
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 
 import anyio
 import anyio.to_thread
 
 from server.errors import BusyError
 from server.observability import Metrics
-from server.runtime import Runtime, Sampling, TurnOutcome
+from server.runtime import PendingTurn, Runtime, Sampling, TurnOutcome
 from sia.generate import StreamEvent
 
 __all__ = ["ClientGone", "Disconnected", "TurnService"]
@@ -46,11 +46,18 @@ class TurnService:
     async def stream(
         self, persona: str, user: str, message: str, sampling: Sampling, *, gone: Disconnected | None = None
     ) -> AsyncGenerator[StreamEvent | TurnOutcome, None]:
-        """The runtime's stream_turn, one item per worker-thread hop; ``gone()`` is asked before each hop."""
-        gen = self.runtime.stream_turn(persona, user, message, sampling)
+        """The runtime's turn, one item per worker-thread hop; ``gone()`` is asked before each hop.
+
+        Waiting for the identity happens outside the inference slots: a turn waiting for a busy identity must
+        not hold a slot the turn that holds the identity needs in order to finish.
+        """
         started = time.perf_counter()
         outcome = "abandoned"
+        held: list[PendingTurn] = []  # filled in the worker thread, so a cancelled wait still finds its hold
+        gen: Generator[StreamEvent | TurnOutcome, None, None] | None = None
         try:
+            await anyio.to_thread.run_sync(lambda: held.append(self.runtime.begin_turn(persona, user, message, sampling)))
+            gen = held[0].run()
             while True:
                 if gone is not None and await gone():
                     raise ClientGone
@@ -71,9 +78,9 @@ class TurnService:
             outcome = "error"
             raise
         finally:
-            if outcome != "ok":
+            if outcome != "ok" and held:
                 with anyio.CancelScope(shield=True):  # runs even when the request task is being cancelled
-                    await anyio.to_thread.run_sync(gen.close)
+                    await anyio.to_thread.run_sync(_abandon, gen, held[0])
             self.metrics.turns.labels(outcome=outcome).inc()
 
     def _record(self, out: TurnOutcome, seconds: float) -> None:
@@ -81,3 +88,10 @@ class TurnService:
         self.metrics.tokens.labels(kind="prompt").inc(out.prompt_tokens)
         self.metrics.tokens.labels(kind="completion").inc(out.completion_tokens)
         self.metrics.shock.observe(out.shock)
+
+
+def _abandon(gen: Generator[StreamEvent | TurnOutcome, None, None] | None, pending: PendingTurn) -> None:
+    """Close the turn's generator (if it started) and let go of the identity; nothing is written."""
+    if gen is not None:
+        gen.close()
+    pending.release()

@@ -159,3 +159,33 @@ def test_logs_are_json_lines_that_user_text_cannot_forge(live: Live) -> None:
     assert any(r.get("request_id") == "trace-me" for r in records)
     assert not any(r.get("level") == "CRITICAL" for r in records)
     assert any(r.get("status") == 422 for r in records)
+
+
+def test_waiting_for_a_busy_identity_does_not_take_an_inference_slot(tmp_path: Path, checkpoint_dir: Path) -> None:
+    """One inference slot, six clients on one identity: waiters must not starve the turn that holds it."""
+    port = free_port()
+    env = {
+        "SIA_DATA_DIR": str(tmp_path / "data"),
+        "SIA_CHECKPOINT": str(checkpoint_dir),
+        "SIA_PORT": str(port),
+        "SIA_MAX_CONCURRENT_TURNS": "1",
+        "SIA_BUSY_TIMEOUT_S": "60",
+    }
+    statuses: list[int] = []
+    with serving(env, tmp_path / "s.log", port=port) as url:
+
+        def client(worker: int) -> None:
+            with httpx.Client(base_url=url, timeout=120) as http:
+                for i in range(2):
+                    r = http.post("/v1/personas/sia/chat", json={"user": "one", "message": f"{worker}/{i}", "max_tokens": 8})
+                    statuses.append(r.status_code)
+
+        started = time.monotonic()
+        threads = [threading.Thread(target=client, args=(w,)) for w in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - started
+    assert statuses == [200] * 12
+    assert elapsed < 50, f"12 tiny turns took {elapsed:.0f} s: waiters held the inference slot"
