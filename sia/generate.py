@@ -78,7 +78,10 @@ def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generat
     """Pick one token from (V,) logits: greedy, or temperature then top-k then top-p filtering."""
     if params.greedy:
         return int(logits.argmax())
-    logits = logits.float() / params.temperature
+    # float64, and shifted so the best logit is 0 before dividing: any positive temperature, however tiny, then
+    # sends the others to -inf (a one-hot distribution) instead of overflowing to inf - inf = NaN
+    logits = logits.double()
+    logits = (logits - logits.max()) / params.temperature
     if params.top_k is not None and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -87,6 +90,7 @@ def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generat
         probs = torch.softmax(sorted_logits, dim=-1)
         # drop a token once the mass before it already reaches top_p; the first token always stays
         drop = (probs.cumsum(-1) - probs) >= params.top_p
+        drop[0] = False  # even when top_p is below the precision of the sum
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -18,6 +18,8 @@ PersonaName = Annotated[
 ]
 SnapshotName = Annotated[str, Field(min_length=1, max_length=128)]
 
+MAX_INT = 2**31 - 1  # the largest version or count the database columns hold
+
 
 def _utc(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
@@ -44,8 +46,8 @@ class PersonaFields(_Strict):
     eta: float | None = Field(None, gt=0, le=1, description="self-state step; null: the model's default")
     temperature: float | None = Field(None, ge=0, le=5, description="default sampling temperature (0 is greedy)")
     top_p: float | None = Field(None, gt=0, le=1, description="default nucleus mass; null: off")
-    top_k: int | None = Field(None, ge=1, description="default top-k; null: off")
-    max_tokens: int | None = Field(None, ge=1, description="default reply length cap")
+    top_k: int | None = Field(None, ge=1, le=MAX_INT, description="default top-k; null: off")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_INT, description="default reply length cap")
 
 
 class PersonaCreate(PersonaFields):
@@ -174,7 +176,7 @@ class ResetRequest(_Strict):
 
 
 class RollbackRequest(_Strict):
-    version: int | None = Field(None, ge=1)
+    version: int | None = Field(None, ge=1, le=MAX_INT)
     snapshot: SnapshotName | None = None
 
     @model_validator(mode="after")
@@ -207,7 +209,7 @@ class Diff(BaseModel):
 
 class SnapshotCreate(_Strict):
     name: SnapshotName
-    version: int | None = Field(None, ge=1, description="a retained version; the current one if left out")
+    version: int | None = Field(None, ge=1, le=MAX_INT, description="a retained version; the current one if left out")
 
 
 class Snapshot(BaseModel):
@@ -235,7 +237,7 @@ class Cleanup(BaseModel):
 
 
 class AgainstVersion(_Strict):
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=MAX_INT)
 
 
 class CounterfactualRequest(_Strict):

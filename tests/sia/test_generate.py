@@ -170,3 +170,20 @@ def test_logprobs_describe_the_distribution_sampled_from(model: SIAModel, config
     assert not SamplingParams().top_logprobs
     with pytest.raises(ValueError, match="top_logprobs"):
         SamplingParams(top_logprobs=21)
+
+
+@pytest.mark.parametrize("temperature", [1e-3, 1e-30, 1e-300, 5e-324, 5.0])
+def test_extreme_temperatures_sample_a_valid_token(temperature: float) -> None:
+    logits = torch.tensor([0.0, 30.0, 1.0, float("-inf"), -50.0])
+    g = torch.Generator().manual_seed(0)
+    picks = {sample_next(logits, SamplingParams(temperature=temperature), g) for _ in range(50)}
+    assert 3 not in picks  # a banned token never comes back
+    if temperature < 1e-2:
+        assert picks == {1}  # a near-zero temperature is greedy, not a NaN
+
+
+def test_a_vanishing_top_p_keeps_the_most_likely_token() -> None:
+    logits = torch.tensor([0.0, 3.0, 1.0])
+    g = torch.Generator().manual_seed(0)
+    for top_k in (None, 1):
+        assert {sample_next(logits, SamplingParams(top_p=5e-324, top_k=top_k), g) for _ in range(20)} == {1}

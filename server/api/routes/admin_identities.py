@@ -15,6 +15,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response, status
 
 from server.api.admin_schemas import (
+    MAX_INT,
     Cleanup,
     CleanupRequest,
     Counterfactual,
@@ -51,7 +52,7 @@ from sia.identity import StateFormatError, state_to_bytes
 router = APIRouter(prefix="/personas/{persona}/identities")
 
 Limit = Annotated[int, Query(ge=1, le=1000, description="at most this many items")]
-Offset = Annotated[int, Query(ge=0, description="skip this many items")]
+Offset = Annotated[int, Query(ge=0, le=MAX_INT, description="skip this many items")]
 OCTET_STREAM: dict[int | str, dict[str, Any]] = {
     200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes of the state"}
 }
@@ -90,7 +91,7 @@ def get_identity(
     persona: str,
     user: str,
     runtime: RuntimeDep,
-    version: Annotated[int | None, Query(ge=1, description="a retained version instead of the current state")] = None,
+    version: Annotated[int | None, Query(ge=1, le=MAX_INT, description="a retained version instead of the current state")] = None,
 ) -> IdentityDetail:
     """Counters, shock statistics, the self state and the spectra of the trace per layer and head."""
     record = runtime.store.get_identity(persona, user)
@@ -128,7 +129,7 @@ def export_state(
     persona: str,
     user: str,
     runtime: RuntimeDep,
-    version: Annotated[int | None, Query(ge=1, description="a retained version instead of the current state")] = None,
+    version: Annotated[int | None, Query(ge=1, le=MAX_INT, description="a retained version instead of the current state")] = None,
 ) -> Response:
     """The state as safetensors bytes; the version travels in the X-SIA-State-Version header."""
     state_version, state = runtime.state(persona, user, version)
@@ -179,8 +180,8 @@ def diff(
     persona: str,
     user: str,
     runtime: RuntimeDep,
-    a: Annotated[int, Query(ge=1, description="the earlier version")],
-    b: Annotated[int | None, Query(ge=1, description="the later version; the current one if left out")] = None,
+    a: Annotated[int, Query(ge=1, le=MAX_INT, description="the earlier version")],
+    b: Annotated[int | None, Query(ge=1, le=MAX_INT, description="the later version; the current one if left out")] = None,
 ) -> Diff:
     """Per layer and head ||T_b - T_a||_F, and ||s_b - s_a||, between two retained versions."""
     return Diff(**vars(runtime.diff(persona, user, a, b)))
