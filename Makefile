@@ -39,6 +39,9 @@ lint: install
 bench: install
 	$(BIN)/python -m benchmarks.attention
 	$(BIN)/python -m benchmarks.store
+	$(BIN)/python -m benchmarks.generation
+	$(BIN)/python -m benchmarks.turn
+	$(BIN)/python -m benchmarks.http
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
