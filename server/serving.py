@@ -56,6 +56,8 @@ class TurnService:
         held: list[PendingTurn] = []  # filled in the worker thread, so a cancelled wait still finds its hold
         gen: Generator[StreamEvent | TurnOutcome, None, None] | None = None
         try:
+            if gone is not None and await gone():
+                raise ClientGone
             await anyio.to_thread.run_sync(lambda: held.append(self.runtime.begin_turn(persona, user, message, sampling)))
             gen = held[0].run()
             while True:
