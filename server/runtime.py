@@ -39,10 +39,12 @@ __all__ = [
     "DEFAULT_PERSONA",
     "Counterfactual",
     "CounterfactualReply",
+    "PendingTurn",
     "Runtime",
     "Sampling",
     "StateDiff",
     "TurnOutcome",
+    "check_message",
     "check_user",
     "encode",
 ]
@@ -234,10 +236,7 @@ class Runtime:
         busy identity must not occupy a slot that the turn holding the identity needs to finish).
         """
         check_user(user)
-        if not isinstance(message, str):
-            raise TypeError(f"message must be str; got {type(message).__name__}")
-        if "\x00" in message:
-            raise ValueError("message must not contain NUL characters")
+        check_message(message)
         sampling = sampling or Sampling()
         lease = self.store.acquire(persona, user, create=self._initial_blob)
         try:
@@ -264,10 +263,7 @@ class Runtime:
         turns and history stay as they were, and a turn running meanwhile is neither blocked nor seen half-done.
         """
         check_user(user)
-        if not isinstance(message, str):
-            raise TypeError(f"message must be str; got {type(message).__name__}")
-        if "\x00" in message:
-            raise ValueError("message must not contain NUL characters")
+        check_message(message)
         sampling = sampling or Sampling()
         if sampling.seed is None:
             sampling = replace(sampling, seed=secrets.randbelow(2**63))
@@ -488,6 +484,14 @@ def check_user(user: str) -> None:
     """User ids are 1 to 256 printable characters (they appear in logs and URLs)."""
     if not isinstance(user, str) or not 0 < len(user) <= 256 or not user.isprintable():
         raise ValueError("user must be 1 to 256 printable characters")
+
+
+def check_message(message: str) -> None:
+    """A message is text without NUL characters (no text store or terminal takes them)."""
+    if not isinstance(message, str):
+        raise TypeError(f"message must be str; got {type(message).__name__}")
+    if "\x00" in message:
+        raise ValueError("message must not contain NUL characters")
 
 
 def _float(value: object, default: float) -> float:

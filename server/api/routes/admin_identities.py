@@ -227,11 +227,7 @@ def _reply(r: Reply) -> CounterfactualReply:
         finish_reason=r.finish_reason,
         shock=r.shock,
         nll=r.nll,
-        usage=Usage(
-            prompt_tokens=r.prompt_tokens,
-            completion_tokens=r.completion_tokens,
-            total_tokens=r.prompt_tokens + r.completion_tokens,
-        ),
+        usage=Usage.of(r.prompt_tokens, r.completion_tokens),
     )
 
 

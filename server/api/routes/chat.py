@@ -36,11 +36,7 @@ def chat_response(out: TurnOutcome) -> ChatResponse:
         turn=out.turn,
         shock=out.shock,
         state_version=out.state_version,
-        usage=Usage(
-            prompt_tokens=out.prompt_tokens,
-            completion_tokens=out.completion_tokens,
-            total_tokens=out.prompt_tokens + out.completion_tokens,
-        ),
+        usage=Usage.of(out.prompt_tokens, out.completion_tokens),
     )
 
 

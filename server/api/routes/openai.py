@@ -150,11 +150,7 @@ async def chat_completions(
 
 
 def _usage(out: TurnOutcome) -> Usage:
-    return Usage(
-        prompt_tokens=out.prompt_tokens,
-        completion_tokens=out.completion_tokens,
-        total_tokens=out.prompt_tokens + out.completion_tokens,
-    )
+    return Usage.of(out.prompt_tokens, out.completion_tokens)
 
 
 def _completion(cid: str, created: int, model: str, out: TurnOutcome, events: list[StreamEvent] | None) -> ChatCompletion:
