@@ -18,7 +18,7 @@ __all__ = ["Metrics", "configure_logging", "request_id"]
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):
