@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from sia.checkpoint import load_checkpoint, save_checkpoint
 from sia.config import ModelConfig, check_fields, read_json_object
-from sia.corpus import FACTS, Episode, Probe, make_corpus, persona_preamble
+from sia.corpus import FACTS, Episode, Probe, make_corpus, persona_preamble, short_episode
 from sia.episodes import EncodedTurn, StateBatch, batch_turns, encode_turn, forward_turn
 from sia.identity import Dynamics
 from sia.model import SIAModel
@@ -61,6 +61,7 @@ class TrainConfig:
     answer_weight: float = 1.0  # weight of the tokens of a recalled value in a probe reply (1 = like any reply token)
     transcript_prob: float = 0.1  # share of batches whose turns see the whole transcript so far
     recall_weight: float = 0.0  # weight of the auxiliary loss reading each probe's value off the self state (0 = off)
+    short_episode_steps: int = 0  # curriculum: the first N steps train on episodes cut to fact, one turn, probe
     eval_every: int = 200  # held-out loss every N steps
     checkpoint_every: int = 200
     threads: int | None = None  # torch threads; None keeps torch's default
@@ -74,8 +75,12 @@ class TrainConfig:
             raise ValueError(f"need 0 < min_lr <= lr; got min_lr={self.min_lr}, lr={self.lr}")
         if not 0 <= self.transcript_prob <= 1:
             raise ValueError(f"transcript_prob must be in [0, 1]; got {self.transcript_prob}")
-        if min(self.user_loss_weight, self.answer_weight, self.recall_weight, self.warmup_steps) < 0 or self.grad_clip <= 0:
-            raise ValueError("user_loss_weight, answer_weight, recall_weight and warmup_steps must be >= 0 and grad_clip > 0")
+        nonnegative = (self.user_loss_weight, self.answer_weight, self.recall_weight, self.warmup_steps, self.short_episode_steps)
+        if min(nonnegative) < 0 or self.grad_clip <= 0:
+            raise ValueError(
+                "user_loss_weight, answer_weight, recall_weight, warmup_steps and short_episode_steps must be >= 0"
+                " and grad_clip > 0"
+            )
 
     def model_config(self) -> ModelConfig:
         return ModelConfig.from_dict(self.model)
@@ -333,6 +338,8 @@ def train(config: TrainConfig, *, progress: bool = True) -> Path:
     while step < config.steps:
         rng = random.Random(config.seed * 1_000_003 + step)  # the batch depends on (seed, step) only: resumable
         episodes = _episode_batch(corpus.train, rng, config.batch_size)
+        if step < config.short_episode_steps:
+            episodes = [short_episode(e) for e in episodes]
         transcript = rng.random() < config.transcript_prob
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, step)

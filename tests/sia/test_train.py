@@ -2,19 +2,28 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
 import torch
 
 from sia.checkpoint import load_checkpoint
-from sia.corpus import make_corpus, persona_preamble
+from sia.corpus import make_corpus, persona_preamble, short_episode
 from sia.episodes import StateBatch, batch_turns, encode_turn, forward_turn
 from sia.generate import SamplingParams
 from sia.identity import Dynamics, IdentityState
 from sia.model import SIAModel
 from sia.tokenizer import ByteTokenizer
-from sia.train import RECALL_FILE, RecallProbe, TrainConfig, encode_episode_turns, episode_loss, train
+from sia.train import (
+    RECALL_FILE,
+    RecallProbe,
+    TrainConfig,
+    _episode_batch,
+    encode_episode_turns,
+    episode_loss,
+    train,
+)
 from sia.turn import TurnRequest, run_turn
 from tests.conftest import tiny_config
 
@@ -212,3 +221,24 @@ def test_recall_weight_trains_and_resumes_exactly(tmp_path: Path) -> None:
     assert not (straight / "final" / RECALL_FILE).exists() and (straight / "checkpoint" / RECALL_FILE).is_file()
     with pytest.raises(ValueError, match="recall_weight"):
         _config(tmp_path, recall_weight=-1.0)
+
+
+def test_curriculum_starts_on_short_episodes(tmp_path: Path) -> None:
+    config = _config(tmp_path, steps=2, short_episode_steps=1, transcript_prob=0.0, eval_every=100, checkpoint_every=100)
+    history = json.loads((train(config, progress=False) / "history.json").read_text())
+    corpus = make_corpus(config.seed, config.train_episodes, config.heldout_episodes)
+    tok = ByteTokenizer()
+    torch.manual_seed(config.seed)
+    model = SIAModel(config.model_config())
+    dynamics = Dynamics.from_config(model.config)
+    batch = _episode_batch(corpus.train, random.Random(config.seed * 1_000_003), config.batch_size)
+    with torch.no_grad():
+        short, short_tokens = episode_loss(
+            model, [short_episode(e) for e in batch], tok, dynamics, transcript=False, user_weight=0.3
+        )
+        full, full_tokens = episode_loss(model, batch, tok, dynamics, transcript=False, user_weight=0.3)
+    assert short_tokens < full_tokens
+    assert history["loss"][0] == pytest.approx(float(short), rel=1e-6)  # the full batch's loss differs by ~1e-3
+    assert abs(float(short) - float(full)) > 1e-3
+    with pytest.raises(ValueError, match="short_episode_steps"):
+        _config(tmp_path, short_episode_steps=-1)
