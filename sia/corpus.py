@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = [
     "FACTS",
@@ -54,6 +54,7 @@ __all__ = [
     "make_corpus",
     "make_episode",
     "persona_preamble",
+    "short_episode",
 ]
 
 
@@ -539,6 +540,15 @@ def make_corpus(seed: int, n_train: int, n_heldout: int) -> Corpus:
     train = tuple(make_episode(train_rng, "train") for _ in range(n_train))
     heldout = tuple(make_episode(heldout_rng, "heldout") for _ in range(n_heldout))
     return Corpus(train, heldout)
+
+
+def short_episode(episode: Episode) -> Episode:
+    """The episode cut to its first probe and the least around it: the turn stating the fact, the turn after
+    it, and the probe (turns 0, 1, 2). A curriculum's first stage: one unrelated turn between fact and question."""
+    probe = episode.probes[0]
+    kept = (probe.source_turn, probe.source_turn + 1, probe.turn)
+    turns = tuple(episode.turns[t] for t in kept)
+    return Episode(episode.persona, episode.user, turns, (replace(probe, turn=2, source_turn=0),))
 
 
 def iter_text(corpus_split: Iterable[Episode]) -> Iterator[str]:

@@ -26,18 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from torch import Tensor
+from torch import Tensor, nn
 
 from sia.checkpoint import load_checkpoint, save_checkpoint
 from sia.config import ModelConfig, check_fields, read_json_object
-from sia.corpus import Episode, make_corpus, persona_preamble
+from sia.corpus import FACTS, Episode, Probe, make_corpus, persona_preamble, short_episode
 from sia.episodes import EncodedTurn, StateBatch, batch_turns, encode_turn, forward_turn
 from sia.identity import Dynamics
 from sia.model import SIAModel
 from sia.tokenizer import ByteTokenizer
 
-__all__ = ["TrainConfig", "encode_episode_turns", "train"]
+__all__ = ["RecallProbe", "TrainConfig", "encode_episode_turns", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ class TrainConfig:
     user_loss_weight: float = 0.3
     answer_weight: float = 1.0  # weight of the tokens of a recalled value in a probe reply (1 = like any reply token)
     transcript_prob: float = 0.1  # share of batches whose turns see the whole transcript so far
+    recall_weight: float = 0.0  # weight of the auxiliary loss reading each probe's value off the self state (0 = off)
+    short_episode_steps: int = 0  # curriculum: the first N steps train on episodes cut to fact, one turn, probe
     eval_every: int = 200  # held-out loss every N steps
     checkpoint_every: int = 200
     threads: int | None = None  # torch threads; None keeps torch's default
@@ -72,8 +75,12 @@ class TrainConfig:
             raise ValueError(f"need 0 < min_lr <= lr; got min_lr={self.min_lr}, lr={self.lr}")
         if not 0 <= self.transcript_prob <= 1:
             raise ValueError(f"transcript_prob must be in [0, 1]; got {self.transcript_prob}")
-        if self.user_loss_weight < 0 or self.answer_weight < 0 or self.grad_clip <= 0 or self.warmup_steps < 0:
-            raise ValueError("user_loss_weight, answer_weight and warmup_steps must be >= 0 and grad_clip > 0")
+        nonnegative = (self.user_loss_weight, self.answer_weight, self.recall_weight, self.warmup_steps, self.short_episode_steps)
+        if min(nonnegative) < 0 or self.grad_clip <= 0:
+            raise ValueError(
+                "user_loss_weight, answer_weight, recall_weight, warmup_steps and short_episode_steps must be >= 0"
+                " and grad_clip > 0"
+            )
 
     def model_config(self) -> ModelConfig:
         return ModelConfig.from_dict(self.model)
@@ -120,6 +127,34 @@ def encode_episode_turns(tok: ByteTokenizer, episode: Episode, *, transcript: bo
     return encoded
 
 
+class RecallProbe(nn.Module):
+    """A training-only linear read-out of the fact values from the self state entering a probe turn.
+
+    Its cross-entropy (over the candidates of the probed fact) is an auxiliary loss that asks the self state
+    to hold each stated value in a linearly readable form; the gradient reaches the turn that stated the
+    value through the self-state updates in between. The read-out is not part of the model's checkpoint.
+    """
+
+    def __init__(self, d_self: int) -> None:
+        super().__init__()
+        self.spans: dict[str, tuple[int, int]] = {}  # fact -> [start, end) of its values among the logits
+        start = 0
+        for fact, values in FACTS.items():
+            self.spans[fact] = (start, start + len(values))
+            start += len(values)
+        self.proj = nn.Linear(d_self, start)
+
+    def loss(self, self_state: Tensor, probes: list[Probe]) -> Tensor:
+        """Summed cross-entropy of each probe's answer from its row of self_state (len(probes), d_s)."""
+        logits: Tensor = self.proj(self_state)  # (P, n_values)
+        total: Tensor = logits.new_zeros(())
+        for row, probe in zip(logits, probes, strict=True):
+            a, b = self.spans[probe.fact]
+            target = torch.tensor(probe.candidates.index(probe.answer), device=logits.device)
+            total = total + F.cross_entropy(row[a:b], target)
+        return total
+
+
 def _episode_batch(corpus: tuple[Episode, ...], rng: random.Random, size: int) -> list[Episode]:
     return [corpus[rng.randrange(len(corpus))] for _ in range(size)]
 
@@ -133,8 +168,13 @@ def episode_loss(
     transcript: bool,
     user_weight: float,
     answer_weight: float = 1.0,
+    recall: RecallProbe | None = None,
+    recall_weight: float = 0.0,
 ) -> tuple[Tensor, int]:
-    """Mean weighted token loss over all turns of the episodes, played from fresh identities; and #tokens."""
+    """Mean weighted token loss over all turns of the episodes, played from fresh identities; and #tokens.
+
+    With a ``recall`` read-out, ``recall_weight`` times its mean cross-entropy over the probes is added.
+    """
     config = model.config
     device = model.wte.weight.device
     per_episode = [encode_episode_turns(tok, e, transcript=transcript, block_size=config.block_size) for e in episodes]
@@ -142,7 +182,14 @@ def episode_loss(
     total = torch.zeros((), device=device)
     weight_sum = 0.0
     n_tokens = 0
+    recall_total, n_probes = torch.zeros((), device=device), 0
     for t in range(max(len(turns) for turns in per_episode)):
+        if recall is not None and model.stateful:
+            probes = [(b, p) for b, e in enumerate(episodes) for p in e.probes if p.turn == t]
+            if probes:
+                rows = torch.tensor([b for b, _ in probes], device=device)
+                recall_total = recall_total + recall.loss(state.self_state[rows], [p for _, p in probes])
+                n_probes += len(probes)
         batch = batch_turns([turns[t] if t < len(turns) else None for turns in per_episode], pad_id=tok.pad_id, device=device)
         out = forward_turn(model, batch, state, dynamics)
         active = batch.active.view(-1, 1)
@@ -152,7 +199,10 @@ def episode_loss(
         weight_sum += float(weights.sum())
         n_tokens += int((batch.summary_mask & batch.active.view(-1, 1)).sum())
         state = out.state
-    return total / max(weight_sum, 1.0), n_tokens
+    loss = total / max(weight_sum, 1.0)
+    if n_probes:
+        loss = loss + recall_weight * recall_total / n_probes
+    return loss, n_tokens
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -161,13 +211,21 @@ def episode_loss(
 
 TRAINER_FILE = "trainer.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
+RECALL_FILE = "recall_probe.safetensors"  # the training-only read-out of RecallProbe
 
 
 def _save_resumable(
-    directory: Path, model: SIAModel, optimizer: torch.optim.Optimizer, step: int, history: dict[str, Any]
+    directory: Path,
+    model: SIAModel,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    history: dict[str, Any],
+    recall: RecallProbe | None = None,
 ) -> None:
     tmp = directory.with_name(directory.name + ".tmp")
     save_checkpoint(model, tmp)
+    if recall is not None:
+        save_file({k: v.contiguous() for k, v in recall.state_dict().items()}, str(tmp / RECALL_FILE))
     ByteTokenizer().to_file(tmp / "tokenizer.json")
     state = optimizer.state_dict()
     tensors: dict[str, Tensor] = {}
@@ -246,14 +304,23 @@ def train(config: TrainConfig, *, progress: bool = True) -> Path:
 
     torch.manual_seed(config.seed)
     model = SIAModel(model_config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
+    # built after the model, so the model's initial weights do not depend on whether it is used
+    recall = RecallProbe(model_config.d_self) if config.recall_weight > 0 and model.stateful else None
+
+    def adamw() -> torch.optim.Optimizer:
+        params = [*model.parameters(), *(recall.parameters() if recall is not None else ())]
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
+
+    optimizer = adamw()
     step = 0
     history: dict[str, Any] = {"step": [], "loss": [], "heldout_step": [], "heldout_loss": [], "seconds": 0.0}
     if (resume_dir / TRAINER_FILE).is_file():
         model, step, saved = _load_resumable(resume_dir, optimizer)
         if model.config != model_config:
             raise ValueError(f"{resume_dir} holds a model of another config; use a fresh out_dir")
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
+        if recall is not None:
+            recall.load_state_dict(load_file(str(resume_dir / RECALL_FILE)))
+        optimizer = adamw()
         optimizer.load_state_dict(saved["optimizer"])
         history = saved["history"]
         log.info("resuming %s at step %d", resume_dir, step)
@@ -271,6 +338,8 @@ def train(config: TrainConfig, *, progress: bool = True) -> Path:
     while step < config.steps:
         rng = random.Random(config.seed * 1_000_003 + step)  # the batch depends on (seed, step) only: resumable
         episodes = _episode_batch(corpus.train, rng, config.batch_size)
+        if step < config.short_episode_steps:
+            episodes = [short_episode(e) for e in episodes]
         transcript = rng.random() < config.transcript_prob
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, step)
@@ -282,6 +351,8 @@ def train(config: TrainConfig, *, progress: bool = True) -> Path:
             transcript=transcript,
             user_weight=config.user_loss_weight,
             answer_weight=config.answer_weight,
+            recall=recall,
+            recall_weight=config.recall_weight,
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
@@ -305,7 +376,7 @@ def train(config: TrainConfig, *, progress: bool = True) -> Path:
         if step % config.checkpoint_every == 0 or step == config.steps:
             history["seconds"] = float(history["seconds"]) + time.perf_counter() - started
             started = time.perf_counter()
-            _save_resumable(resume_dir, model, optimizer, step, history)
+            _save_resumable(resume_dir, model, optimizer, step, history, recall)
     if progress:
         sys.stderr.write("\n")
     model.eval()

@@ -21,6 +21,7 @@ from sia.corpus import (
     make_corpus,
     make_episode,
     persona_preamble,
+    short_episode,
 )
 
 MAX_CHARS = 120
@@ -332,3 +333,16 @@ def test_generation_is_fast() -> None:
     elapsed = time.perf_counter() - start
     assert len(c.train) == 20_000
     assert elapsed < 5.0, elapsed
+
+
+def test_short_episodes_keep_the_fact_one_turn_and_the_probe() -> None:
+    episodes = corpus().train[:200]
+    for episode in episodes:
+        short = short_episode(episode)
+        probe = episode.probes[0]
+        assert short.turns == (episode.turns[probe.source_turn], episode.turns[probe.source_turn + 1], episode.turns[probe.turn])
+        assert len(short.probes) == 1
+        (kept,) = short.probes
+        assert (kept.turn, kept.source_turn, kept.answer, kept.prefix) == (2, 0, probe.answer, probe.prefix)
+        assert probe.answer in short.turns[0].user and short.turns[2].reply.startswith(probe.prefix + probe.answer)
+    assert any(e.probes[0].source_turn > 0 for e in episodes)  # facts mentioned later are cut around too

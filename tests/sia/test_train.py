@@ -1,19 +1,29 @@
 from __future__ import annotations
 
 import json
+import math
+import random
 from pathlib import Path
 
 import pytest
 import torch
 
 from sia.checkpoint import load_checkpoint
-from sia.corpus import make_corpus, persona_preamble
+from sia.corpus import make_corpus, persona_preamble, short_episode
 from sia.episodes import StateBatch, batch_turns, encode_turn, forward_turn
 from sia.generate import SamplingParams
 from sia.identity import Dynamics, IdentityState
 from sia.model import SIAModel
 from sia.tokenizer import ByteTokenizer
-from sia.train import TrainConfig, encode_episode_turns, train
+from sia.train import (
+    RECALL_FILE,
+    RecallProbe,
+    TrainConfig,
+    _episode_batch,
+    encode_episode_turns,
+    episode_loss,
+    train,
+)
 from sia.turn import TurnRequest, run_turn
 from tests.conftest import tiny_config
 
@@ -166,3 +176,69 @@ def test_probe_answers_are_marked_and_weighted() -> None:
     assert bool((batch.answer_targets <= batch.reply_targets).all())
     with pytest.raises(ValueError, match="does not start with"):
         encode_turn(tok, [], "hi", "hello there", answer=("hello ", "world"))
+
+
+def test_recall_read_out_adds_its_cross_entropy_and_reaches_the_stating_turn() -> None:
+    config = tiny_config(block_size=512)
+    torch.manual_seed(0)
+    model = SIAModel(config)
+    tok = ByteTokenizer()
+    dynamics = Dynamics.from_config(config)
+    episodes = [e for e in make_corpus(2, 40, 1).train if e.probes][:3]
+    probes = [p for e in episodes for p in e.probes]
+    head = RecallProbe(config.d_self)
+    torch.nn.init.zeros_(head.proj.weight)
+    torch.nn.init.zeros_(head.proj.bias)
+    # a zero read-out is uniform over the probed fact's candidates: log(n) per probe
+    uniform = sum(math.log(len(p.candidates)) for p in probes) / len(probes)
+    plain, _ = episode_loss(model, episodes, tok, dynamics, transcript=False, user_weight=0.3)
+    with_recall, _ = episode_loss(
+        model, episodes, tok, dynamics, transcript=False, user_weight=0.3, recall=head, recall_weight=0.5
+    )
+    assert float((with_recall - plain).detach()) == pytest.approx(0.5 * uniform, rel=1e-5)
+
+    # with a live read-out, its term alone (the difference of the two losses) trains the self-update map and
+    # the hidden states of the turns before the probe
+    torch.nn.init.normal_(head.proj.weight)
+    with_recall, _ = episode_loss(
+        model, episodes, tok, dynamics, transcript=False, user_weight=0.3, recall=head, recall_weight=0.5
+    )
+    model.zero_grad()
+    (with_recall - plain).backward()
+    grad = model.self_update.proj.weight.grad
+    assert grad is not None and grad.abs().max() > 0
+    assert model.wte.weight.grad is not None and model.wte.weight.grad.abs().max() > 0
+
+
+def test_recall_weight_trains_and_resumes_exactly(tmp_path: Path) -> None:
+    straight = train(_config(tmp_path / "a", steps=8, checkpoint_every=4, eval_every=100, recall_weight=1.0), progress=False)
+    train(_config(tmp_path / "b", steps=4, checkpoint_every=4, eval_every=100, recall_weight=1.0), progress=False)
+    resumed = train(_config(tmp_path / "b", steps=8, checkpoint_every=4, eval_every=100, recall_weight=1.0), progress=False)
+    a, b = load_checkpoint(straight / "final"), load_checkpoint(resumed / "final")
+    for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(pa, pb), name
+    # the read-out is training-only: the final checkpoint holds exactly the model's weights
+    assert not (straight / "final" / RECALL_FILE).exists() and (straight / "checkpoint" / RECALL_FILE).is_file()
+    with pytest.raises(ValueError, match="recall_weight"):
+        _config(tmp_path, recall_weight=-1.0)
+
+
+def test_curriculum_starts_on_short_episodes(tmp_path: Path) -> None:
+    config = _config(tmp_path, steps=2, short_episode_steps=1, transcript_prob=0.0, eval_every=100, checkpoint_every=100)
+    history = json.loads((train(config, progress=False) / "history.json").read_text())
+    corpus = make_corpus(config.seed, config.train_episodes, config.heldout_episodes)
+    tok = ByteTokenizer()
+    torch.manual_seed(config.seed)
+    model = SIAModel(config.model_config())
+    dynamics = Dynamics.from_config(model.config)
+    batch = _episode_batch(corpus.train, random.Random(config.seed * 1_000_003), config.batch_size)
+    with torch.no_grad():
+        short, short_tokens = episode_loss(
+            model, [short_episode(e) for e in batch], tok, dynamics, transcript=False, user_weight=0.3
+        )
+        full, full_tokens = episode_loss(model, batch, tok, dynamics, transcript=False, user_weight=0.3)
+    assert short_tokens < full_tokens
+    assert history["loss"][0] == pytest.approx(float(short), rel=1e-6)  # the full batch's loss differs by ~1e-3
+    assert abs(float(short) - float(full)) > 1e-3
+    with pytest.raises(ValueError, match="short_episode_steps"):
+        _config(tmp_path, short_episode_steps=-1)
