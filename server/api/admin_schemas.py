@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from server.api.schemas import Usage
+from server.api.schemas import SamplingFields, Usage
 
 PersonaName = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="1 to 64 of A-Z a-z 0-9 _ . -")
@@ -240,14 +240,11 @@ class AgainstVersion(_Strict):
     version: int = Field(ge=1, le=MAX_INT)
 
 
-class CounterfactualRequest(_Strict):
+class CounterfactualRequest(SamplingFields):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
     message: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=5)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=1)
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="both replies use it; random (and reported) if absent")
-    stop: list[str] = Field(default_factory=list, max_length=4)
     against: Literal["reset"] | AgainstVersion = Field(
         "reset", description='"reset": the persona\'s initial state; {"version": n}: a retained version'
     )

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from server.runtime import Sampling
 from sia.generate import MAX_TOP_LOGPROBS
 
 UserId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$", description="the user's id")]
@@ -29,17 +30,32 @@ class Usage(BaseModel):
 # --- native chat ------------------------------------------------------------------------------------------
 
 
-class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SamplingFields(BaseModel):
+    """The decoding fields a turn request may set; what it leaves out comes from the persona."""
 
-    user: UserId | None = Field(None, description="required unless the API key is bound to a user")
-    message: str = Field(description="the user's new message")
     max_tokens: int | None = Field(None, ge=1, description="most tokens in the reply (persona default)")
     temperature: float | None = Field(None, ge=0, le=5, description="0 is greedy (persona default)")
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=1)
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="makes sampling reproducible")
     stop: list[str] = Field(default_factory=list, max_length=4)
+
+    def sampling(self) -> Sampling:
+        return Sampling(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            stop=tuple(self.stop),
+        )
+
+
+class ChatRequest(SamplingFields):
+    model_config = ConfigDict(extra="forbid")
+
+    user: UserId | None = Field(None, description="required unless the API key is bound to a user")
+    message: str = Field(description="the user's new message")
     stream: bool = Field(False, description="Server-Sent Events: token events, then a done event")
 
 

@@ -45,7 +45,7 @@ from server.api.routes.chat import check_limits
 from server.api.schemas import Usage
 from server.plots import identity_png, summarise
 from server.runtime import CounterfactualReply as Reply
-from server.runtime import Runtime, Sampling
+from server.runtime import Runtime
 from server.store import IdentityRecord
 from sia.identity import StateFormatError, state_to_bytes
 
@@ -238,14 +238,7 @@ async def counterfactual(
     """The reply of the current state beside the reply of the persona's initial state (``"against": "reset"``)
     or of a retained version, with the same seed. Nothing is written: no turn, no new version."""
     check_limits(settings, body.message, body.max_tokens)
-    sampling = Sampling(
-        max_tokens=body.max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        seed=body.seed,
-        stop=tuple(body.stop),
-    )
+    sampling = body.sampling()
     against = None if body.against == "reset" else body.against.version
     run = partial(runtime.counterfactual, persona, user, body.message, sampling, against=against)
     result = await anyio.to_thread.run_sync(run, limiter=turns.limiter)

@@ -13,7 +13,7 @@ from server.api.errors import ApiError, error_body
 from server.api.schemas import ERROR_RESPONSES, ChatRequest, ChatResponse, Usage
 from server.core.config import Settings
 from server.errors import StoreError
-from server.runtime import Sampling, TurnOutcome
+from server.runtime import TurnOutcome
 
 router = APIRouter(prefix="/v1/personas", tags=["chat"])
 
@@ -55,14 +55,7 @@ async def chat(
     """Send a message to a persona as a user: the identity (persona, user) answers and is updated."""
     user = acting_user(caller, body.user)
     check_limits(settings, body.message, body.max_tokens)
-    sampling = Sampling(
-        max_tokens=body.max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        seed=body.seed,
-        stop=tuple(body.stop),
-    )
+    sampling = body.sampling()
     if not body.stream:
         return chat_response(await turns.turn(persona, user, body.message, sampling, gone=request.is_disconnected))
 
