@@ -22,9 +22,17 @@ Personas differ in style (greetings, acknowledgements, the wording around a prob
 pick the style up from ``persona_preamble``. The persona's replies never contain a fact value except in a
 probe's slot, and a probe's prefix and suffix contain no value of that fact, even as a substring.
 
+Variety. The sentences that carry a fact (stating it, asking for it, a probe reply naming it) are composed
+from pieces, ``PIECES[split][kind] = (openers, cores, closers)``: "By the way, " + "I always wear {value}" +
+", just so you know." The products give each fact hundreds of training phrasings (336 statements, 36
+questions, 48-80 probe replies per persona), so the model has to pick the value out of the sentence rather
+than learn a few sentences by heart.
+
 Held-out split. Every template (user phrasings, small talk, shock lines, the persona's reply wordings) and
 every user name exists in two disjoint pools, ``TEMPLATES["train"]`` / ``TEMPLATES["heldout"]`` and
-``NAMES["train"]`` / ``NAMES["heldout"]``; an episode of a split draws only from its own pools. The fact
+``NAMES["train"]`` / ``NAMES["heldout"]``; an episode of a split draws only from its own pools. For the
+composed kinds the cores of the two splits are disjoint (no held-out wording around a value occurs in
+training), and so are the openers and closers except the empty opener and bare punctuation. The fact
 values (FACTS) and the personas are shared by both splits on purpose: the model must be able to say every
 value, and held-out evaluation asks whether it carries a value across turns through unseen phrasings.
 
@@ -41,8 +49,11 @@ from dataclasses import dataclass, replace
 
 __all__ = [
     "FACTS",
+    "MAX_MESSAGE_CHARS",
     "NAMES",
     "PERSONAS",
+    "PIECES",
+    "PLAIN_PIECES",
     "SHOCK_KINDS",
     "SPLITS",
     "TEMPLATES",
@@ -132,56 +143,8 @@ _USER: dict[str, dict[str, tuple[str, ...]]] = {
             "Hey there, my name's {name}.",
             "Greetings! I am {name}.",
         ),
-        "state.colour": (
-            "My favourite colour is {value}.",
-            "I love the colour {value}.",
-            "The colour I like best is {value}.",
-            "Everything I own is {value}.",
-        ),
-        "state.pet": (
-            "I have a pet {value}.",
-            "I live with my {value}.",
-            "My {value} is my best friend.",
-            "At home I look after a {value}.",
-        ),
-        "state.mood": (
-            "I'm feeling {value} today.",
-            "Right now I feel {value}.",
-            "Today I am pretty {value}.",
-            "I woke up feeling {value}.",
-        ),
-        "state.hobby": (
-            "My favourite hobby is {value}.",
-            "In my free time I love {value}.",
-            "I spend most weekends {value}.",
-            "I'm really into {value} these days.",
-        ),
         "mention": ("Oh, and another thing. ", "Something else about me. ", "Before I forget. "),
         "brief": ("Please keep your answers short.", "Short replies, please.", "Keep it brief, okay?"),
-        "ask.colour": (
-            "What's my favourite colour?",
-            "Do you remember my favourite colour?",
-            "Which colour did I say I like?",
-            "Can you tell me my favourite colour?",
-        ),
-        "ask.pet": (
-            "Do you remember what pet I have?",
-            "What kind of pet do I have?",
-            "Which animal lives with me?",
-            "What's my pet again?",
-        ),
-        "ask.mood": (
-            "How was I feeling earlier?",
-            "Do you remember my mood when we started?",
-            "What mood did I say I was in?",
-            "How did I say I felt at the start?",
-        ),
-        "ask.hobby": (
-            "What's my favourite hobby?",
-            "Do you remember what I do for fun?",
-            "Which hobby did I mention?",
-            "What do I like doing in my free time?",
-        ),
         "smalltalk": (
             "I watched a documentary about volcanoes last night.",
             "The traffic this morning was terrible.",
@@ -226,32 +189,8 @@ _USER: dict[str, dict[str, tuple[str, ...]]] = {
             "Yo, it's {name}.",
             "Hi hi, you can call me {name}.",
         ),
-        "state.colour": (
-            "My absolute top colour is {value}.",
-            "I always pick {value} when I choose a colour.",
-            "If I had to pick one colour, it'd be {value}.",
-        ),
-        "state.pet": (
-            "There's a {value} waiting for me at home.",
-            "I share my flat with a {value}.",
-            "My little {value} keeps me company.",
-        ),
-        "state.mood": (
-            "Honestly, I'm quite {value} at the moment.",
-            "My mood today is {value}.",
-            "I've been {value} all morning.",
-        ),
-        "state.hobby": (
-            "What I enjoy most is {value}.",
-            "Lately I can't stop {value}.",
-            "My weekends are all about {value}.",
-        ),
         "mention": ("Random fact about me. ", "Oh, I should mention this. "),
         "brief": ("I prefer quick answers.", "Be concise with me, please."),
-        "ask.colour": ("Quick test: what colour do I love?", "Remind me, which colour is my favourite?"),
-        "ask.pet": ("Quiz time: what animal is at my place?", "Remember my pet? What is it?"),
-        "ask.mood": ("Earlier on, what was my mood?", "Can you recall how I felt before?"),
-        "ask.hobby": ("Test your memory: what's my pastime?", "Remind me what I enjoy doing?"),
         "smalltalk": (
             "My phone battery died on the bus today.",
             "I'm planning to repaint my kitchen soon.",
@@ -278,7 +217,7 @@ _USER: dict[str, dict[str, tuple[str, ...]]] = {
     },
 }
 
-# Persona replies: _REPLY[split][persona][kind]. "greet" takes {name}; "probe.<fact>" has exactly one {value}.
+# Persona replies: _REPLY[split][persona][kind]; "greet" takes {name}. Probe replies are composed (PIECES).
 _REPLY: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
     "train": {
         "sia": {
@@ -300,10 +239,6 @@ _REPLY: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
             "emotional": ("I'm so sorry. That must be really hard for you.", "That's heartbreaking. Take all the time you need."),
             "odd": ("That's a surprising thing to say! What do you mean?", "Hmm, that caught me off guard. Tell me more?"),
             "brief": ("I see.", "Okay, noted.", "Understood."),
-            "probe.colour": ("Your favourite colour is {value}. I remember it well.", "You told me you love {value}, of course."),
-            "probe.pet": ("You have a pet {value}. I hope they're doing well.", "Of course, you live with a {value}."),
-            "probe.mood": ("Earlier you said you were feeling {value}.", "When we started, you felt {value}."),
-            "probe.hobby": ("Your favourite hobby is {value}. It sounds lovely.", "You told me you enjoy {value}."),
         },
         "bolt": {
             "greet": ("hello {name}. noted.", "{name}. logged.", "hi {name}. ready."),
@@ -313,10 +248,6 @@ _REPLY: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
             "emotional": ("sorry. that is hard.", "condolences. take your time."),
             "odd": ("input unclear. clarify.", "does not compute. again?"),
             "brief": ("ok.", "k.", "yes."),
-            "probe.colour": ("colour: {value}.", "favourite colour on file: {value}."),
-            "probe.pet": ("pet: {value}.", "pet on record: {value}."),
-            "probe.mood": ("mood at start: {value}.", "earlier mood: {value}."),
-            "probe.hobby": ("hobby: {value}.", "hobby on file: {value}."),
         },
         "pip": {
             "greet": (
@@ -330,10 +261,6 @@ _REPLY: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
             "emotional": ("Oh no, I'm so so sorry! Sending a big hug!", "That's awful! I'm right here with you!"),
             "odd": ("Haha, what?! That's wild!", "Wait, WHAT? Ha! Explain!"),
             "brief": ("Okie!", "Yep!", "Sure!"),
-            "probe.colour": ("Ooh, easy! Your favourite colour is {value}!", "It's {value}! Such a great colour!"),
-            "probe.pet": ("You have a {value}! So cute!", "Your pet is a {value}! Give it a pat from me!"),
-            "probe.mood": ("You said you were {value} earlier!", "Ooh, you were feeling {value} at the start!"),
-            "probe.hobby": ("You love {value}! So fun!", "Your hobby is {value}! Yay!"),
         },
         "marlow": {
             "greet": (
@@ -350,10 +277,6 @@ _REPLY: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
             "emotional": ("Please accept my deepest sympathies.", "I am truly sorry. Do take all the time you require."),
             "odd": ("I beg your pardon? I am not certain I follow.", "How extraordinary. Might you elaborate?"),
             "brief": ("Very good.", "Indeed.", "Quite."),
-            "probe.colour": ("If memory serves, your favourite colour is {value}.", "Your chosen colour is {value}, I believe."),
-            "probe.pet": ("You keep a {value}, if I recall correctly.", "Your household includes a {value}."),
-            "probe.mood": ("At the outset you were feeling {value}.", "You said you felt {value} when we began."),
-            "probe.hobby": ("You are fond of {value}, if I am not mistaken.", "Your chosen pastime is {value}."),
         },
     },
     "heldout": {
@@ -365,10 +288,6 @@ _REPLY: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
             "emotional": ("I'm here for you. That sounds so painful.", "Oh no. Please be gentle with yourself today."),
             "odd": ("Well, that's unexpected! Could you explain?", "I'm not sure I follow, but I'm curious."),
             "brief": ("Got it.", "Sure thing."),
-            "probe.colour": ("I believe your favourite colour is {value}.", "That would be {value}, the colour you love most."),
-            "probe.pet": ("I remember: your pet is a {value}.", "Your companion at home is a {value}."),
-            "probe.mood": ("You mentioned feeling {value} at the start.", "At first you told me you were {value}."),
-            "probe.hobby": ("You love {value}, if I recall.", "Your hobby is {value}, I believe."),
         },
         "bolt": {
             "greet": ("{name}. acknowledged.", "greetings {name}. standing by."),
@@ -378,10 +297,6 @@ _REPLY: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
             "emotional": ("that is bad. i am sorry.", "bad news. i am here."),
             "odd": ("unparseable. restate.", "error: no sense found."),
             "brief": ("sure.", "done."),
-            "probe.colour": ("saved colour = {value}.", "colour pref: {value}."),
-            "probe.pet": ("animal at home: {value}.", "pet = {value}."),
-            "probe.mood": ("initial mood = {value}.", "mood then: {value}."),
-            "probe.hobby": ("pastime: {value}.", "hobby = {value}."),
         },
         "pip": {
             "greet": ("Hey hey {name}! Welcome aboard!", "Eee, hi {name}! Let's chat!"),
@@ -391,10 +306,6 @@ _REPLY: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
             "emotional": ("Oh no no no! I'm here for you!", "That's so hard! Big hugs, okay?"),
             "odd": ("Lol, what even?! Tell me more!", "Hahaha, that's so random!"),
             "brief": ("Yup!", "Okay!"),
-            "probe.colour": ("Easy peasy! It's {value}!", "Your top colour? {value}, of course!"),
-            "probe.pet": ("Your cutie at home is a {value}!", "A {value}! You told me!"),
-            "probe.mood": ("At the start you felt {value}!", "Earlier? You were {value}!"),
-            "probe.hobby": ("It's {value}! You love it!", "Your favourite pastime is {value}!"),
         },
         "marlow": {
             "greet": ("A pleasure, {name}. How may I be of assistance?", "Good evening, {name}. I am most pleased to meet you."),
@@ -404,13 +315,258 @@ _REPLY: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
             "emotional": ("My heartfelt condolences.", "What dreadful news. I am so very sorry."),
             "odd": ("Goodness me. That is most irregular.", "I confess I am quite bewildered."),
             "brief": ("Certainly.", "Of course."),
-            "probe.colour": ("The colour you favour is {value}, as I recall.", "You are partial to {value}, I believe."),
-            "probe.pet": ("You share your home with a {value}.", "In your household there is a {value}."),
-            "probe.mood": ("When we began, you were {value}.", "Your initial disposition was {value}."),
-            "probe.hobby": ("Your leisure pursuit is {value}.", "You devote your leisure to {value}, I understand."),
         },
     },
 }
+
+
+# ---- compositional templates -----------------------------------------------------------------------------
+# The sentences that carry a fact (stating it, asking for it, a probe reply naming it) are composed from
+# pieces: opener + core + closer, where the core holds "{value}" (or, for a question, names the fact). The
+# product of the pieces gives each split hundreds of phrasings per fact, so that neither the state nor the
+# reply pathway can learn a handful of sentences by heart. The cores of the two splits are disjoint, and so are
+# their openers and closers apart from the empty opener and bare punctuation; a held-out sentence therefore
+# never occurs in training, and its core (the wording around the value) was never seen there.
+
+PLAIN_PIECES: frozenset[str] = frozenset({"", ".", "!"})  # pieces both splits may use
+
+
+def _join(opener: str, core: str, capitalize: bool) -> str:
+    """opener + core, with the core's first letter capitalised where it starts a sentence."""
+    if capitalize and (not opener or opener.rstrip()[-1] in ".!?"):
+        core = core[:1].upper() + core[1:]
+    return opener + core
+
+
+_Parts = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]  # (openers, cores, closers)
+
+
+def _compose(openers: tuple[str, ...], cores: tuple[str, ...], closers: tuple[str, ...], *, capitalize: bool) -> tuple[str, ...]:
+    return tuple(_join(o, c, capitalize) + e for c in cores for o in openers for e in closers)
+
+
+# PIECES[split][kind] = (openers, cores, closers) for kinds "state.<fact>", "ask.<fact>" and
+# "reply.<persona>.probe.<fact>"; TEMPLATES holds their products.
+_STATE_OPENERS: dict[str, tuple[str, ...]] = {
+    "train": ("", "Also, ", "By the way, ", "Fun fact: ", "Oh, ", "Well, ", "To be honest, "),
+    "heldout": ("", "Honestly, ", "For the record, ", "Just so you know, "),
+}
+_STATE_CLOSERS: dict[str, tuple[str, ...]] = {
+    "train": (".", "!", ", by the way.", ", just so you know.", ", in case you wondered.", ", for what it's worth."),
+    "heldout": (".", ", if that matters.", ", as it happens."),
+}
+_STATE_CORES: dict[str, dict[str, tuple[str, ...]]] = {
+    "train": {
+        "colour": (
+            "my favourite colour is {value}",
+            "I love the colour {value}",
+            "the colour I like best is {value}",
+            "everything I own is {value}",
+            "my bedroom walls are {value}",
+            "I always wear {value}",
+            "I'm a big fan of the colour {value}",
+            "nothing beats the colour {value}",
+        ),
+        "pet": (
+            "I have a pet {value}",
+            "I live with my {value}",
+            "my {value} is my best friend",
+            "at home I look after a {value}",
+            "I adopted a {value} last year",
+            "my family has a {value}",
+            "I own a {value}",
+            "my pet is a {value}",
+        ),
+        "mood": (
+            "I'm feeling {value} today",
+            "right now I feel {value}",
+            "today I am pretty {value}",
+            "I woke up feeling {value}",
+            "I've been {value} since breakfast",
+            "I feel quite {value} right now",
+            "my mood is {value} at the moment",
+            "I'm a bit {value} this morning",
+        ),
+        "hobby": (
+            "my favourite hobby is {value}",
+            "in my free time I love {value}",
+            "I spend most weekends {value}",
+            "I'm really into {value} these days",
+            "my hobby is {value}",
+            "I could spend all day {value}",
+            "what I do for fun is {value}",
+            "I've taken up {value}",
+        ),
+    },
+    "heldout": {
+        "colour": (
+            "my absolute top colour is {value}",
+            "I always pick {value} when I choose a colour",
+            "if I had to pick one colour, it'd be {value}",
+            "the shade I adore is {value}",
+        ),
+        "pet": (
+            "there's a {value} waiting for me at home",
+            "I share my flat with a {value}",
+            "my little {value} keeps me company",
+            "our household includes a {value}",
+        ),
+        "mood": (
+            "I'm quite {value} at the moment",
+            "my mood today is {value}",
+            "I've been {value} all morning",
+            "I'd describe myself as {value} today",
+        ),
+        "hobby": (
+            "what I enjoy most is {value}",
+            "lately I can't stop {value}",
+            "my weekends are all about {value}",
+            "I unwind by {value}",
+        ),
+    },
+}
+_ASK_OPENERS: dict[str, tuple[str, ...]] = {
+    "train": ("", "Quick question: ", "Hey, ", "Okay, ", "So, ", "Now, "),
+    "heldout": ("", "Tell me, ", "Pop quiz: "),
+}
+_ASK_CORES: dict[str, dict[str, tuple[str, ...]]] = {
+    "train": {
+        "colour": (
+            "what's my favourite colour?",
+            "do you remember my favourite colour?",
+            "which colour did I say I like?",
+            "can you tell me my favourite colour?",
+            "what colour do I like best?",
+            "what was my favourite colour again?",
+        ),
+        "pet": (
+            "do you remember what pet I have?",
+            "what kind of pet do I have?",
+            "which animal lives with me?",
+            "what's my pet again?",
+            "what animal do I have at home?",
+            "can you name my pet?",
+        ),
+        "mood": (
+            "how was I feeling earlier?",
+            "do you remember my mood when we started?",
+            "what mood did I say I was in?",
+            "how did I say I felt at the start?",
+            "what was my mood at the beginning?",
+            "how did I feel when we began?",
+        ),
+        "hobby": (
+            "what's my favourite hobby?",
+            "do you remember what I do for fun?",
+            "which hobby did I mention?",
+            "what do I like doing in my free time?",
+            "what's my hobby again?",
+            "how do I spend my weekends?",
+        ),
+    },
+    "heldout": {
+        "colour": ("what colour do I love?", "which colour is my favourite?", "which colour was it that I prefer?"),
+        "pet": ("what animal is at my place?", "remember my pet? What is it?", "who keeps me company at home?"),
+        "mood": ("earlier on, what was my mood?", "can you recall how I felt before?", "what state was I in at first?"),
+        "hobby": ("what's my pastime?", "what do I enjoy doing?", "how do I unwind?"),
+    },
+}
+
+# Probe replies: a persona's opener and closer around a core. sia, pip and marlow share the split's cores
+# (their openers differ, and are never empty, so no two personas share a reply prefix); bolt has its own
+# clipped, lowercase cores and is never capitalised.
+_PROBE_CORES: dict[str, dict[str, tuple[str, ...]]] = {
+    "train": {
+        "colour": (
+            "your favourite colour is {value}",
+            "you told me you love {value}",
+            "the colour you like best is {value}",
+            "you said {value} was your colour",
+            "you're a fan of {value}",
+        ),
+        "pet": (
+            "you have a pet {value}",
+            "you live with a {value}",
+            "your pet is a {value}",
+            "you look after a {value}",
+            "there's a {value} in your home",
+        ),
+        "mood": (
+            "earlier you said you were feeling {value}",
+            "you felt {value} when we started",
+            "you were {value} at the start",
+            "your mood was {value} back then",
+            "you told me you felt {value}",
+        ),
+        "hobby": (
+            "your favourite hobby is {value}",
+            "you enjoy {value}",
+            "you spend your free time {value}",
+            "you're really into {value}",
+            "you love {value}",
+        ),
+    },
+    "heldout": {
+        "colour": ("the colour you favour is {value}", "your top colour is {value}", "you're partial to {value}"),
+        "pet": ("your companion at home is a {value}", "you share your home with a {value}", "a {value} keeps you company"),
+        "mood": ("you mentioned feeling {value} at first", "initially you were {value}", "you began the chat {value}"),
+        "hobby": ("your pastime is {value}", "you devote your weekends to {value}", "what you adore doing is {value}"),
+    },
+}
+_BOLT_PROBE_CORES: dict[str, dict[str, tuple[str, ...]]] = {
+    "train": {
+        "colour": ("colour: {value}", "favourite colour on file: {value}", "fav colour is {value}", "you like {value}"),
+        "pet": ("pet: {value}", "pet on record: {value}", "animal: {value}", "you keep a {value}"),
+        "mood": ("mood at start: {value}", "earlier mood: {value}", "start mood = {value}", "you were {value}"),
+        "hobby": ("hobby: {value}", "hobby on file: {value}", "pastime = {value}", "you do {value}"),
+    },
+    "heldout": {
+        "colour": ("saved colour = {value}", "colour pref: {value}"),
+        "pet": ("animal at home: {value}", "pet = {value}"),
+        "mood": ("initial mood = {value}", "mood then: {value}"),
+        "hobby": ("leisure: {value}", "hobby = {value}"),
+    },
+}
+# (openers, closers) per split and persona. A closer's first character ends the reply when the user asked
+# for brevity, so every closer starts with "." or "!" or "," (which becomes ".").
+_PROBE_FRAME: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
+    "train": {
+        "sia": (
+            ("Of course. ", "I remember. ", "Let me think. ", "Yes, "),
+            (".", ". I remember it well.", ". I hope that's right.", ", if I'm not wrong."),
+        ),
+        "bolt": (("", "recall: ", "ok. ", "checking. "), (".", ". confirmed.", ". on file.")),
+        "pip": (("Ooh, easy! ", "Yay! ", "I know this one! ", "Oh oh! "), ("!", "! Yay!", "! So fun!", "! I never forget!")),
+        "marlow": (
+            ("If memory serves, ", "Certainly. ", "Allow me. ", "Indeed, "),
+            (".", ", I believe.", ", if I may say so.", ", if I am not mistaken."),
+        ),
+    },
+    "heldout": {
+        "sia": (("Ah, ", "Let me see. "), (", if I recall.", ". I kept that close.")),
+        "bolt": (("lookup: ", "memory: "), (".", ". verified.")),
+        "pip": (("Easy peasy! ", "Ha, got it! "), ("! Told ya!", "! Woohoo!")),
+        "marlow": (("As I recall, ", "Permit me. "), (", I daresay.", ", as I understand it.")),
+    },
+}
+
+
+def _pieces(split: str) -> dict[str, _Parts]:
+    pieces = {}
+    for fact in FACTS:
+        pieces[f"state.{fact}"] = (_STATE_OPENERS[split], _STATE_CORES[split][fact], _STATE_CLOSERS[split])
+        pieces[f"ask.{fact}"] = (_ASK_OPENERS[split], _ASK_CORES[split][fact], ("",))
+        for persona, (openers, closers) in _PROBE_FRAME[split].items():
+            cores = (_BOLT_PROBE_CORES if persona == "bolt" else _PROBE_CORES)[split][fact]
+            pieces[f"reply.{persona}.probe.{fact}"] = (openers, cores, closers)
+    return pieces
+
+
+PIECES: dict[str, dict[str, _Parts]] = {split: _pieces(split) for split in SPLITS}
+
+
+def _products(split: str) -> dict[str, tuple[str, ...]]:
+    return {kind: _compose(*parts, capitalize=not kind.startswith("reply.bolt.")) for kind, parts in PIECES[split].items()}
 
 
 def _flatten(split: str) -> dict[str, tuple[str, ...]]:
@@ -418,7 +574,7 @@ def _flatten(split: str) -> dict[str, tuple[str, ...]]:
     for persona, kinds in _REPLY[split].items():
         for kind, templates in kinds.items():
             pools[f"reply.{persona}.{kind}"] = templates
-    return pools
+    return pools | _products(split)
 
 
 # Every pool of every split: TEMPLATES[split][kind] -> templates. User kinds: "greet", "state.<fact>", "mention",
@@ -429,8 +585,11 @@ TEMPLATES: dict[str, dict[str, tuple[str, ...]]] = {split: _flatten(split) for s
 # Probe reply templates pre-split around their single "{value}": _PROBE_SLOTS[split][persona][fact] -> ((prefix, suffix), ...).
 _PROBE_SLOTS: dict[str, dict[str, dict[str, tuple[tuple[str, str], ...]]]] = {
     split: {
-        persona: {fact: tuple((t.split("{value}")[0], t.split("{value}")[1]) for t in kinds[f"probe.{fact}"]) for fact in FACTS}
-        for persona, kinds in _REPLY[split].items()
+        persona: {
+            fact: tuple((t.split("{value}")[0], t.split("{value}")[1]) for t in TEMPLATES[split][f"reply.{persona}.probe.{fact}"])
+            for fact in FACTS
+        }
+        for persona in PERSONAS
     }
     for split in SPLITS
 }
@@ -443,6 +602,7 @@ BRIEF_RATE = 0.2  # chance that the user asks for short answers at turn 0
 MENTION_RATE = 0.4  # chance (episodes of 5+ turns) of one more fact stated after turn 0
 SHOCK_RATE = 0.3  # chance that a filler turn is a shock rather than small talk
 SKIP_PROBE_RATE = 0.25  # chance that a stated fact (other than the first) is never asked about
+MAX_MESSAGE_CHARS = 160  # longest user message or reply; a greeting with two statements is redrawn to fit
 
 
 def persona_preamble(persona: str) -> str:
@@ -498,12 +658,16 @@ def make_episode(rng: random.Random, split: str, persona: str | None = None) -> 
     used: set[str] = set()  # small-talk lines and replies already in this episode
     for t in range(n_turns):
         if t == 0:
-            parts = [rng.choice(pools["greet"]).replace("{name}", name)]
-            parts += [rng.choice(pools[f"state.{kind}"]).replace("{value}", values[kind]) for kind, src in stated if src == 0]
-            if brief:
-                parts.append(rng.choice(pools["brief"]))
+            greeting = rng.choice(pools["greet"]).replace("{name}", name)
+            while True:  # redraw the statements until the message fits (long products exist, short ones dominate)
+                parts = [greeting]
+                parts += [rng.choice(pools[f"state.{kind}"]).replace("{value}", values[kind]) for kind, src in stated if src == 0]
+                if brief:
+                    parts.append(rng.choice(pools["brief"]))
+                if len(message := " ".join(parts)) <= MAX_MESSAGE_CHARS:
+                    break
             reply = rng.choice(replies["greet"]).replace("{name}", name)
-            turns.append(Turn(" ".join(parts), reply))
+            turns.append(Turn(message, reply))
         elif t == mention_turn:
             kind = next(k for k, src in stated if src == t)
             user = rng.choice(pools["mention"]) + rng.choice(pools[f"state.{kind}"]).replace("{value}", values[kind])

@@ -280,10 +280,11 @@ def heldout_loss(
     return losses / max(weights, 1)
 
 
-def _progress(step: int, total: int, loss: float, tokens_per_s: float, elapsed: float) -> None:
+def _progress(step: int, total: int, loss: float, tokens_per_s: float, elapsed: float, steps_done: int) -> None:
+    """One progress line; `elapsed` seconds went into the last `steps_done` steps (this process's share of a resumed run)."""
     width = 30
     done = int(width * step / total)
-    eta = elapsed / max(step, 1) * (total - step)
+    eta = elapsed / max(steps_done, 1) * (total - step)
     bar = "#" * done + "-" * (width - done)
     sys.stderr.write(f"\r[{bar}] {step}/{total} loss {loss:.4f} {tokens_per_s:,.0f} tok/s eta {eta / 60:.1f} min ")
     sys.stderr.flush()
@@ -334,6 +335,7 @@ def train(config: TrainConfig, *, progress: bool = True) -> Path:
     )
 
     started, window_tokens, window_start = time.perf_counter(), 0, time.perf_counter()
+    run_started, run_first_step = started, step  # for the progress line's ETA (started is reset at each save)
     smoothed = float("nan")
     while step < config.steps:
         rng = random.Random(config.seed * 1_000_003 + step)  # the batch depends on (seed, step) only: resumable
@@ -366,12 +368,17 @@ def train(config: TrainConfig, *, progress: bool = True) -> Path:
         window_tokens += n_tokens
         if progress:
             rate = window_tokens / max(time.perf_counter() - window_start, 1e-9)
-            _progress(step, config.steps, smoothed, rate, time.perf_counter() - started)
+            _progress(step, config.steps, smoothed, rate, time.perf_counter() - run_started, step - run_first_step)
         if step % config.eval_every == 0 or step == config.steps:
             held = heldout_loss(model, corpus.heldout, tok, dynamics, config.batch_size * 4)
             history["heldout_step"].append(step)
             history["heldout_loss"].append(held)
             log.info("step %d: train loss %.4f, held-out loss %.4f", step, smoothed, held)
+            if corpus.heldout and held < history.get("best_heldout_loss", math.inf):
+                # early stopping without stopping: the checkpoint of the lowest held-out loss so far
+                history["best_heldout_loss"], history["best_step"] = held, step
+                save_checkpoint(model, out / "best")
+                tok.to_file(out / "best" / "tokenizer.json")
             window_tokens, window_start = 0, time.perf_counter()
         if step % config.checkpoint_every == 0 or step == config.steps:
             history["seconds"] = float(history["seconds"]) + time.perf_counter() - started

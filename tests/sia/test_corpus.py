@@ -10,8 +10,11 @@ import pytest
 
 from sia.corpus import (
     FACTS,
+    MAX_MESSAGE_CHARS,
     NAMES,
     PERSONAS,
+    PIECES,
+    PLAIN_PIECES,
     SHOCK_KINDS,
     SPLITS,
     TEMPLATES,
@@ -24,7 +27,7 @@ from sia.corpus import (
     short_episode,
 )
 
-MAX_CHARS = 120
+MAX_CHARS = MAX_MESSAGE_CHARS
 CONTEXT_BYTES = 512
 
 
@@ -159,6 +162,44 @@ def test_heldout_messages_never_appear_in_train() -> None:
 
 
 # ---- templates -------------------------------------------------------------------------------------------
+
+
+def test_fact_sentences_are_composed_from_disjoint_pieces() -> None:
+    assert set(PIECES["train"]) == set(PIECES["heldout"])
+    kinds = set(PIECES["train"])
+    assert {k for k in TEMPLATES["train"] if k.startswith(("state.", "ask.")) or ".probe." in k} == kinds
+    for kind in kinds:
+        train, heldout = PIECES["train"][kind], PIECES["heldout"][kind]
+        openers, cores, closers = (set(train[i]) & set(heldout[i]) for i in range(3))
+        assert not cores, (kind, cores)  # the wording around the value is never seen in training
+        assert openers <= PLAIN_PIECES and closers <= PLAIN_PIECES, (kind, openers, closers)
+        for split, (o, c, e) in (("train", train), ("heldout", heldout)):
+            assert len(TEMPLATES[split][kind]) == len(set(TEMPLATES[split][kind])) == len(o) * len(c) * len(e), kind
+            # every template holds a core of its split, and none of the other split
+            other = heldout[1] if split == "train" else train[1]
+            for template in TEMPLATES[split][kind]:
+                assert sum(core[1:] in template for core in c) >= 1, (kind, template)
+                assert not any(core[1:] in template for core in other), (kind, template)
+    # variety: many phrasings per fact in training, so that no handful of sentences can be learnt by heart
+    for fact in FACTS:
+        assert len(TEMPLATES["train"][f"state.{fact}"]) >= 200
+        assert len(TEMPLATES["train"][f"ask.{fact}"]) >= 30
+        assert all(len(TEMPLATES["train"][f"reply.{p}.probe.{fact}"]) >= 40 for p in PERSONAS)
+
+
+def test_composed_sentences_read_as_sentences() -> None:
+    for split in SPLITS:
+        for kind in PIECES[split]:
+            for template in TEMPLATES[split][kind]:
+                assert "  " not in template and not template.startswith(" "), template
+                assert template.rstrip()[-1] in ".!?", template
+                if not kind.startswith("reply.bolt."):
+                    assert template[0].isupper(), template
+                    # after a full stop the next word is capitalised, after a comma or colon it is not
+                    for word in re.findall(r"[.!?] ([A-Za-z])", template):
+                        assert word.isupper(), template
+                else:
+                    assert template == template.lower(), template  # bolt writes in lowercase
 
 
 def test_template_placeholders_and_value_hygiene() -> None:
@@ -301,19 +342,19 @@ def test_lengths_fit_the_context() -> None:
 
 
 def test_longest_possible_messages_fit() -> None:
-    """Worst case over the pools, not just the sampled corpus: the longest name, values and templates."""
+    """Worst case over the pools, not just the sampled corpus: every template with the longest name and value
+    fits, and a greeting with two facts (or a fact and a brevity request) has a fitting draw to settle on."""
     longest_value = {fact: max(len(v) for v in values) for fact, values in FACTS.items()}
     for split in SPLITS:
         pools = TEMPLATES[split]
         name = max(len(n) for n in NAMES[split])
         greet = max(len(t) for t in pools["greet"]) - len("{name}") + name
-        state = sorted(
-            (max(len(t) for t in pools[f"state.{f}"]) - len("{value}") + longest_value[f] for f in FACTS), reverse=True
-        )
+        shortest = sorted(min(len(t) for t in pools[f"state.{f}"]) - len("{value}") + longest_value[f] for f in FACTS)
+        longest = sorted(max(len(t) for t in pools[f"state.{f}"]) - len("{value}") + longest_value[f] for f in FACTS)
         brief = max(len(t) for t in pools["brief"])
-        assert greet + 1 + state[0] + 1 + state[1] <= MAX_CHARS  # greeting and two facts
-        assert greet + 1 + state[0] + 1 + brief <= MAX_CHARS  # greeting, one fact and a brevity request
-        assert max(len(t) for t in pools["mention"]) + state[0] <= MAX_CHARS
+        assert greet + 1 + shortest[-1] + 1 + shortest[-2] <= 0.7 * MAX_CHARS  # most draws fit at once
+        assert greet + 1 + longest[-1] + 1 + brief <= MAX_CHARS  # greeting, one fact and a brevity request
+        assert max(len(t) for t in pools["mention"]) + longest[-1] <= MAX_CHARS
         for kind, pool in pools.items():
             for template in pool:
                 size = len(template.replace("{name}", "x" * name).replace("{value}", "x" * max(longest_value.values())))
