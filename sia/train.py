@@ -214,6 +214,12 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 RECALL_FILE = "recall_probe.safetensors"  # the training-only read-out of RecallProbe
 
 
+def _export(model: SIAModel, tok: ByteTokenizer, directory: Path) -> None:
+    """A loadable checkpoint (config, weights) with its tokenizer, as ``sia`` commands expect."""
+    save_checkpoint(model, directory)
+    tok.to_file(directory / "tokenizer.json")
+
+
 def _save_resumable(
     directory: Path,
     model: SIAModel,
@@ -223,10 +229,9 @@ def _save_resumable(
     recall: RecallProbe | None = None,
 ) -> None:
     tmp = directory.with_name(directory.name + ".tmp")
-    save_checkpoint(model, tmp)
+    _export(model, ByteTokenizer(), tmp)
     if recall is not None:
         save_file({k: v.contiguous() for k, v in recall.state_dict().items()}, str(tmp / RECALL_FILE))
-    ByteTokenizer().to_file(tmp / "tokenizer.json")
     state = optimizer.state_dict()
     tensors: dict[str, Tensor] = {}
     for index, entry in state["state"].items():
@@ -377,8 +382,7 @@ def train(config: TrainConfig, *, progress: bool = True) -> Path:
             if corpus.heldout and held < history.get("best_heldout_loss", math.inf):
                 # early stopping without stopping: the checkpoint of the lowest held-out loss so far
                 history["best_heldout_loss"], history["best_step"] = held, step
-                save_checkpoint(model, out / "best")
-                tok.to_file(out / "best" / "tokenizer.json")
+                _export(model, tok, out / "best")
             window_tokens, window_start = 0, time.perf_counter()
         if step % config.checkpoint_every == 0 or step == config.steps:
             history["seconds"] = float(history["seconds"]) + time.perf_counter() - started
@@ -387,8 +391,7 @@ def train(config: TrainConfig, *, progress: bool = True) -> Path:
     if progress:
         sys.stderr.write("\n")
     model.eval()
-    save_checkpoint(model, out / "final")
-    tok.to_file(out / "final" / "tokenizer.json")
+    _export(model, tok, out / "final")
     (out / "history.json").write_text(json.dumps(history))
     plot_losses(history, out / "loss.png")
     log.info("trained %d steps in %.1f min; final checkpoint in %s", step, float(history["seconds"]) / 60, out / "final")
