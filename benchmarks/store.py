@@ -44,7 +44,7 @@ from server.core.config import Settings
 from server.db import migrate
 from server.runtime import Runtime, Sampling, encode
 from server.store import NewTurn, Store
-from sia.checkpoint import load_default_model
+from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity import Dynamics, TurnSummary, advance, state_from_bytes, state_to_bytes
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "store.json"
@@ -94,7 +94,7 @@ def run_backend(name: str, url: str, data_dir: Path, args: argparse.Namespace) -
     migrate.upgrade(settings)
     store = Store(settings)
     try:
-        runtime = Runtime(load_default_model(), store)
+        runtime = Runtime(load_checkpoint(NATIVE_CHECKPOINT), store)
         runtime.ensure_default_personas()
         config = runtime.config
         dynamics = Dynamics.from_config(config)

@@ -51,7 +51,7 @@ from server.core.config import Settings
 from server.db import migrate
 from server.runtime import Runtime, Sampling, encode
 from server.store import NewTurn, PersonaRecord, Store
-from sia.checkpoint import load_default_model
+from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.generate import Generation, StreamEvent, stream
 from sia.identity import Dynamics, advance, state_from_bytes
 from sia.model import TurnStats
@@ -95,14 +95,13 @@ def phased_turn(runtime: Runtime, user: str, message: str, sampling: Sampling) -
     record = lease.persona_record
     params = runtime.sampling_params(record, sampling)
     dynamics = dynamics_of(runtime, record)
-    context = tuple(tok.encode(record.preamble))
+    context = tuple(tok.system_prompt(record.preamble))
     state = state_from_bytes(lease.state, runtime.config)
     t1 = time.perf_counter()
 
-    message_ids = tok.encode(message)
-    prompt = tok.chat_prompt(message, context)
+    prompt, (start, end) = tok.turn_prompt(message, context)
     mask = [False] * len(context) + [True] * (len(prompt) - len(context))
-    span = (len(context), len(context) + len(message_ids) + 1)
+    span = (start - 1, end - 1)  # prompt_nll[j] scores prompt[j + 1]
     with torch.no_grad():
         cond = model.condition_states([state])
     events = stream(model, [prompt], cond, params, tokenizer=tok, summary_masks=[mask])
@@ -204,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         migrate.upgrade(settings)
         store = Store(settings)
         try:
-            runtime = Runtime(without_end(load_default_model(), ByteTokenizer()), store)
+            runtime = Runtime(without_end(load_checkpoint(NATIVE_CHECKPOINT), ByteTokenizer()), store)
             runtime.ensure_default_personas()
             for length in args.lengths:
                 for user in (f"phased-{length}", f"real-{length}"):  # create both identities up front

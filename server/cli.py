@@ -124,12 +124,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from server.db import migrate
     from server.runtime import Runtime, Sampling, TurnOutcome
     from server.store import Store
-    from sia.checkpoint import load_default_model
+    from sia.checkpoint import load_model
 
     settings = Settings()
     if settings.auto_migrate and settings.url.startswith("sqlite"):
         migrate.upgrade(settings)
-    runtime = Runtime(load_default_model(args.checkpoint or settings.checkpoint), Store(settings))
+    runtime = Runtime(load_model(args.checkpoint or settings.checkpoint, cache_dir=settings.model_cache), Store(settings))
     runtime.ensure_default_personas()
     sampling = Sampling(
         max_tokens=args.max_tokens,

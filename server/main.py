@@ -20,15 +20,15 @@ from server.observability import Metrics
 from server.runtime import Runtime
 from server.serving import TurnService
 from server.store import Store
-from sia.checkpoint import load_default_model
-from sia.model import SIAModel
+from sia.checkpoint import load_model
+from sia.model import IdentityModel
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("sia.server")
 
 
-def create_app(settings: Settings | None = None, *, model: SIAModel | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, model: IdentityModel | None = None) -> FastAPI:
     """The service. ``model`` replaces the checkpoint named by the settings (tests pass a tiny one)."""
     settings = settings or get_settings()
     metrics = Metrics()
@@ -37,7 +37,7 @@ def create_app(settings: Settings | None = None, *, model: SIAModel | None = Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         torch.set_num_threads(settings.torch_threads)
         store = Store(settings)
-        loaded = model or load_default_model(settings.checkpoint)
+        loaded = model or load_model(settings.checkpoint, cache_dir=settings.model_cache)
         runtime = Runtime(loaded, store)
         app.state.runtime = runtime
         app.state.keys = KeyRing(store)

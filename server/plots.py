@@ -29,7 +29,7 @@ from torch import Tensor
 
 from server.errors import NotFoundError
 from server.runtime import Runtime
-from sia.config import ModelConfig
+from sia.config import AnyConfig
 from sia.identity import IdentityState, stabilised_metric
 
 __all__ = ["HeadSpectrum", "StateSummary", "draw_identity", "head_spectra", "identity_png", "spectral_entropy", "summarise"]
@@ -67,15 +67,15 @@ def spectral_entropy(eigenvalues: Tensor) -> Tensor:
     return terms.sum(-1)
 
 
-def _eigenvalues(state: IdentityState, config: ModelConfig) -> tuple[Tensor, Tensor]:
-    """Eigenvalues of sym(T) and of M(T) / c: (n_layer, H, d) each, ascending."""
+def _eigenvalues(state: IdentityState, config: AnyConfig) -> tuple[Tensor, Tensor]:
+    """Eigenvalues of sym(T) and of M(T) / c: (trace layers, trace heads, d) each, ascending."""
     trace = state.trace.double()
     sym = 0.5 * (trace + trace.transpose(-1, -2))  # (n_layer, H, d, d)
     metric = stabilised_metric(state.trace, config).double() / config.metric_base
     return torch.linalg.eigvalsh(sym), torch.linalg.eigvalsh(metric)
 
 
-def head_spectra(state: IdentityState, config: ModelConfig) -> list[HeadSpectrum]:
+def head_spectra(state: IdentityState, config: AnyConfig) -> list[HeadSpectrum]:
     """One HeadSpectrum per layer and head, layer-major."""
     eigs, metric_eigs = _eigenvalues(state, config)
     norms = torch.linalg.matrix_norm(state.trace.double())  # (n_layer, H)
@@ -84,17 +84,17 @@ def head_spectra(state: IdentityState, config: ModelConfig) -> list[HeadSpectrum
         HeadSpectrum(
             layer=layer,
             head=head,
-            trace_norm=float(norms[layer, head]),
-            eigenvalues=eigs[layer, head].tolist(),
-            metric_eigenvalues=metric_eigs[layer, head].tolist(),
-            spectral_entropy=float(entropy[layer, head]),
+            trace_norm=float(norms[i, head]),
+            eigenvalues=eigs[i, head].tolist(),
+            metric_eigenvalues=metric_eigs[i, head].tolist(),
+            spectral_entropy=float(entropy[i, head]),
         )
-        for layer in range(config.n_layer)
-        for head in range(config.n_head)
+        for i, layer in enumerate(config.trace_layer_ids)
+        for head in range(config.trace_shape[1])
     ]
 
 
-def summarise(state: IdentityState, config: ModelConfig) -> StateSummary:
+def summarise(state: IdentityState, config: AnyConfig) -> StateSummary:
     return StateSummary(
         turns=state.turns,
         self_state=state.self_state.tolist(),
@@ -123,14 +123,15 @@ def identity_png(runtime: Runtime, persona: str, user: str) -> bytes:
 
 
 def draw_identity(
-    title: str, versions: Sequence[tuple[int, IdentityState]], shocks: Sequence[tuple[int, float]], config: ModelConfig
+    title: str, versions: Sequence[tuple[int, IdentityState]], shocks: Sequence[tuple[int, float]], config: AnyConfig
 ) -> bytes:
     """Four panels as PNG bytes: eig sym(T) of the last state (rows layer x head, columns ascending
     eigenvalues); ||T||_F per head over the versions; the self state over the versions; shock per turn."""
     assert versions, "need at least the current state"
     numbers = [v for v, _ in versions]
     last = versions[-1][1]
-    eigs = _eigenvalues(last, config)[0].reshape(config.n_layer * config.n_head, config.qk_dim)  # (n_layer * H, d)
+    n_layer, n_head, d, _ = config.trace_shape
+    eigs = _eigenvalues(last, config)[0].reshape(n_layer * n_head, d)  # (trace layers * heads, d)
     norms = torch.stack([torch.linalg.matrix_norm(s.trace.double()) for _, s in versions])  # (V, n_layer, H)
     selves = torch.stack([s.self_state for _, s in versions])  # (V, d_s)
 
@@ -140,20 +141,20 @@ def draw_identity(
 
     bound = max(float(eigs.abs().max()), 1e-12)
     image = ax_eig.imshow(eigs.numpy(), aspect="auto", cmap="RdBu_r", vmin=-bound, vmax=bound, interpolation="nearest")
-    rows = [f"L{layer}H{head}" for layer in range(config.n_layer) for head in range(config.n_head)]
+    rows = [f"L{layer}H{head}" for layer in config.trace_layer_ids for head in range(n_head)]
     step = max(1, math.ceil(len(rows) / 32))
     ax_eig.set_yticks(range(0, len(rows), step), rows[::step], fontsize=7)
     ax_eig.set_xlabel("eigenvalue index (ascending)")
     ax_eig.set_title("eigenvalues of sym(T), current state", fontsize=10)
     fig.colorbar(image, ax=ax_eig, fraction=0.04)
 
-    for layer in range(config.n_layer):
-        for head in range(config.n_head):
-            ax_norm.plot(numbers, norms[:, layer, head].numpy(), marker=".", linewidth=1, label=f"L{layer}H{head}")
+    for i, layer in enumerate(config.trace_layer_ids):
+        for head in range(n_head):
+            ax_norm.plot(numbers, norms[:, i, head].numpy(), marker=".", linewidth=1, label=f"L{layer}H{head}")
     ax_norm.set_xlabel("state version")
     ax_norm.set_ylabel("||T||_F")
     ax_norm.set_title("trace norm per layer and head over retained versions", fontsize=10)
-    if config.n_layer * config.n_head <= 16:
+    if n_layer * n_head <= 16:
         ax_norm.legend(fontsize=6, ncol=4)
     ax_norm.grid(alpha=0.3)
 

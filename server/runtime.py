@@ -19,7 +19,6 @@ import torch
 from server.core.config import Settings
 from server.errors import CorruptStateError
 from server.store import Blob, Lease, NewTurn, PersonaRecord, Store, VersionRecord
-from sia.corpus import PERSONAS, persona_preamble
 from sia.generate import SamplingParams, StreamEvent
 from sia.identity import (
     CleanupReport,
@@ -31,8 +30,9 @@ from sia.identity import (
     state_from_bytes,
     state_to_bytes,
 )
-from sia.model import SIAModel
-from sia.tokenizer import ByteTokenizer
+from sia.model import IdentityModel
+from sia.personas import DEFAULT_PERSONA, PERSONAS, persona_prompt
+from sia.tokenizer import Tokenizer
 from sia.turn import TurnRequest, TurnResult, stream_turns
 
 __all__ = [
@@ -50,8 +50,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("sia.runtime")
-
-DEFAULT_PERSONA = "sia"
 
 StateChange = Callable[[IdentityState, PersonaRecord], IdentityState]
 
@@ -130,12 +128,12 @@ class Counterfactual:
 class Runtime:
     """One loaded model over one store. Thread-safe; turns of one identity are serial, others run in parallel."""
 
-    def __init__(self, model: SIAModel, store: Store, tokenizer: ByteTokenizer | None = None) -> None:
+    def __init__(self, model: IdentityModel, store: Store, tokenizer: Tokenizer | None = None) -> None:
         if not model.stateful:
             raise ValueError(f"the runtime needs a stateful model; {model.config.attention!r} keeps no identity state")
         self.model = model.eval()
         self.store = store
-        self.tokenizer = tokenizer or ByteTokenizer()
+        self.tokenizer = tokenizer or model.tokenizer
         self.config = model.config
 
     @property
@@ -145,12 +143,13 @@ class Runtime:
     # --- personas --------------------------------------------------------------------------------------
 
     def ensure_default_personas(self) -> list[str]:
-        """Create the personas the bundled model was trained with (``sia`` first) if they are missing."""
+        """Create the default personas (``sia`` first) if they are missing, each with the prompt this model reads."""
         existing = {p.name for p in self.store.list_personas()}
         created = []
         for name in sorted(PERSONAS, key=lambda n: (n != DEFAULT_PERSONA, n)):
             if name not in existing:
-                self.store.create_persona(name, description=PERSONAS[name], preamble=persona_preamble(name))
+                prompt = persona_prompt(self.model, name)
+                self.store.create_persona(name, description=PERSONAS[name].description, preamble=prompt)
                 created.append(name)
         return created
 
@@ -245,7 +244,7 @@ class Runtime:
                 state=self._decode(lease.state, lease),
                 message=message,
                 dynamics=self._dynamics(record),
-                context=tuple(self.tokenizer.encode(record.preamble)),
+                context=tuple(self.tokenizer.system_prompt(record.preamble)),
             )
             return PendingTurn(self, lease, request, self.sampling_params(record, sampling))
         except BaseException:
@@ -276,7 +275,7 @@ class Runtime:
         else:
             other_version, other = self.state(persona, user, against)
         dynamics = self._dynamics(record)
-        context = tuple(self.tokenizer.encode(record.preamble))
+        context = tuple(self.tokenizer.system_prompt(record.preamble))
         requests = [TurnRequest(state=s, message=message, dynamics=dynamics, context=context) for s in (current, other)]
         results: list[TurnResult] = []
         for item in stream_turns(self.model, requests, params, tokenizer=self.tokenizer):
@@ -332,10 +331,13 @@ class Runtime:
         """
         if layers is not None and self_only:
             raise ValueError("reset either chosen layers or only the self state, not both")
+        traced = self.config.trace_layer_ids  # the layers that carry a trace, in the order the state stores them
+        rows: list[int] = []
         if layers is not None:
-            bad = [i for i in layers if not 0 <= i < self.config.n_layer]
+            bad = [i for i in layers if i not in traced]
             if bad or not layers:
-                raise ValueError(f"layers must be a non-empty list of indices in [0, {self.config.n_layer}); got {list(layers)}")
+                raise ValueError(f"layers must be a non-empty list of layers that carry a trace, {traced}; got {list(layers)}")
+            rows = [traced.index(i) for i in layers]
 
         def change(state: IdentityState, persona_record: PersonaRecord) -> IdentityState:
             initial = self._initial_state(persona_record)
@@ -343,7 +345,7 @@ class Runtime:
                 return replace(state, self_state=initial.self_state.clone())
             if layers is not None:
                 trace = state.trace.clone()
-                trace[list(layers)] = initial.trace[list(layers)]
+                trace[rows] = initial.trace[rows]
                 return replace(state, trace=trace)
             return initial
 

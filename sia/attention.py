@@ -88,27 +88,28 @@ def augment_keys(k: Tensor, trace: Tensor, width: int | None = None) -> Tensor:
     return out
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, attn_mask: Tensor | None = None) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, attn_mask: Tensor | None = None, enable_gqa: bool = False) -> Tensor:
     """Dot-product attention with scale 1 on already-augmented vectors, bottom-right causal alignment.
 
-    q, k, v: (B, H, Lq|Lk, w) with one common width w, so the fused (flash) CPU kernel runs.
+    q (B, H, Lq, w), k and v (B, H_kv, Lk, w) with one common width w, so the fused (flash) CPU kernel runs;
+    H_kv = H unless ``enable_gqa`` (then H_kv divides H and each key/value head serves H / H_kv query heads).
     ``attn_mask`` is an optional boolean (B|1, 1|H, Lq, Lk) mask of visible keys (e.g. left padding); it
     already has to encode causality if given together with ``causal``.
     """
     Lq, Lk = q.shape[2], k.shape[2]
     if attn_mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=1.0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=1.0, enable_gqa=enable_gqa)
     if not causal or Lq == 1:
         # A single causal query is the newest position: it sees every key.
-        return F.scaled_dot_product_attention(q, k, v, scale=1.0)
+        return F.scaled_dot_product_attention(q, k, v, scale=1.0, enable_gqa=enable_gqa)
     if Lq == Lk:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0, enable_gqa=enable_gqa)
     if Lq > Lk:
         raise ValueError(f"causal attention needs Lq <= Lk; got Lq={Lq}, Lk={Lk}")
     # SDPA's is_causal aligns top-left. Prepending Lk - Lq throw-away query rows makes the problem square,
     # so the block-skipping causal kernel still runs; rows are independent, so the result is exact.
     pad = q.new_zeros(*q.shape[:2], Lk - Lq, q.shape[3])
-    out = F.scaled_dot_product_attention(torch.cat([pad, q], dim=2), k, v, is_causal=True, scale=1.0)
+    out = F.scaled_dot_product_attention(torch.cat([pad, q], dim=2), k, v, is_causal=True, scale=1.0, enable_gqa=enable_gqa)
     return out[:, :, Lk - Lq :]
 
 

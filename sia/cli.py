@@ -8,12 +8,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sia.checkpoint import load_default_model
-from sia.corpus import PERSONAS, persona_preamble
+from sia.checkpoint import DEFAULT_CACHE, load_model
 from sia.generate import SamplingParams, StreamEvent
 from sia.identity import Dynamics, IdentityState, state_from_bytes, state_to_bytes
-from sia.model import SIAModel
-from sia.tokenizer import ByteTokenizer
+from sia.model import IdentityModel
+from sia.personas import PERSONAS, persona_prompt
 from sia.turn import TurnRequest, TurnResult, stream_turns
 
 log = logging.getLogger("sia")
@@ -30,7 +29,7 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
     )
 
 
-def _load_state(path: Path | None, model: SIAModel) -> IdentityState:
+def _load_state(path: Path | None, model: IdentityModel) -> IdentityState:
     if path is None or not path.exists():
         return IdentityState.fresh(model.config)
     return state_from_bytes(path.read_bytes(), model.config)
@@ -44,8 +43,8 @@ def _save_state(path: Path | None, state: IdentityState) -> None:
     tmp.replace(path)  # atomic: a crash never leaves a half-written state
 
 
-def _turn(model: SIAModel, state: IdentityState, message: str, params: SamplingParams, persona: str) -> TurnResult:
-    context = tuple(ByteTokenizer().encode(persona_preamble(persona)))
+def _turn(model: IdentityModel, state: IdentityState, message: str, params: SamplingParams, persona: str) -> TurnResult:
+    context = tuple(model.tokenizer.system_prompt(persona_prompt(model, persona)))
     request = TurnRequest(state=state, message=message, dynamics=Dynamics.from_config(model.config), context=context)
     for item in stream_turns(model, [request], params):
         if isinstance(item, StreamEvent):
@@ -58,7 +57,7 @@ def _turn(model: SIAModel, state: IdentityState, message: str, params: SamplingP
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    model = load_default_model(args.checkpoint)
+    model = load_model(args.checkpoint, cache_dir=args.cache)
     state = _load_state(args.state, model)
     result = _turn(model, state, args.prompt, _sampling(args), args.persona)
     log.info(
@@ -74,7 +73,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    model = load_default_model(args.checkpoint)
+    model = load_model(args.checkpoint, cache_dir=args.cache)
     state = _load_state(args.state, model)
     params = _sampling(args)
     sys.stdout.write("Type a message; an empty line or Ctrl-D ends the conversation.\n")
@@ -125,8 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add_turn_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: the bundled model)")
-        p.add_argument("--persona", default="sia", help=f"persona whose preamble opens each turn ({', '.join(sorted(PERSONAS))})")
+        p.add_argument(
+            "--checkpoint",
+            type=Path,
+            default=None,
+            help="checkpoint directory, GGUF file or HF directory (default: the bundled model)",
+        )
+        p.add_argument(
+            "--cache", type=Path, default=DEFAULT_CACHE, help=f"where a GGUF base is dequantised once (default {DEFAULT_CACHE})"
+        )
+        p.add_argument("--persona", default="sia", help=f"persona whose prompt opens each turn ({', '.join(sorted(PERSONAS))})")
         p.add_argument(
             "--state", type=Path, default=None, help="identity state file (safetensors); read if present, written after each turn"
         )

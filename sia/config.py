@@ -11,23 +11,18 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import torch
+
 ATTENTION_VARIANTS = ("trace", "dot")
 POOLING_VARIANTS = ("mean", "attention")
 
 
-@dataclass
-class ModelConfig:
-    # --- transformer shape ---
-    vocab_size: int = 260  # the byte tokenizer: 256 bytes + 4 special tokens
-    block_size: int = 512  # longest context (tokens) the position table covers
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128  # residual width; value/head width = n_embd // n_head
-    mlp_ratio: int = 4
-    dropout: float = 0.0
+STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-    # --- attention variant (registry in sia/model.py) ---
-    attention: str = "trace"  # "trace": TTA + self slot; "dot": plain dot-product attention, no state (the twin)
+
+@dataclass
+class IdentityConfig:
+    """The identity-state fields every model family shares: its size, its dynamics, its metric and its shock."""
 
     # --- identity state ---
     d_self: int = 16  # self-state dimension d_s
@@ -39,7 +34,7 @@ class ModelConfig:
     eta: float = 0.5  # self-state step size, in (0, 1]
 
     # --- metric stabilisation (docs/attention.md, "Stabilising the metric") ---
-    metric_max_deform: float = 0.5  # rho in [0, 1): eigenvalues of the metric stay in c·[1-rho, 1+rho]
+    metric_max_deform: float = 0.5  # rho in [0, 1): how far the trace may move the metric's eigenvalues
     metric_temperature: float = 1.0  # tau > 0: trace eigenvalue scale at which the deformation saturates
 
     # --- shock (docs/attention.md, "Shock") ---
@@ -48,22 +43,11 @@ class ModelConfig:
     shock_prior_weight: float = 2.0  # pseudo-count of the prior in the running statistics
     shock_clip: float = 8.0  # standardised shock is clipped to [-clip, clip]
 
-    def __post_init__(self) -> None:
-        positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio", "d_self")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer; got {value!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.head_dim < 2:
-            raise ValueError(f"n_embd // n_head must be at least 2 (one query/key column + the bias slot); got {self.head_dim}")
-        if self.attention not in ATTENTION_VARIANTS:
-            raise ValueError(f"attention must be one of {ATTENTION_VARIANTS}; got {self.attention!r}")
+    def _check_identity(self) -> None:
+        if not isinstance(self.d_self, int) or self.d_self <= 0:
+            raise ValueError(f"d_self must be a positive integer; got {self.d_self!r}")
         if self.pooling not in POOLING_VARIANTS:
             raise ValueError(f"pooling must be one of {POOLING_VARIANTS}; got {self.pooling!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
         if not self.alpha >= 0.0:
             raise ValueError(f"alpha (plasticity) must be >= 0; got {self.alpha}")
         if not 0.0 < self.decay <= 1.0:
@@ -83,6 +67,39 @@ class ModelConfig:
         if not self.shock_clip > 0.0:
             raise ValueError(f"shock_clip must be > 0; got {self.shock_clip}")
 
+
+@dataclass
+class ModelConfig(IdentityConfig):
+    """The native SIA model: byte-level, trained from scratch, Trace Tensor Attention replaces dot products."""
+
+    # --- transformer shape ---
+    vocab_size: int = 260  # the byte tokenizer: 256 bytes + 4 special tokens
+    block_size: int = 512  # longest context (tokens) the position table covers
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128  # residual width; value/head width = n_embd // n_head
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+
+    # --- attention variant (registry in sia/model.py) ---
+    attention: str = "trace"  # "trace": TTA + self slot; "dot": plain dot-product attention, no state (the twin)
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.head_dim < 2:
+            raise ValueError(f"n_embd // n_head must be at least 2 (one query/key column + the bias slot); got {self.head_dim}")
+        if self.attention not in ATTENTION_VARIANTS:
+            raise ValueError(f"attention must be one of {ATTENTION_VARIANTS}; got {self.attention!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
+        self._check_identity()
+
     # --- derived values ---
     @property
     def head_dim(self) -> int:
@@ -99,6 +116,24 @@ class ModelConfig:
         """c = 1 / (2 sqrt(d)): with the metric c·I the cross term of the distance is q·k / sqrt(d)."""
         return 1.0 / (2.0 * math.sqrt(self.qk_dim))
 
+    @property
+    def metric_offset(self) -> float:
+        """The metric is c (offset I + rho deformation): the native model's attention *is* the metric, offset 1."""
+        return 1.0
+
+    @property
+    def trace_shape(self) -> tuple[int, int, int, int]:
+        """(trace layers, trace heads, d, d): one trace per layer and head."""
+        return (self.n_layer, self.n_head, self.qk_dim, self.qk_dim)
+
+    @property
+    def trace_layer_ids(self) -> list[int]:
+        return list(range(self.n_layer))
+
+    @property
+    def state_dtype(self) -> str:
+        return "float32"
+
     # --- files ---
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,6 +149,143 @@ class ModelConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> ModelConfig:
         return cls.from_dict(read_json_object(path))
+
+
+@dataclass
+class LlamaConfig(IdentityConfig):
+    """A LLaMA-family backbone with Trace Tensor Attention and the self slot injected (docs/attention.md, "Injection").
+
+    The backbone fields come from the base checkpoint (``from_hf``); the defaults are SmolLM2-135M-Instruct's.
+    """
+
+    # --- backbone shape ---
+    vocab_size: int = 49152
+    block_size: int = 8192  # context length in tokens
+    n_layer: int = 30
+    n_head: int = 9  # query heads
+    n_kv_head: int = 3  # key/value heads (grouped-query attention: n_head / n_kv_head queries share one)
+    n_embd: int = 576
+    head_dim: int = 64
+    intermediate_size: int = 1536  # SwiGLU hidden width
+    rope_theta: float = 100000.0
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+    tie_embeddings: bool = True
+
+    # --- injection ---
+    attention: str = "trace"  # "trace": base logits + metric deformation + self slot; "dot": the base model, no state
+    d_self: int = 64
+    trace_layers: list[int] | None = None  # layers carrying a trace; None: every third layer from 0
+    trace_per_head: bool = True  # a trace per key/value head, or one shared by the layer's heads
+    state_dtype: str = "float16"  # storage dtype of the trace: float32, float16 or bfloat16
+    metric_scale: float = 0.5  # c: the metric's eigenvalues stay in c·rho·(-1, 1); logits move by at most 4·c·rho
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "intermediate_size")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if self.n_head % self.n_kv_head != 0:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"head_dim must be even for rotary embeddings; got {self.head_dim}")
+        if not (self.rope_theta > 0 and self.norm_eps > 0):
+            raise ValueError(f"rope_theta and norm_eps must be > 0; got {self.rope_theta}, {self.norm_eps}")
+        if self.attention not in ATTENTION_VARIANTS:
+            raise ValueError(f"attention must be one of {ATTENTION_VARIANTS}; got {self.attention!r}")
+        if self.trace_layers is None:
+            self.trace_layers = list(range(0, self.n_layer, 3))
+        layers = self.trace_layers
+        if not all(isinstance(i, int) and 0 <= i < self.n_layer for i in layers) or len(set(layers)) != len(layers):
+            raise ValueError(f"trace_layers must be distinct layer indices in [0, {self.n_layer}); got {layers}")
+        self.trace_layers = sorted(layers)
+        if self.state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state_dtype must be one of {sorted(STATE_DTYPES)}; got {self.state_dtype!r}")
+        if not self.metric_scale > 0.0:
+            raise ValueError(f"metric_scale must be > 0; got {self.metric_scale}")
+        self._check_identity()
+
+    # --- derived values ---
+    @property
+    def qk_dim(self) -> int:
+        """The width the metric acts on: a key/value head's pre-rotation query/key width."""
+        return self.head_dim
+
+    @property
+    def metric_base(self) -> float:
+        return self.metric_scale
+
+    @property
+    def metric_offset(self) -> float:
+        """Injected: the metric deforms the base logits and vanishes for a zero trace, offset 0."""
+        return 0.0
+
+    @property
+    def trace_layer_ids(self) -> list[int]:
+        assert self.trace_layers is not None  # set in __post_init__
+        return self.trace_layers
+
+    @property
+    def trace_heads(self) -> int:
+        return self.n_kv_head if self.trace_per_head else 1
+
+    @property
+    def trace_shape(self) -> tuple[int, int, int, int]:
+        """(trace layers, trace heads, d, d)."""
+        return (len(self.trace_layer_ids), self.trace_heads, self.head_dim, self.head_dim)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the trace and the self state in a stored identity (the container adds a few hundred)."""
+        n = self.trace_shape[0] * self.trace_shape[1] * self.trace_shape[2] * self.trace_shape[3]
+        return n * STATE_DTYPES[self.state_dtype].itemsize + 4 * self.d_self
+
+    # --- files ---
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
+        """The backbone fields of a Hugging Face LLaMA ``config.json``, plus any identity fields given."""
+        try:
+            n_head = int(hf["num_attention_heads"])
+            fields_ = {
+                "vocab_size": int(hf["vocab_size"]),
+                "block_size": int(hf.get("max_position_embeddings", 2048)),
+                "n_layer": int(hf["num_hidden_layers"]),
+                "n_head": n_head,
+                "n_kv_head": int(hf.get("num_key_value_heads") or n_head),
+                "n_embd": int(hf["hidden_size"]),
+                "head_dim": int(hf.get("head_dim") or int(hf["hidden_size"]) // n_head),
+                "intermediate_size": int(hf["intermediate_size"]),
+                "rope_theta": float(hf.get("rope_theta", 10000.0)),
+                "norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
+                "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+            }
+        except KeyError as exc:
+            raise ValueError(f"the base model's config.json lacks {exc.args[0]!r}") from exc
+        scaling = hf.get("rope_scaling")
+        if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+            raise ValueError(f"rope_scaling {scaling!r} is not supported; only plain RoPE")
+        if hf.get("attention_bias") or hf.get("mlp_bias"):
+            raise ValueError("LLaMA checkpoints with attention or MLP biases are not supported")
+        check_fields(cls, overrides, "config")
+        return cls(**{**fields_, **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
+        check_fields(cls, data, "config")
+        return cls(**data)
+
+    def to_file(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> LlamaConfig:
+        return cls.from_dict(read_json_object(path))
+
+
+AnyConfig = ModelConfig | LlamaConfig
 
 
 def read_json_object(path: str | Path) -> dict[str, Any]:

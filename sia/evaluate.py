@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sia.checkpoint import load_checkpoint, load_default_model
+from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.corpus import Episode, Probe, make_corpus, persona_preamble
 from sia.episodes import EncodedTurn, StateBatch, batch_turns, encode_turn, forward_turn
 from sia.generate import SamplingParams
@@ -1051,10 +1051,10 @@ def run_eval(
     n_heldout: int,
     max_episodes: int | None,
 ) -> dict[str, Any]:
-    """Load the model (``load_default_model``) and the optional twin, build the held-out split of
+    """Load the native model (default: the bundled one) and the optional twin, build the held-out split of
     ``make_corpus(seed, 1, n_heldout)`` (the training run's held-out episodes when seed and n_heldout match)
     and evaluate on it."""
-    model = load_default_model(checkpoint)
+    model = load_checkpoint(checkpoint or NATIVE_CHECKPOINT)
     twin = load_checkpoint(twin_checkpoint) if twin_checkpoint is not None else None
     episodes = make_corpus(seed, n_train=1, n_heldout=n_heldout).heldout
     return evaluate(model, episodes, Path(out_dir), twin=twin, seed=seed, max_episodes=max_episodes)

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sia.model import Conditioning, KVCache, SIAModel, TurnStats
-from sia.tokenizer import ByteTokenizer, IncrementalDecoder
+from sia.model import Conditioning, IdentityModel, KVCache, TurnStats
+from sia.tokenizer import IncrementalDecoder, Tokenizer
 
 __all__ = ["Generation", "SamplingParams", "StreamEvent", "generate", "sample_next", "stream"]
 
@@ -67,7 +67,7 @@ class StreamEvent:
 
 @dataclass
 class Generation:
-    tokens: list[int]  # generated ids, the closing <|end|> included when produced
+    tokens: list[int]  # generated ids, the closing end token included when produced
     text: str  # decoded reply, cut before any stop string
     finish_reason: str  # "stop" (end token or stop string) or "length"
     prompt_nll: Tensor  # (prompt_len - 1,) NLL of each prompt token after the first, under the state
@@ -108,11 +108,11 @@ def _visible_text(text: str, stops: Sequence[str]) -> int:
 
 
 class _Row:
-    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+    def __init__(self, params: SamplingParams, device: torch.device, tok: Tokenizer) -> None:
         self.tokens: list[int] = []
         self.text = ""
         self.emitted = 0
-        self.decoder = IncrementalDecoder()
+        self.decoder = IncrementalDecoder(tok.token_bytes)
         self.finish_reason: str | None = None
         self.generator: torch.Generator | None = None
         if not params.greedy:
@@ -122,10 +122,10 @@ class _Row:
             else:
                 self.generator.seed()
 
-    def push(self, token: int, params: SamplingParams, end_id: int) -> str:
+    def push(self, token: int, params: SamplingParams, end_ids: frozenset[int]) -> str:
         """Record a token; return the newly visible text and set finish_reason when the row is done."""
         self.tokens.append(token)
-        if token == end_id:
+        if token in end_ids:
             self.text += self.decoder.flush()
             self.finish_reason = "stop"
         else:
@@ -145,12 +145,12 @@ class _Row:
 
 @torch.inference_mode()
 def stream(
-    model: SIAModel,
+    model: IdentityModel,
     prompts: Sequence[Sequence[int]],
     cond: Conditioning,
     params: SamplingParams,
     *,
-    tokenizer: ByteTokenizer | None = None,
+    tokenizer: Tokenizer | None = None,
     summary_masks: Sequence[Sequence[bool]] | None = None,
     use_cache: bool = True,
 ) -> Iterator[StreamEvent | list[Generation]]:
@@ -159,7 +159,7 @@ def stream(
     ``summary_masks`` marks, per prompt token, whether it counts towards the turn summary (default: all).
     With ``use_cache=False`` every step recomputes the whole sequence (the slow reference for the cache).
     """
-    tok = tokenizer or ByteTokenizer()
+    tok = tokenizer or model.tokenizer
     B = len(prompts)
     if cond.batch_size != B:
         raise ValueError(f"{B} prompts but the conditioning has {cond.batch_size} rows")
@@ -171,7 +171,7 @@ def stream(
         raise ValueError(
             f"prompt ({L} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds block_size {model.config.block_size}"
         )
-    device = model.wte.weight.device
+    device = model.device
     valid = torch.zeros(B, L, dtype=torch.bool, device=device)  # (B, L), left padding
     idx = torch.full((B, L), tok.pad_id, dtype=torch.long, device=device)
     counted = torch.zeros(B, L, dtype=torch.bool, device=device)
@@ -183,9 +183,7 @@ def stream(
             raise ValueError(f"summary mask of row {b} has {len(mask)} entries for {len(prompt)} tokens")
         counted[b, L - len(prompt) :] = torch.tensor(mask, dtype=torch.bool)
     padded = min(lengths) != L
-    # never sampled: the markers that only the prompt uses, and the NUL byte, which no text contains (a reply
-    # holding it could not be stored as text by PostgreSQL, nor shown by most terminals)
-    banned = torch.tensor([0, tok.pad_id, tok.user_id, tok.assistant_id], device=device)
+    banned = torch.tensor(tok.banned_ids, dtype=torch.long, device=device)  # never sampled
 
     def run(tokens: Tensor, key_valid: Tensor, count: Tensor, cache: KVCache | None) -> tuple[Tensor, TurnStats]:
         """Forward over ``tokens`` (B, n); key_valid (B, prefix + all tokens so far)."""
@@ -207,7 +205,7 @@ def stream(
     last = logits[:, -1]  # (B, V)
     seq, seq_count = idx, counted
 
-    rows = [_Row(params, device) for _ in range(B)]
+    rows = [_Row(params, device, tok) for _ in range(B)]
     while True:
         step = torch.full((B, 1), tok.pad_id, dtype=torch.long, device=device)
         alive = torch.zeros(B, 1, dtype=torch.bool, device=device)
@@ -221,7 +219,7 @@ def stream(
             if params.top_logprobs:
                 values, ids = log_p.topk(params.top_logprobs)
                 top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
-            delta = row.push(token, params, tok.end_id)
+            delta = row.push(token, params, tok.end_ids)
             yield StreamEvent(row=b, token=token, text=delta, logprob=float(log_p[token]), top_logprobs=top)
             if row.finish_reason is None:
                 step[b, 0], alive[b, 0] = token, True
@@ -249,12 +247,12 @@ def stream(
 
 
 def generate(
-    model: SIAModel,
+    model: IdentityModel,
     prompts: Sequence[Sequence[int]],
     cond: Conditioning,
     params: SamplingParams,
     *,
-    tokenizer: ByteTokenizer | None = None,
+    tokenizer: Tokenizer | None = None,
     summary_masks: Sequence[Sequence[bool]] | None = None,
     use_cache: bool = True,
 ) -> list[Generation]:

@@ -21,7 +21,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
-from sia.config import ModelConfig
+from sia.config import STATE_DTYPES, AnyConfig
 
 __all__ = [
     "FORMAT_VERSION",
@@ -82,28 +82,28 @@ class TurnSummary:
 class IdentityState:
     """The persistent state of one (persona, user) identity."""
 
-    trace: Tensor  # (n_layer, H, d, d) float32, stored exactly as the update rule produces it
+    trace: Tensor  # config.trace_shape in config.state_dtype, stored exactly as the update rule produces it
     self_state: Tensor  # (d_s,) float32, every entry in [-1, 1]
     turns: int = 0
     shock: ShockStats = ShockStats()
     format_version: int = FORMAT_VERSION
 
     @classmethod
-    def fresh(cls, config: ModelConfig, initial_trace: Tensor | None = None) -> IdentityState:
+    def fresh(cls, config: AnyConfig, initial_trace: Tensor | None = None) -> IdentityState:
         """A new identity: zero trace (or a persona's initial trace), zero self state, no history."""
-        shape = (config.n_layer, config.n_head, config.qk_dim, config.qk_dim)
+        dtype = STATE_DTYPES[config.state_dtype]
         if initial_trace is None:
-            trace = torch.zeros(shape)
+            trace = torch.zeros(config.trace_shape, dtype=dtype)
         else:
-            _check_tensor("initial_trace", initial_trace, shape)
-            trace = initial_trace.detach().to(torch.float32).clone()
+            _check_tensor("initial_trace", initial_trace, config.trace_shape, dtype)
+            trace = initial_trace.detach().clone()
         return cls(trace=trace, self_state=torch.zeros(config.d_self))
 
-    def validate(self, config: ModelConfig) -> None:
+    def validate(self, config: AnyConfig) -> None:
         """Raise StateFormatError unless shapes, dtypes, bounds and counters fit ``config``."""
         if self.format_version != FORMAT_VERSION:
             raise StateFormatError(f"format version {self.format_version} is not supported (expected {FORMAT_VERSION})")
-        _check_tensor("trace", self.trace, (config.n_layer, config.n_head, config.qk_dim, config.qk_dim))
+        _check_tensor("trace", self.trace, config.trace_shape, STATE_DTYPES[config.state_dtype])
         _check_tensor("self_state", self.self_state, (config.d_self,))
         if self.self_state.abs().max().item() > 1.0:
             raise StateFormatError("self_state entries must lie in [-1, 1]")
@@ -114,13 +114,13 @@ class IdentityState:
             raise StateFormatError(f"shock statistics are invalid: {s}")
 
 
-def _check_tensor(name: str, tensor: Tensor, shape: tuple[int, ...]) -> None:
+def _check_tensor(name: str, tensor: Tensor, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> None:
     if not isinstance(tensor, Tensor):
         raise StateFormatError(f"{name} must be a tensor; got {type(tensor).__name__}")
     if tuple(tensor.shape) != shape:
         raise StateFormatError(f"{name} has shape {tuple(tensor.shape)}; expected {shape}")
-    if tensor.dtype != torch.float32:
-        raise StateFormatError(f"{name} has dtype {tensor.dtype}; expected torch.float32")
+    if tensor.dtype != dtype:
+        raise StateFormatError(f"{name} has dtype {tensor.dtype}; expected {dtype}")
     if not bool(torch.isfinite(tensor).all()):
         raise StateFormatError(f"{name} contains NaN or infinite values")
 
@@ -130,19 +130,21 @@ def _check_tensor(name: str, tensor: Tensor, shape: tuple[int, ...]) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def stabilised_metric(trace: Tensor, config: ModelConfig) -> Tensor:
-    """M = c (I + rho U tanh(Lambda / tau) U^T) for sym(T) = U Lambda U^T; any leading batch dims.
+def stabilised_metric(trace: Tensor, config: AnyConfig) -> Tensor:
+    """M = c (o I + rho U tanh(Lambda / tau) U^T) for sym(T) = U Lambda U^T; any leading batch dims; float32 out.
 
-    Eigenvalues of M lie in [c (1 - rho), c (1 + rho)] for every finite trace, so M is positive definite,
-    distances are non-negative and logits are bounded by c (1 + rho) |q - k|^2.
+    o = config.metric_offset. Native (o = 1): eigenvalues of M lie in [c (1 - rho), c (1 + rho)] for every
+    finite trace, so M is positive definite, distances are non-negative and logits are bounded by
+    c (1 + rho) |q - k|^2. Injected (o = 0): M = 0 for a zero trace, eigenvalues in c·rho·(-1, 1).
     """
     d = trace.shape[-1]
+    trace = trace.float()
     sym = 0.5 * (trace + trace.transpose(-1, -2))  # (..., d, d)
     eigvals, eigvecs = torch.linalg.eigh(sym.double())  # (..., d), (..., d, d)
     squashed = torch.tanh(eigvals / config.metric_temperature)  # (..., d), in (-1, 1)
     deform = (eigvecs * squashed.unsqueeze(-2)) @ eigvecs.transpose(-1, -2)  # U diag(.) U^T
     eye = torch.eye(d, dtype=torch.float64, device=trace.device)
-    metric = config.metric_base * (eye + config.metric_max_deform * deform)
+    metric = config.metric_base * (config.metric_offset * eye + config.metric_max_deform * deform)
     symmetric: Tensor = 0.5 * (metric + metric.transpose(-1, -2))
     return symmetric.to(trace.dtype)
 
@@ -157,7 +159,10 @@ def trace_step(trace: Tensor, keys: Tensor, queries: Tensor, shock: Tensor, *, a
     queries (B, n_layer, H, d), shock (B,). The tensor form used by training; update_trace wraps it."""
     outer = keys.unsqueeze(-1) * queries.unsqueeze(-2)  # (B, n_layer, H, d, d): K_a Q_b
     gate = alpha * torch.tanh(shock.abs())  # (B,)
-    return decay * trace + gate.view(-1, 1, 1, 1, 1) * outer.to(trace.dtype)
+    if trace.dtype == torch.float32:
+        return decay * trace + gate.view(-1, 1, 1, 1, 1) * outer.float()
+    # a narrower storage dtype: compute in float32, round once to what is stored
+    return (decay * trace.float() + gate.view(-1, 1, 1, 1, 1).float() * outer.float()).to(trace.dtype)
 
 
 def update_trace(state: IdentityState, summary: TurnSummary, shock: float, *, alpha: float, decay: float) -> IdentityState:
@@ -170,7 +175,7 @@ def update_trace(state: IdentityState, summary: TurnSummary, shock: float, *, al
         state.trace.unsqueeze(0),
         summary.keys.unsqueeze(0),
         summary.queries.unsqueeze(0),
-        torch.tensor([shock], dtype=state.trace.dtype),
+        torch.tensor([shock], dtype=torch.float32),
         alpha=alpha,
         decay=decay,
     )
@@ -180,7 +185,7 @@ def update_trace(state: IdentityState, summary: TurnSummary, shock: float, *, al
 class SelfUpdate(nn.Module):
     """g(z, s) = tanh(W [z; s] + b) - s, the learned direction of the self-state update."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: AnyConfig) -> None:
         super().__init__()
         self.proj = nn.Linear(config.n_embd + config.d_self, config.d_self)
 
@@ -269,7 +274,7 @@ def state_to_bytes(state: IdentityState) -> bytes:
     return st_save(tensors)
 
 
-def state_from_bytes(blob: bytes, config: ModelConfig, *, max_bytes: int = MAX_STATE_BYTES) -> IdentityState:
+def state_from_bytes(blob: bytes, config: AnyConfig, *, max_bytes: int = MAX_STATE_BYTES) -> IdentityState:
     """Parse and validate a blob from ``state_to_bytes``; raise StateFormatError naming what is wrong."""
     if not isinstance(blob, bytes | bytearray | memoryview):
         raise StateFormatError(f"state blob must be bytes; got {type(blob).__name__}")
@@ -313,7 +318,7 @@ def state_from_bytes(blob: bytes, config: ModelConfig, *, max_bytes: int = MAX_S
 
 @dataclass(frozen=True)
 class Dynamics:
-    """Per-persona rates of the update rules (defaults from ModelConfig)."""
+    """Per-persona rates of the update rules (defaults from the model config)."""
 
     alpha: float
     decay: float
@@ -328,7 +333,7 @@ class Dynamics:
             raise ValueError(f"eta must be in (0, 1]; got {self.eta}")
 
     @classmethod
-    def from_config(cls, config: ModelConfig) -> Dynamics:
+    def from_config(cls, config: AnyConfig) -> Dynamics:
         return cls(alpha=config.alpha, decay=config.decay, eta=config.eta)
 
 

@@ -15,17 +15,27 @@ Positions are learned absolute embeddings added to the residual stream; docs/att
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sia.attention import attend, key_bias
-from sia.config import ModelConfig
+from sia.config import AnyConfig, ModelConfig
 from sia.identity import IdentityState, SelfUpdate, TurnSummary, stabilised_metric
+from sia.tokenizer import ByteTokenizer, Tokenizer
 
-__all__ = ["Conditioning", "KVCache", "ModelOutput", "SIAModel", "TurnStats"]
+__all__ = ["Conditioning", "IdentityModel", "KVCache", "ModelOutput", "SIAModel", "TurnStats"]
+
+
+class SlotLayer(Protocol):
+    """A layer's conditioning as the cache sees it: the self slot's augmented key and value."""
+
+    slot_key: Tensor  # (B, heads, 1, w)
+    slot_value: Tensor  # (B, heads, 1, w)
 
 
 @dataclass
@@ -41,7 +51,7 @@ class LayerConditioning:
 class Conditioning:
     """Everything one turn fixes for each batch row. Built by SIAModel.condition; never mutated."""
 
-    layers: list[LayerConditioning | None]  # None for a variant without state (plain attention)
+    layers: Sequence[SlotLayer | None]  # per layer; None for a variant without state (plain attention)
     self_state: Tensor  # (B, d_s)
 
     @property
@@ -50,17 +60,23 @@ class Conditioning:
 
 
 class KVCache:
-    """Keys and values per layer, preallocated; with a stateful variant position 0 holds the self slot."""
+    """Keys and values per layer, preallocated; with a stateful variant position 0 holds the self slot.
 
-    def __init__(self, cond: Conditioning, max_tokens: int, *, n_head: int, width: int) -> None:
+    ``widths`` gives each layer's kernel width (one int: the same for all); ``dtype`` defaults to the self state's.
+    """
+
+    def __init__(
+        self, cond: Conditioning, max_tokens: int, *, n_head: int, width: int | Sequence[int], dtype: torch.dtype | None = None
+    ) -> None:
         s = cond.self_state
         B = s.shape[0]
+        widths = [width] * len(cond.layers) if isinstance(width, int) else list(width)
         self.prefix = 0 if cond.layers[0] is None else 1
         self.capacity = max_tokens + self.prefix
         self.length = self.prefix
-        shape = (B, n_head, self.capacity, width)
-        self.keys = [s.new_zeros(shape) for _ in cond.layers]
-        self.values = [s.new_zeros(shape) for _ in cond.layers]
+        dtype = dtype or s.dtype
+        self.keys = [s.new_zeros((B, n_head, self.capacity, w), dtype=dtype) for w in widths]
+        self.values = [s.new_zeros((B, n_head, self.capacity, w), dtype=dtype) for w in widths]
         for layer, lc in enumerate(cond.layers):
             if lc is not None:
                 self.keys[layer][:, :, :1] = lc.slot_key
@@ -154,7 +170,7 @@ class TraceAttention(nn.Module):
     def forward(
         self, x: Tensor, lc: LayerConditioning | None, cache: KVCache | None, layer: int, attn_mask: Tensor | None
     ) -> Tensor:
-        assert lc is not None, "TraceAttention needs the turn's conditioning"
+        assert isinstance(lc, LayerConditioning), "TraceAttention needs the turn's conditioning"
         B, L, C = x.shape
         H, d, w = self.n_head, self.d, self.w
         q = torch.baddbmm(lc.q_bias, x, lc.q_weight.transpose(1, 2))  # (B, L, H*w) = [S q, 1] per head
@@ -235,12 +251,94 @@ class Block(nn.Module):
         return x, h
 
 
-class SIAModel(nn.Module):
+class IdentityModel(nn.Module):
+    """What generation, turns and the runtime rely on: a causal LM conditioned on one identity state per row.
+
+    Subclasses (the native SIAModel, sia.llama.LlamaModel) build ``condition``, ``forward``, ``summarize`` and
+    ``new_cache``; the stacking of states, pooling and the variant checks are shared here.
+    """
+
+    config: AnyConfig
+    tokenizer: Tokenizer
+    wte: nn.Embedding
+    self_update: SelfUpdate
+    pool: nn.Linear | None
+
+    def condition(self, trace: Tensor, self_state: Tensor) -> Conditioning:
+        raise NotImplementedError
+
+    def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
+        raise NotImplementedError
+
+    def summarize(self, stats: TurnStats) -> TurnSummary:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        idx: Tensor,
+        cond: Conditioning,
+        *,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        summary_mask: Tensor | None = None,
+    ) -> ModelOutput:
+        raise NotImplementedError
+
+    @property
+    def stateful(self) -> bool:
+        """False for the plain-attention variant, which ignores identity state."""
+        return self.config.attention != "dot"
+
+    @property
+    def prefix_len(self) -> int:
+        """Keys before the first token: the self slot, or none."""
+        return 1 if self.stateful else 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.wte.weight.device
+
+    def _check_state_shapes(self, trace: Tensor, self_state: Tensor) -> None:
+        c = self.config
+        if trace.dim() != 5 or trace.shape[1:] != c.trace_shape:
+            raise ValueError(f"trace must be (B, {', '.join(map(str, c.trace_shape))}); got {tuple(trace.shape)}")
+        if self_state.shape != (trace.shape[0], c.d_self):
+            raise ValueError(f"self_state must be ({trace.shape[0]}, {c.d_self}); got {tuple(self_state.shape)}")
+
+    def condition_states(self, states: Sequence[IdentityState]) -> Conditioning:
+        """Stack one IdentityState per row into a Conditioning."""
+        if not states:
+            raise ValueError("need at least one identity state")
+        for state in states:
+            state.validate(self.config)
+        trace = torch.stack([s.trace for s in states]).to(self.device)
+        selves = torch.stack([s.self_state for s in states]).to(self.device)
+        return self.condition(trace, selves)
+
+    def _pool(self, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Online-softmax pooling sums of x (B, L, C) over tokens with weight (B, L, 1) > 0."""
+        B, L, _ = x.shape
+        scores = x.new_zeros(B, L) if self.pool is None else self.pool(x).squeeze(-1)  # (B, L)
+        counted = weight.squeeze(-1) > 0
+        scores = scores.masked_fill(~counted, float("-inf"))
+        top = scores.max(dim=1).values  # (B,)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row with nothing counted
+        e = torch.exp(scores - top.unsqueeze(-1)) * weight.squeeze(-1)  # (B, L)
+        return (e.unsqueeze(-1) * x).sum(dim=1), top, e.sum(dim=1)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+class SIAModel(IdentityModel):
     """A decoder-only transformer whose attention is conditioned on one identity state per batch row."""
+
+    tokenizer: Tokenizer = ByteTokenizer()
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.config = config
+        self.config: ModelConfig = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
@@ -271,39 +369,15 @@ class SIAModel(nn.Module):
     def condition(self, trace: Tensor, self_state: Tensor) -> Conditioning:
         """trace (B, n_layer, H, d, d) as stored, self_state (B, d_s) -> the turn's Conditioning."""
         c = self.config
-        if trace.dim() != 5 or trace.shape[1:] != (c.n_layer, c.n_head, c.qk_dim, c.qk_dim):
-            raise ValueError(f"trace must be (B, {c.n_layer}, {c.n_head}, {c.qk_dim}, {c.qk_dim}); got {tuple(trace.shape)}")
-        if self_state.shape != (trace.shape[0], c.d_self):
-            raise ValueError(f"self_state must be ({trace.shape[0]}, {c.d_self}); got {tuple(self_state.shape)}")
+        self._check_state_shapes(trace, self_state)
         if not self.stateful:
             return Conditioning(layers=[None] * c.n_layer, self_state=self_state)
         metric = stabilised_metric(trace.detach(), c)  # (B, n_layer, H, d, d)
         layers = [attn.condition(metric[:, i], self_state) for i, attn in enumerate(self.attentions)]
         return Conditioning(layers=layers, self_state=self_state)
 
-    @property
-    def stateful(self) -> bool:
-        """False for the plain-attention twin, which ignores identity state."""
-        return self.config.attention != "dot"
-
-    @property
-    def prefix_len(self) -> int:
-        """Keys before the first token: the self slot, or none."""
-        return 1 if self.stateful else 0
-
     def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
         return KVCache(cond, max_tokens, n_head=self.config.n_head, width=self.config.head_dim)
-
-    def condition_states(self, states: list[IdentityState]) -> Conditioning:
-        """Stack one IdentityState per row into a Conditioning."""
-        if not states:
-            raise ValueError("need at least one identity state")
-        for state in states:
-            state.validate(self.config)
-        device = self.wte.weight.device
-        trace = torch.stack([s.trace for s in states]).to(device)
-        selves = torch.stack([s.self_state for s in states]).to(device)
-        return self.condition(trace, selves)
 
     # --- forward ---
     def forward(
@@ -343,17 +417,6 @@ class SIAModel(nn.Module):
         stats = TurnStats(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
         return ModelOutput(logits=self.lm_head(x), stats=stats)
 
-    def _pool(self, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Online-softmax pooling sums of x (B, L, C) over tokens with weight (B, L, 1) > 0."""
-        B, L, _ = x.shape
-        scores = x.new_zeros(B, L) if self.pool is None else self.pool(x).squeeze(-1)  # (B, L)
-        counted = weight.squeeze(-1) > 0
-        scores = scores.masked_fill(~counted, float("-inf"))
-        top = scores.max(dim=1).values  # (B,)
-        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row with nothing counted
-        e = torch.exp(scores - top.unsqueeze(-1)) * weight.squeeze(-1)  # (B, L)
-        return (e.unsqueeze(-1) * x).sum(dim=1), top, e.sum(dim=1)
-
     # --- what a turn leaves behind ---
     def summarize(self, stats: TurnStats) -> TurnSummary:
         """Turn sums into per-row summaries: unit-norm mean queries/keys (raw, pre-metric) and mean hidden z.
@@ -374,6 +437,3 @@ class SIAModel(nn.Module):
         k = F.normalize(torch.stack(keys, dim=1), dim=-1)
         z = stats.hidden / stats.pool_norm.view(-1, 1)  # (B, C) pooled hidden state
         return TurnSummary(queries=q, keys=k, hidden=z)  # batched: (B, ...)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())

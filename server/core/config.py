@@ -26,7 +26,10 @@ class Settings(BaseSettings):
     sqlite_busy_timeout_ms: int = Field(5000, ge=0, description="how long SQLite waits for its write lock")
 
     # --- identities and turns ------------------------------------------------------------------------
-    checkpoint: Path | None = Field(None, description="model checkpoint directory; default the bundled model")
+    checkpoint: Path | None = Field(
+        None,
+        description="a SIA or native checkpoint directory, a GGUF file or an HF directory (default: the bundled SmolLM2)",
+    )
     busy_timeout_s: float = Field(10.0, gt=0, description="how long a turn waits for its identity before 'busy'")
     lease_s: float = Field(
         300.0, gt=0, description="a turn's hold on its identity expires after this long (a crashed process's hold too)"
@@ -58,6 +61,11 @@ class Settings(BaseSettings):
         if self.database_url is None:
             self.database_url = f"sqlite:///{self.data_dir / 'sia.db'}"
         return self
+
+    @property
+    def model_cache(self) -> Path:
+        """Where a GGUF base is dequantised once (data_dir/models/<sha256>/), so restarts load float weights."""
+        return self.data_dir / "models"
 
     @property
     def url(self) -> str:

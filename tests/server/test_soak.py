@@ -12,7 +12,7 @@ from server.core.config import Settings
 from server.db import migrate
 from server.runtime import Runtime, Sampling
 from server.store import Store
-from sia.checkpoint import load_default_model
+from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.config import ModelConfig
 from sia.identity import Dynamics, IdentityState, TurnSummary, advance, stabilised_metric, state_from_bytes, state_to_bytes
 from sia.model import SIAModel
@@ -23,7 +23,7 @@ TURNS = 150  # real turns (the 10 000-turn soak drives the update rules directly
 
 @pytest.fixture(scope="module")
 def bundled() -> SIAModel:
-    return load_default_model()
+    return load_checkpoint(NATIVE_CHECKPOINT)
 
 
 def _check_bounds(state: IdentityState, bound_t: float, config: ModelConfig) -> None:

