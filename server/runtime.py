@@ -31,7 +31,7 @@ from sia.identity import (
     state_to_bytes,
 )
 from sia.model import IdentityModel
-from sia.personas import DEFAULT_PERSONA, PERSONAS, persona_prompt
+from sia.personas import DEFAULT_PERSONA, PERSONAS, persona_defaults
 from sia.tokenizer import Tokenizer
 from sia.turn import TurnRequest, TurnResult, stream_turns
 
@@ -148,8 +148,7 @@ class Runtime:
         created = []
         for name in sorted(PERSONAS, key=lambda n: (n != DEFAULT_PERSONA, n)):
             if name not in existing:
-                prompt = persona_prompt(self.model, name)
-                self.store.create_persona(name, description=PERSONAS[name].description, preamble=prompt)
+                self.store.create_persona(name, **persona_defaults(self.model, name))
                 created.append(name)
         return created
 

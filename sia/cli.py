@@ -12,18 +12,20 @@ from sia.checkpoint import DEFAULT_CACHE, load_model
 from sia.generate import SamplingParams, StreamEvent
 from sia.identity import Dynamics, IdentityState, state_from_bytes, state_to_bytes
 from sia.model import IdentityModel
-from sia.personas import PERSONAS, persona_prompt
+from sia.personas import PERSONAS, persona_defaults, persona_prompt
 from sia.turn import TurnRequest, TurnResult, stream_turns
 
 log = logging.getLogger("sia")
 
 
-def _sampling(args: argparse.Namespace) -> SamplingParams:
+def _sampling(args: argparse.Namespace, model: IdentityModel) -> SamplingParams:
+    """The options given, the rest from the persona defaults of this kind of model (sia.personas)."""
+    defaults = persona_defaults(model, args.persona)
     return SamplingParams(
-        max_new_tokens=args.max_tokens,
-        temperature=args.temperature,
+        max_new_tokens=args.max_tokens or int(str(defaults.get("max_tokens", 64))),
+        temperature=args.temperature if args.temperature is not None else float(str(defaults.get("temperature", 0.8))),
         top_k=args.top_k,
-        top_p=args.top_p,
+        top_p=args.top_p if args.top_p is not None else (float(str(defaults["top_p"])) if "top_p" in defaults else 0.95),
         seed=args.seed,
         stop=tuple(args.stop),
     )
@@ -59,7 +61,7 @@ def _turn(model: IdentityModel, state: IdentityState, message: str, params: Samp
 def cmd_generate(args: argparse.Namespace) -> int:
     model = load_model(args.checkpoint, cache_dir=args.cache)
     state = _load_state(args.state, model)
-    result = _turn(model, state, args.prompt, _sampling(args), args.persona)
+    result = _turn(model, state, args.prompt, _sampling(args, model), args.persona)
     log.info(
         "turn %d: shock %.3f, nll %.3f nats/token, %d reply tokens (%s)",
         result.state.turns,
@@ -75,7 +77,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     model = load_model(args.checkpoint, cache_dir=args.cache)
     state = _load_state(args.state, model)
-    params = _sampling(args)
+    params = _sampling(args, model)
     sys.stdout.write("Type a message; an empty line or Ctrl-D ends the conversation.\n")
     for line in sys.stdin:
         message = line.rstrip("\n")
@@ -137,10 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--state", type=Path, default=None, help="identity state file (safetensors); read if present, written after each turn"
         )
-        p.add_argument("--max-tokens", type=int, default=64)
-        p.add_argument("--temperature", type=float, default=0.8)
+        p.add_argument("--max-tokens", type=int, default=None, help="default: the persona's (64, or 128 for a chat backbone)")
+        p.add_argument("--temperature", type=float, default=None, help="0 is greedy; default 0.8, or 0.4 for a chat backbone")
         p.add_argument("--top-k", type=int, default=None)
-        p.add_argument("--top-p", type=float, default=0.95)
+        p.add_argument("--top-p", type=float, default=None, help="default: 0.95, or 0.9 for a chat backbone")
         p.add_argument("--seed", type=int, default=None)
         p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 

@@ -12,7 +12,7 @@ from sia.config import ModelConfig
 from sia.corpus import persona_preamble
 from sia.model import IdentityModel
 
-__all__ = ["DEFAULT_PERSONA", "PERSONAS", "Persona", "persona_prompt"]
+__all__ = ["DEFAULT_PERSONA", "PERSONAS", "Persona", "persona_defaults", "persona_prompt"]
 
 DEFAULT_PERSONA = "sia"
 
@@ -26,8 +26,7 @@ class Persona:
 PERSONAS: dict[str, Persona] = {
     "sia": Persona(
         "a warm, attentive companion who answers in gentle full sentences",
-        "You are Sia, a warm and attentive companion. You answer in a few gentle, complete sentences and you "
-        "remember what the user has told you about themselves.",
+        "You are Sia, a warm and attentive companion. Answer in a few gentle, complete sentences.",
     ),
     "bolt": Persona(
         "a terse assistant that answers in clipped lowercase fragments",
@@ -52,3 +51,16 @@ def persona_prompt(model: IdentityModel, name: str) -> str:
     if isinstance(model.config, ModelConfig):
         return persona_preamble(name)
     return PERSONAS[name].system_prompt
+
+
+# Decoding defaults for a small chat backbone: cooler than 1 with a nucleus cut, which keeps a 135M model on topic
+# and out of repetition loops far better than greedy decoding or temperature 0.8 (measured: docs/model.md).
+CHAT_SAMPLING: dict[str, object] = {"temperature": 0.4, "top_p": 0.9, "max_tokens": 128}
+
+
+def persona_defaults(model: IdentityModel, name: str) -> dict[str, object]:
+    """The stored fields of default persona ``name`` for ``model``: description, prompt and decoding defaults."""
+    values: dict[str, object] = {"description": PERSONAS[name].description, "preamble": persona_prompt(model, name)}
+    if not isinstance(model.config, ModelConfig):
+        values.update(CHAT_SAMPLING)
+    return values

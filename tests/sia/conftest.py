@@ -43,6 +43,10 @@ class TinyVocab:
 
 @pytest.fixture(scope="session")
 def tiny_vocab() -> TinyVocab:
+    return build_tiny_vocab()
+
+
+def build_tiny_vocab() -> TinyVocab:
     bpe = Tokenizer(models.BPE())
     # digits kept apart while learning, so the only digit merge is the "1 2" added below
     bpe.pre_tokenizer = pre_tokenizers.Sequence(

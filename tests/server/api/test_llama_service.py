@@ -1,0 +1,94 @@
+"""The service over a LLaMA-family backbone (a tiny one written by the test): chat, the OpenAI route with BPE
+token log-probabilities, personas with system prompts, and the admin routes over a trace in chosen layers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from server.core.config import Settings
+from server.db import migrate
+from server.main import create_app
+from sia.checkpoint import load_model
+from sia.identity import state_from_bytes
+from sia.llama import LlamaModel
+from sia.personas import PERSONAS
+from tests.server.api.test_admin import ID, ok
+from tests.sia.conftest import build_tiny_vocab, write_tiny_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
+    root = tmp_path_factory.mktemp("tiny-llama")
+    tiny = write_tiny_gguf(root / "tiny.gguf", build_tiny_vocab())
+    model = load_model(tiny.path, cache_dir=root / "models")
+    assert isinstance(model, LlamaModel)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a read that writes something, as trained identity parameters would
+        for attn in model.attentions:
+            attn.self_value.weight.copy_(torch.randn(attn.self_value.weight.shape, generator=g))
+    return model
+
+
+@pytest.fixture
+def client(settings: Settings, tiny_llama: LlamaModel) -> Iterator[TestClient]:
+    migrate.upgrade(settings)
+    with TestClient(create_app(settings, model=tiny_llama)) as c:
+        yield c
+
+
+def chat(client: TestClient, user: str, message: str) -> dict[str, Any]:
+    body: dict[str, Any] = ok(client.post("/v1/personas/sia/chat", json={"user": user, "message": message, "max_tokens": 6}))
+    return body
+
+
+def test_personas_read_their_system_prompt_and_turns_change_the_state(client: TestClient, tiny_llama: LlamaModel) -> None:
+    sia = ok(client.get("/admin/personas/sia"))
+    assert sia["preamble"] == PERSONAS["sia"].system_prompt
+    first = chat(client, "ana", "Hello, how are you today?")
+    assert first["turn"] == 0 and isinstance(first["reply"], str)
+    chat(client, "ana", "What is the capital of France?")
+    blob = client.get(f"{ID}/ana/state").content
+    state = state_from_bytes(blob, tiny_llama.config)
+    assert state.turns == 2 and state.trace.dtype == torch.float16 and float(state.trace.float().abs().sum()) > 0
+
+
+def test_openai_logprobs_report_each_tokens_bytes(client: TestClient, tiny_llama: LlamaModel) -> None:
+    body = {"model": "sia", "user": "bob", "messages": [{"role": "user", "content": "Hello, world!"}]}
+    r = ok(client.post("/v1/chat/completions", json={**body, "max_tokens": 5, "logprobs": True, "top_logprobs": 2}))
+    content = r["choices"][0]["logprobs"]["content"]
+    assert len(content) == r["usage"]["completion_tokens"]
+    tok = tiny_llama.tokenizer
+    for item in content:
+        assert len(item["top_logprobs"]) == 2 and item["logprob"] <= 0
+        if item["bytes"] is not None:
+            assert bytes(item["bytes"]).decode("utf-8", errors="replace") == item["token"]
+    ids = tok.encode(r["choices"][0]["message"]["content"])
+    assert r["choices"][0]["message"]["content"] == tok.decode(ids)
+
+
+def test_admin_routes_see_traces_in_their_layers(client: TestClient, tiny_llama: LlamaModel) -> None:
+    config = tiny_llama.config
+    chat(client, "cy", "Tell me about the weather.")
+    detail = ok(client.get(f"{ID}/cy"))
+    heads = detail["heads"]
+    assert [(h["layer"], h["head"]) for h in heads] == [
+        (layer, h) for layer in config.trace_layer_ids for h in range(config.n_kv_head)
+    ]
+    assert all(len(h["eigenvalues"]) == config.head_dim for h in heads)
+    assert client.get(f"{ID}/cy/plot.png").content.startswith(b"\x89PNG")
+    ok(client.post(f"{ID}/cy/reset", json={"layers": [config.trace_layer_ids[0]]}))
+    state = state_from_bytes(client.get(f"{ID}/cy/state").content, config)
+    assert float(state.trace[0].float().abs().sum()) == 0  # that layer's trace is fresh, the self state is kept
+    assert float(state.self_state.abs().sum()) > 0
+    untraced = next(i for i in range(config.n_layer) if i not in config.trace_layer_ids)
+    r = client.post(f"{ID}/cy/reset", json={"layers": [untraced]})
+    assert r.status_code == 400 and "carry a trace" in r.json()["error"]["message"]
+    cf = ok(client.post(f"{ID}/cy/counterfactual", json={"message": "And now?", "max_tokens": 4, "seed": 1}))
+    assert cf["seed"] == 1 and {"current", "other"} <= set(cf)
+    versions = ok(client.get(f"{ID}/cy/history"))
+    assert len(versions["data"]) >= 3
