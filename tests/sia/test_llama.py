@@ -52,6 +52,7 @@ def open_read(model: LlamaModel) -> LlamaModel:
         for attn in model.attentions:
             attn.self_key.weight.copy_(torch.randn(attn.self_key.weight.shape, generator=g))
             attn.self_value.weight.copy_(torch.randn(attn.self_value.weight.shape, generator=g))
+            attn.slot_bias.zero_()  # open: the untrained default keeps the slot nearly closed
     return model
 
 
@@ -237,3 +238,19 @@ def test_load_base_refuses_wrong_shapes_and_missing_tensors(hf_model: LlamaForCa
         model.load_base({**weights, "model.norm.weight": torch.ones(3)})
     with pytest.raises(ValueError, match="not a LLaMA tensor name"):
         model.load_base({**weights, "model.layers.0.self_attn.q_norm.weight": torch.ones(16)})
+
+
+def test_untrained_identity_parameters_keep_the_slot_shut(hf_model: LlamaForCausalLM) -> None:
+    """As shipped before training, the slot (zero values) takes no attention mass at all, whatever s is: only the
+    trace changes replies. Opened, the same zero-valued slot dilutes attention and the logits move."""
+    model = build(hf_model)  # init_identity's defaults: slot biases at the closed gate
+    s_only = replace(IdentityState.fresh(model.config), self_state=torch.full((model.config.d_self,), 0.9))
+    idx = torch.randint(0, 300, (1, 8), generator=torch.Generator().manual_seed(10))
+    with torch.no_grad():
+        fresh = model(idx, model.condition_states([IdentityState.fresh(model.config)])).logits
+        shut = model(idx, model.condition_states([s_only])).logits
+        for attn in model.attentions:
+            attn.slot_bias.zero_()
+        opened = model(idx, model.condition_states([s_only])).logits
+    assert torch.equal(shut, fresh)
+    assert float((opened - fresh).abs().max()) > 1e-3

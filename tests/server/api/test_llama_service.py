@@ -4,6 +4,7 @@ token log-probabilities, personas with system prompts, and the admin routes over
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from server.core.config import Settings
 from server.db import migrate
 from server.main import create_app
 from sia.checkpoint import load_model
-from sia.identity import state_from_bytes
+from sia.identity import state_from_bytes, state_to_bytes
 from sia.llama import LlamaModel
 from sia.personas import PERSONAS
 from tests.server.api.test_admin import ID, ok
@@ -31,6 +32,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
     with torch.no_grad():  # a read that writes something, as trained identity parameters would
         for attn in model.attentions:
             attn.self_value.weight.copy_(torch.randn(attn.self_value.weight.shape, generator=g))
+            attn.slot_bias.zero_()
     return model
 
 
@@ -92,3 +94,28 @@ def test_admin_routes_see_traces_in_their_layers(client: TestClient, tiny_llama:
     assert cf["seed"] == 1 and {"current", "other"} <= set(cf)
     versions = ok(client.get(f"{ID}/cy/history"))
     assert len(versions["data"]) >= 3
+
+
+def test_state_operations_round_trip_the_float16_trace(client: TestClient, tiny_llama: LlamaModel) -> None:
+    """Snapshot, diff, clean-up, rollback and export/import act on this model's state as on the native one's."""
+    config = tiny_llama.config
+    chat(client, "dee", "I like long walks by the sea.")
+    first = client.get(f"{ID}/dee/state").content
+    ok(client.post(f"{ID}/dee/snapshots", json={"name": "after-one"}), 201)
+    chat(client, "dee", "Tell me something about whales.")
+    diff = ok(client.get(f"{ID}/dee/diff", params={"a": 2}))
+    assert len(diff["trace_norm"]) == len(config.trace_layer_ids) and len(diff["trace_norm"][0]) == config.n_kv_head
+    assert all(x > 0 for row in diff["trace_norm"] for x in row) and diff["turns"] == 1
+    cleaned = ok(client.post(f"{ID}/dee/cleanup", json={"energy": 0.9}))
+    assert all(0 < r <= config.head_dim for row in cleaned["ranks"] for r in row)
+    state = state_from_bytes(client.get(f"{ID}/dee/state").content, config)
+    assert state.trace.dtype == torch.float16
+    ok(client.post(f"{ID}/dee/rollback", json={"snapshot": "after-one"}))
+    assert client.get(f"{ID}/dee/state").content == first  # bit for bit
+    exported = client.get(f"{ID}/dee/state").content
+    ok(client.put(f"{ID}/eve/state", content=exported, headers={"content-type": "application/octet-stream"}))
+    assert client.get(f"{ID}/eve/state").content == exported
+    wrong = state_from_bytes(exported, config)
+    as_float32 = state_to_bytes(replace(wrong, trace=wrong.trace.float()))
+    r = client.put(f"{ID}/eve/state", content=as_float32, headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 422 and "dtype" in r.json()["error"]["message"]
