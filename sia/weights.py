@@ -283,13 +283,21 @@ def _is_hf_dir(path: Path) -> bool:
     )
 
 
+CONVERSION_VERSION = 1  # bump when gguf_to_hf's output changes, so older caches are not reused
+
+
+def cache_entry(cache_dir: str | Path, sha256: str) -> Path:
+    """Where the conversion of the GGUF with this digest lives: cache_dir/<sha256>.v<CONVERSION_VERSION>."""
+    return Path(cache_dir) / f"{sha256}.v{CONVERSION_VERSION}"
+
+
 def resolve_base(source: str | Path, cache_dir: str | Path, *, sha256: str | None = None) -> Path:
     """The HF directory for source: a GGUF file converted once into cache_dir/<sha256>, or an HF directory itself.
 
     ``sha256``: the GGUF's digest when the caller has just computed it (it is not read twice)."""
     source = Path(source)
     if source.is_file() and _is_gguf(source):
-        target = Path(cache_dir) / (sha256 or file_sha256(source))
+        target = cache_entry(cache_dir, sha256 or file_sha256(source))
         if target.is_dir():  # written by an atomic rename, so present means complete
             logger.debug("using the cached conversion %s of %s", target, source)
             return target

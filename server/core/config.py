@@ -64,7 +64,7 @@ class Settings(BaseSettings):
 
     @property
     def model_cache(self) -> Path:
-        """Where a GGUF base is dequantised once (data_dir/models/<sha256>/), so restarts load float weights."""
+        """Where a GGUF base is dequantised once (data_dir/models/<sha256>.v1/), so restarts load float weights."""
         return self.data_dir / "models"
 
     @property

@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from sia.weights import bundled_gguf, file_sha256, gguf_to_hf
+from sia.weights import bundled_gguf, cache_entry, file_sha256, gguf_to_hf
 
 # SmolLM2's chat template (ChatML with a default system prompt)
 CHATML = (
@@ -213,7 +213,7 @@ def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     except ValueError as exc:
         pytest.skip(f"the bundled SmolLM2 weights are not installed: {exc}")
     cache = tmp_path_factory.mktemp("models")
-    gguf_to_hf(path, cache / file_sha256(path))
+    gguf_to_hf(path, cache_entry(cache, file_sha256(path)))
     return cache
 
 

@@ -14,7 +14,7 @@ from sia.chat_tokenizer import ChatTokenizer
 from sia.checkpoint import BASE_FILE, NATIVE_CHECKPOINT, BaseRef, load_model, save_llama_checkpoint, source_digest
 from sia.llama import LlamaModel
 from sia.model import SIAModel
-from sia.weights import file_sha256
+from sia.weights import cache_entry, file_sha256
 
 from .conftest import TinyGGUF
 
@@ -24,7 +24,7 @@ def test_a_bare_gguf_loads_with_its_tokenizer_and_is_cached(make_tiny_gguf: Call
     cache = tmp_path / "models"
     model = load_model(tiny.path, cache_dir=cache)
     assert isinstance(model, LlamaModel) and isinstance(model.tokenizer, ChatTokenizer)
-    converted = cache / file_sha256(tiny.path)
+    converted = cache_entry(cache, file_sha256(tiny.path))
     assert (converted / "model.safetensors").is_file()
     expected = torch.from_numpy(tiny.expected["model.layers.1.self_attn.q_proj.weight"])
     torch.testing.assert_close(model.blocks[1].attn.q_proj.weight.detach(), expected, atol=0, rtol=0)
@@ -82,7 +82,7 @@ def test_an_hf_directory_and_the_native_checkpoint_load_too(make_tiny_gguf: Call
     tiny = make_tiny_gguf()
     cache = tmp_path / "models"
     from_gguf = load_model(tiny.path, cache_dir=cache)
-    from_dir = load_model(cache / file_sha256(tiny.path), cache_dir=tmp_path / "unused")
+    from_dir = load_model(cache_entry(cache, file_sha256(tiny.path)), cache_dir=tmp_path / "unused")
     assert isinstance(from_dir, LlamaModel) and torch.equal(from_dir.wte.weight, from_gguf.wte.weight)
     assert not (tmp_path / "unused").exists()  # an HF directory is read in place
     assert isinstance(load_model(NATIVE_CHECKPOINT), SIAModel)

@@ -166,7 +166,7 @@ def test_resolve_base_converts_a_gguf_once_into_a_directory_named_by_its_sha256(
     second = resolve_base(tiny.path, tmp_path / "cache")
 
     digest = hashlib.sha256(tiny.path.read_bytes()).hexdigest()
-    assert first == second == tmp_path / "cache" / digest
+    assert first == second == tmp_path / "cache" / f"{digest}.v{weights.CONVERSION_VERSION}"
     assert file_sha256(tiny.path) == digest
     assert calls == [tiny.path]
     assert (second / "model.safetensors").stat().st_mtime_ns == mtime
