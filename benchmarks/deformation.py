@@ -7,9 +7,10 @@ identity: reply perplexity (target: with state <= 1.05x fresh) and the mean next
 the reply's positions (target: > 0, the state still matters). Each ``--scale`` (the metric's c) is one row, and
 a row with the self slot closed (s = 0) isolates the trace's share.
 
-    python -m benchmarks.deformation [--turns 20] [--scales 0.25 0.5 1 2] [--conversations 30]
+    python -m benchmarks.deformation [--turns 20] [--scales 0.5 1 2 4 8] [--conversations 30] [--out FILE]
 
-Writes benchmarks/results/deformation.json and prints a table.
+Writes benchmarks/results/deformation.json (the sweep of the default scales: deformation_sweep.json) and prints
+a table.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def reply_scores(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=20)
-    parser.add_argument("--scales", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0])
+    parser.add_argument("--scales", type=float, nargs="+", default=None, help="metric scales c to try (default: the checkpoint's)")
     parser.add_argument("--conversations", type=int, default=30, help="held-out conversations scored")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--threads", type=int, default=2)
@@ -96,7 +97,7 @@ def main() -> None:
     held_out = dialogue[len(dialogue) // 2 :][: args.conversations]
     context = tuple(base.tokenizer.system_prompt(PERSONAS["sia"].system_prompt))
     rows: list[dict[str, Any]] = []
-    for scale in args.scales:
+    for scale in args.scales or [base.config.metric_scale]:
         started = time.perf_counter()
         base.config = replace(base.config, metric_scale=scale)
         state = build_state(base, context, history)

@@ -177,7 +177,7 @@ class LlamaConfig(IdentityConfig):
     trace_layers: list[int] | None = None  # layers carrying a trace; None: every third layer from 0
     trace_per_head: bool = True  # a trace per key/value head, or one shared by the layer's heads
     state_dtype: str = "float16"  # storage dtype of the trace: float32, float16 or bfloat16
-    metric_scale: float = 0.5  # c: the metric's eigenvalues stay in c·rho·(-1, 1); logits move by at most 4·c·rho
+    metric_scale: float = 2.0  # c: the metric's eigenvalues stay in c·rho·(-1, 1); logits move by at most 4·c·rho
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "intermediate_size")
