@@ -372,15 +372,8 @@ class LlamaModel(IdentityModel):
         mask of visible keys including the self slot at key 0 (only needed for padded rows); summary_mask (B, L)
         picks the tokens that count towards the turn summary (default: all).
         """
-        B, L = idx.shape
-        if cond.batch_size != B:
-            raise ValueError(f"idx has {B} rows but the conditioning has {cond.batch_size}")
-        start = 0 if cache is None else cache.tokens
-        if positions is None:
-            positions = torch.arange(start, start + L, device=idx.device).expand(B, L)
-        if int(positions.max()) >= self.config.block_size:
-            raise ValueError(f"position {int(positions.max())} exceeds the context of {self.config.block_size} tokens")
-        weight = (torch.ones(B, L, device=idx.device) if summary_mask is None else summary_mask.float()).unsqueeze(-1)
+        L = idx.shape[1]
+        positions, weight = self._positions_and_weights(idx, cond, cache, positions, summary_mask)
         rope = self.rope(positions)
         x = self.wte(idx)  # (B, L, C)
         layer_inputs = []

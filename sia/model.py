@@ -306,6 +306,22 @@ class IdentityModel(nn.Module):
         if self_state.shape != (trace.shape[0], c.d_self):
             raise ValueError(f"self_state must be ({trace.shape[0]}, {c.d_self}); got {tuple(self_state.shape)}")
 
+    def _positions_and_weights(
+        self, idx: Tensor, cond: Conditioning, cache: KVCache | None, positions: Tensor | None, summary_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """forward's checks and defaults: positions (B, L), next after the cache unless given, and the summary
+        weight (B, L, 1) of each token (1 unless summary_mask says otherwise)."""
+        B, L = idx.shape
+        if cond.batch_size != B:
+            raise ValueError(f"idx has {B} rows but the conditioning has {cond.batch_size}")
+        start = 0 if cache is None else cache.tokens
+        if positions is None:
+            positions = torch.arange(start, start + L, device=idx.device).expand(B, L)
+        if int(positions.max()) >= self.config.block_size:
+            raise ValueError(f"position {int(positions.max())} exceeds the context of {self.config.block_size} tokens")
+        weight = (torch.ones(B, L, device=idx.device) if summary_mask is None else summary_mask.float()).unsqueeze(-1)
+        return positions, weight
+
     def condition_states(self, states: Sequence[IdentityState]) -> Conditioning:
         """Stack one IdentityState per row into a Conditioning."""
         if not states:
@@ -396,22 +412,14 @@ class SIAModel(IdentityModel):
         (B, 1, L, Lk) mask of visible keys including the self slot at key 0 (only needed for padded rows);
         summary_mask (B, L) picks the tokens that count towards the turn summary (default: all).
         """
-        B, L = idx.shape
-        if cond.batch_size != B:
-            raise ValueError(f"idx has {B} rows but the conditioning has {cond.batch_size}")
-        start = 0 if cache is None else cache.tokens
-        if positions is None:
-            positions = torch.arange(start, start + L, device=idx.device).expand(B, L)
-        if int(positions.max()) >= self.config.block_size:
-            raise ValueError(f"position {int(positions.max())} exceeds block_size {self.config.block_size}")
-        weight = (torch.ones(B, L, device=idx.device) if summary_mask is None else summary_mask.float()).unsqueeze(-1)
+        positions, weight = self._positions_and_weights(idx, cond, cache, positions, summary_mask)
         x = self.drop(self.wte(idx) + self.wpe(positions))  # (B, L, C)
         layer_inputs = []
         for i, (block, lc) in enumerate(zip(self.blocks, cond.layers, strict=True)):
             x, h = block(x, lc, cache, i, attn_mask)
             layer_inputs.append((h * weight).sum(dim=1))  # (B, C)
         if cache is not None:
-            cache.advance(L)
+            cache.advance(idx.shape[1])
         x = self.ln_f(x)  # (B, L, C)
         hidden, pool_max, pool_norm = self._pool(x, weight)
         stats = TurnStats(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)

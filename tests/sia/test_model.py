@@ -117,7 +117,7 @@ def test_checkpoint_round_trip_is_bit_exact(model: SIAModel, config: ModelConfig
 
 def test_bad_inputs_raise(model: SIAModel, config: ModelConfig) -> None:
     cond = model.condition_states([IdentityState.fresh(config)])
-    with pytest.raises(ValueError, match="exceeds block_size"):
+    with pytest.raises(ValueError, match="exceeds the context of"):
         model(torch.zeros(1, config.block_size + 1, dtype=torch.long), cond)
     with pytest.raises(ValueError, match="rows"):
         model(torch.zeros(2, 4, dtype=torch.long), cond)
