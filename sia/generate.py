@@ -169,7 +169,8 @@ def stream(
     L = max(lengths)
     if L + params.max_new_tokens > model.config.block_size:
         raise ValueError(
-            f"prompt ({L} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds block_size {model.config.block_size}"
+            f"prompt ({L} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the model's context "
+            f"of {model.config.block_size} tokens"
         )
     device = model.device
     valid = torch.zeros(B, L, dtype=torch.bool, device=device)  # (B, L), left padding

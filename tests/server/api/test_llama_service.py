@@ -119,3 +119,12 @@ def test_state_operations_round_trip_the_float16_trace(client: TestClient, tiny_
     as_float32 = state_to_bytes(replace(wrong, trace=wrong.trace.float()))
     r = client.put(f"{ID}/eve/state", content=as_float32, headers={"content-type": "application/octet-stream"})
     assert r.status_code == 422 and "dtype" in r.json()["error"]["message"]
+
+
+def test_a_message_longer_than_the_context_is_a_clear_4xx_and_changes_nothing(client: TestClient, tiny_llama: LlamaModel) -> None:
+    chat(client, "fay", "Hi!")
+    before = client.get(f"{ID}/fay/state").content
+    message = "word " * tiny_llama.config.block_size  # within the character limit, beyond the model's context
+    r = client.post("/v1/personas/sia/chat", json={"user": "fay", "message": message, "max_tokens": 4})
+    assert r.status_code == 400 and "exceeds" in r.json()["error"]["message"]
+    assert client.get(f"{ID}/fay/state").content == before
