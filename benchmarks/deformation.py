@@ -81,7 +81,7 @@ def reply_scores(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=20)
-    parser.add_argument("--scales", type=float, nargs="+", default=None, help="metric scales c to try (default: the checkpoint's)")
+    parser.add_argument("--scales", type=float, nargs="+", default=None, help="metric scales c (default: the checkpoint's)")
     parser.add_argument("--conversations", type=int, default=30, help="held-out conversations scored")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--threads", type=int, default=2)
