@@ -92,6 +92,7 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 @lru_cache(maxsize=1)
+@lru_cache(maxsize=1)
 def _unicode_to_bytes() -> dict[str, int]:
     return {c: b for b, c in bytes_to_unicode().items()}
 
@@ -229,7 +230,10 @@ class ChatTokenizer:
         self.end_ids: frozenset[int] = frozenset({self.eos_id, self.end_of_turn_id})
         # every other special token (pad, bos, the turn-start token, <|endoftext|>-like control tokens) is
         # markup that a reply never contains: decode would drop it silently
-        self.banned_ids: tuple[int, ...] = tuple(sorted(self._special_ids - self.end_ids))
+        # ... and every token holding a NUL byte, which no text contains (PostgreSQL cannot store it as text)
+        nul = bytes_to_unicode()[0]
+        with_nul = {i for token, i in tokenizer.get_vocab(with_added_tokens=False).items() if nul in token}
+        self.banned_ids: tuple[int, ...] = tuple(sorted((self._special_ids - self.end_ids) | with_nul))
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> ChatTokenizer:

@@ -89,7 +89,7 @@ def test_ids_and_tokens_of_the_tiny_chatml_vocabulary(tiny: ChatTokenizer) -> No
     assert tiny.vocab_size == 301
     assert tiny.pad_id == 2
     assert tiny.end_ids == frozenset({2})  # eos and the end-of-turn token are both <|im_end|>
-    assert tiny.banned_ids == (0, 1)  # <|endoftext|> and the turn-start/bos <|im_start|>
+    assert tiny.banned_ids == (0, 1, 191)  # <|endoftext|>, the turn-start/bos <|im_start|>, and the NUL byte
     assert tiny.decode([1, *tiny.encode("Hi"), 2, 0]) == "Hi"
     assert tiny.token_bytes(1) is None
     assert tiny.token_text(1) == "<|im_start|>"
@@ -186,7 +186,7 @@ def test_smollm2_ids(smollm2: ChatTokenizer) -> None:
     assert smollm2.vocab_size == 49152
     assert smollm2.pad_id == 2
     assert smollm2.end_ids == frozenset({2})
-    assert smollm2.banned_ids == (0, 1, *range(3, 17))  # every other control token: <|endoftext|>, <|im_start|>, <repo_name>...
+    assert smollm2.banned_ids == (0, 1, *range(3, 17), 190)  # other control tokens (<|endoftext|>, <|im_start|>, ...), NUL
     assert [smollm2.token_text(i) for i in (0, 1, 2)] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -207,3 +207,11 @@ def test_smollm2_token_bytes_are_exact(smollm2: ChatTokenizer, text: str) -> Non
     parts = [smollm2.token_bytes(t) for t in smollm2.encode(text)]
     assert b"".join(p for p in parts if p is not None).decode("utf-8") == text
     assert None not in parts
+
+
+def test_tokens_holding_a_nul_byte_are_never_sampled(smollm2_dir: Path) -> None:
+    """No reply may contain NUL: PostgreSQL cannot store it as text, and no message contains it."""
+    tok = ChatTokenizer.from_dir(smollm2_dir)
+    with_nul = [i for i in range(tok.vocab_size) if (raw := tok.token_bytes(i)) is not None and 0 in raw]
+    assert with_nul and set(with_nul) <= set(tok.banned_ids)
+    assert not set(tok.banned_ids) & tok.end_ids

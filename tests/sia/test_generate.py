@@ -149,7 +149,7 @@ def test_bad_params_raise(kwargs: dict[str, object], message: str) -> None:
 
 
 def test_bad_requests_raise(model: SIAModel, config: ModelConfig) -> None:
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(ValueError, match="context of"):
         generate(model, [[1] * 100], _cond(model, config, 1), SamplingParams(max_new_tokens=64))
     with pytest.raises(ValueError, match="at least one token"):
         generate(model, [[]], _cond(model, config, 1), SamplingParams())
