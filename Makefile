@@ -45,6 +45,7 @@ bench: install
 	$(BIN)/python -m benchmarks.generation
 	$(BIN)/python -m benchmarks.turn
 	$(BIN)/python -m benchmarks.http
+	$(BIN)/python -m benchmarks.backbone
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

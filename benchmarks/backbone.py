@@ -1,6 +1,6 @@
 """Benchmark the SmolLM2-135M backbone SIA serves: against its stateless twin and Hugging Face on the same weights.
 
-Run: ``python -m benchmarks.backbone [--quick] [--threads 2] [--tokens 32] [--repeats 5] [--out PATH]``.
+Run: ``python -m benchmarks.backbone [--quick] [--threads 2] [--tokens 32] [--repeats 7] [--out PATH]``.
 
 Three decoders share one set of weights, the bundled GGUF dequantised once into a temporary cache directory:
 
@@ -26,8 +26,9 @@ Measured, CPU, ``torch.set_num_threads(--threads)``, float32 and bfloat16 (``mod
    (conditioning + prefill + the prompt NLL + the first pick).
 3. **Load**: ``load_model`` in a fresh subprocess with an empty cache directory (includes the GGUF conversion)
    and again with the converted directory (cached); ``LlamaForCausalLM.from_pretrained`` of that directory for
-   comparison. Resident memory (``VmRSS``, and the peak ``VmHWM``) after loading and after generating
-   ``--tokens`` tokens. The files read may sit in the page cache (the GGUF was read before, the converted
+   comparison. Reported: the load itself, the whole process (start-up = interpreter and imports, the load,
+   generating ``--tokens`` tokens), resident memory (``VmRSS``) before loading, after it and after generating,
+   and the peak (``VmHWM``). The files read may sit in the page cache (the GGUF was read before, the converted
    directory was just written), so these are warm-disk figures.
 4. **State size**: ``len(state_to_bytes(state))`` fresh and after the 5 turns.
 5. **Store share**: ``server.runtime.Runtime`` over a fresh SQLite file, persona ``sia`` (default temperature,
@@ -38,7 +39,13 @@ Measured, CPU, ``torch.set_num_threads(--threads)``, float32 and bfloat16 (``mod
 6. **HTTP**: ``sia serve`` as a real uvicorn subprocess (SQLite, auto-migrate, its model cache a symlink to the
    converted directory, ``SIA_TORCH_THREADS`` = ``--threads``), one untimed warm-up turn, then streamed
    ``POST /v1/personas/sia/chat`` requests (``max_tokens`` 8, greedy): time from sending to the first ``token``
-   event, median.
+   event, median. Each request is followed by the same turn through the in-process runtime of 5 (its time to
+   first token), so the HTTP path's own cost is a paired difference under the same machine load.
+7. **Where a decoding step goes** (per dtype, batch 1 and 8, a mid-reply step): the SDPA kernel timed alone at
+   every width the models use (SIA: wider in its trace layers and by the self slot's bias column elsewhere),
+   called as ``sia.attention.attend`` calls it (``enable_gqa``) and with each key/value head's query heads folded
+   into the query length (as transformers calls it for a padded batch), summed over the layers; and a
+   ``torch.profiler`` count of ATen ops per step of ``sia`` and ``dot`` with their self time by kind.
 
 Results go to ``--out`` (JSON, with machine info and load average) and markdown tables to stdout. Nothing here
 is a test: a missed target is reported, not raised.
@@ -55,7 +62,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -63,7 +71,9 @@ from typing import Any
 
 import httpx
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.generation import END_BIAS, machine_info
 from benchmarks.http import free_port, server_env, serving
@@ -110,6 +120,7 @@ SELF_VALUE_STD = 0.02
 HTTP_MAX_TOKENS = 8
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 VARIANTS = ("sia", "dot", "hf")
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -117,7 +128,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="8 tokens, 2 rounds, a 64-token prefill: a sanity run")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (and the server's SIA_TORCH_THREADS)")
     p.add_argument("--tokens", type=int, default=32, help="new tokens per row in every decode and turn")
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds (each calls every decoder once)")
+    p.add_argument("--repeats", type=int, default=7, help="timed rounds (each calls every decoder once)")
     p.add_argument("--prefill-tokens", type=int, default=256)
     p.add_argument("--turns", type=int, default=5, help="timed runtime turns (after one warm-up)")
     p.add_argument("--requests", type=int, default=5, help="timed HTTP requests (after one warm-up)")
@@ -339,26 +350,37 @@ def run_prefill(calls: dict[str, Callable[[], float]], repeats: int, n: int) -> 
 def probe(args: argparse.Namespace) -> None:
     """Load once in this (fresh) process, generate, and write what it cost as one JSON line."""
     torch.set_num_threads(args.threads)
+    if args.probe == "hf":
+        import transformers  # noqa: F401  # imported before the clock starts, as sia already is
+    before = memory_mib()
     t0 = time.perf_counter()
     if args.probe == "sia":
         model = load_model(cache_dir=args.cache)
         assert isinstance(model, LlamaModel)
-        load_s = time.perf_counter() - t0
-        after_load = memory_mib()
         tok = model.tokenizer
-        prompt, _ = tok.turn_prompt(MESSAGES[0], tok.system_prompt(SYSTEM))
-        sia_decode(model, [prompt], [IdentityState.fresh(model.config)], args.tokens)
+
+        def generate(prompt: list[int]) -> Decode:
+            return sia_decode(model, [prompt], [IdentityState.fresh(model.config)], args.tokens)
+
     else:
         hf_dir = resolve_base(bundled_gguf(), args.cache)
         hf = load_hf(hf_dir)
-        load_s = time.perf_counter() - t0
-        after_load = memory_mib()
         tok = ChatTokenizer.from_dir(hf_dir)
-        prompt, _ = tok.turn_prompt(MESSAGES[0], tok.system_prompt(SYSTEM))
-        hf_decode(hf, [prompt], tok.pad_id, args.tokens)
+
+        def generate(prompt: list[int]) -> Decode:
+            return hf_decode(hf, [prompt], tok.pad_id, args.tokens)
+
+    load_s = time.perf_counter() - t0
+    after_load = memory_mib()
+    prompt, _ = tok.turn_prompt(MESSAGES[0], tok.system_prompt(SYSTEM))
+    t1 = time.perf_counter()
+    generate(prompt)
+    generate_s = time.perf_counter() - t1
     after = memory_mib()
     result = {
         "load_s": load_s,
+        "generate_s": generate_s,
+        "rss_before_load_mib": before["VmRSS"],
         "rss_after_load_mib": after_load["VmRSS"],
         "rss_after_generate_mib": after["VmRSS"],
         "peak_rss_mib": after["VmHWM"],
@@ -375,7 +397,7 @@ def run_probe(kind: str, cache: Path, args: argparse.Namespace) -> dict[str, Any
     if done.returncode != 0:
         raise RuntimeError(f"the {kind} load probe failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return {**result, "process_s": wall}
+    return {**result, "process_s": wall, "startup_s": wall - result["load_s"] - result["generate_s"]}
 
 
 # --- 5. a turn through the runtime ------------------------------------------------------------------------------------
@@ -395,35 +417,41 @@ def streamed_turn(runtime: Runtime, user: str, message: str, sampling: Sampling)
     return first, time.perf_counter() - t0, outcome.completion_tokens
 
 
-def run_turns(model: LlamaModel, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
+@contextmanager
+def sqlite_runtime(model: LlamaModel, directory: Path) -> Iterator[Runtime]:
+    """``Runtime`` over a fresh, migrated SQLite file with the default personas."""
     settings = Settings(data_dir=directory, database_url=f"sqlite:///{directory / 'bench.db'}")
     migrate.upgrade(settings)
     store = Store(settings)
     try:
         runtime = Runtime(model, store)
         runtime.ensure_default_personas()
-        for user in ("phased", "real"):  # create both identities first
-            runtime.turn(PERSONA, user, "Hello.", Sampling(max_tokens=4, seed=0))
-        phases: dict[str, list[float]] = {name: [] for name in PHASES}
-        share, model_s, real, ttft = [], [], [], []
-        for i in range(1 + args.turns):
-            message = f"Tell me something about day {i} of the voyage."
-            sampling = Sampling(max_tokens=args.tokens, seed=i)
-            timed, n = phased_turn(runtime, "phased", message, sampling)
-            first, total, m = streamed_turn(runtime, "real", message, sampling)
-            if n != args.tokens or m != args.tokens:
-                raise AssertionError(f"replies of {n} and {m} tokens, not {args.tokens}")
-            if i == 0:
-                continue  # warm-up
-            for name in PHASES:
-                phases[name].append(timed[name])
-            phase_sum = sum(timed.values())
-            share.append((timed["load"] + timed["persist"]) / phase_sum)
-            model_s.append(timed["shock"] + timed["generation"] + timed["update"])
-            real.append(total)
-            ttft.append(first)
+        yield runtime
     finally:
         store.close()
+
+
+def run_turns(runtime: Runtime, args: argparse.Namespace) -> dict[str, Any]:
+    for user in ("phased", "real"):  # create both identities first
+        runtime.turn(PERSONA, user, "Hello.", Sampling(max_tokens=4, seed=0))
+    phases: dict[str, list[float]] = {name: [] for name in PHASES}
+    share, model_s, real, ttft = [], [], [], []
+    for i in range(1 + args.turns):
+        message = f"Tell me something about day {i} of the voyage."
+        sampling = Sampling(max_tokens=args.tokens, seed=i)
+        timed, n = phased_turn(runtime, "phased", message, sampling)
+        first, total, m = streamed_turn(runtime, "real", message, sampling)
+        if n != args.tokens or m != args.tokens:
+            raise AssertionError(f"replies of {n} and {m} tokens, not {args.tokens}")
+        if i == 0:
+            continue  # warm-up
+        for name in PHASES:
+            phases[name].append(timed[name])
+        phase_sum = sum(timed.values())
+        share.append((timed["load"] + timed["persist"]) / phase_sum)
+        model_s.append(timed["shock"] + timed["generation"] + timed["update"])
+        real.append(total)
+        ttft.append(first)
     return {
         "reply_tokens": args.tokens,
         "turns": args.turns,
@@ -439,7 +467,9 @@ def run_turns(model: LlamaModel, directory: Path, args: argparse.Namespace) -> d
 # --- 6. time to first token over HTTP -------------------------------------------------------------------------------
 
 
-def http_ttft(hf_dir: Path, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
+def http_ttft(runtime: Runtime, hf_dir: Path, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Streamed chat requests to a real server, each followed by the same turn through ``runtime`` in this process
+    (the server is idle meanwhile), so the two times to first token are paired under the same machine load."""
     models = directory / "models"
     models.mkdir(parents=True)
     (models / file_sha256(bundled_gguf())).symlink_to(hf_dir, target_is_directory=True)  # no second conversion
@@ -451,10 +481,11 @@ def http_ttft(hf_dir: Path, directory: Path, args: argparse.Namespace) -> dict[s
         "OMP_NUM_THREADS": str(args.threads),
     }
     body = {"user": "bench", "message": MESSAGES[0], "stream": True, "max_tokens": HTTP_MAX_TOKENS, "temperature": 0.0}
+    same = Sampling(max_tokens=HTTP_MAX_TOKENS, temperature=0.0)
     t0 = time.perf_counter()
     with serving(server_env(extra), directory / "serve.log") as base:
         ready_s = time.perf_counter() - t0
-        firsts, totals = [], []
+        firsts, totals, local = [], [], []
         with httpx.Client(base_url=base, timeout=120.0) as client:
             for i in range(1 + args.requests):
                 start = time.perf_counter()
@@ -471,9 +502,12 @@ def http_ttft(hf_dir: Path, directory: Path, args: argparse.Namespace) -> dict[s
                             raise RuntimeError(f"the server sent an error event: {line}")
                 if first is None:
                     raise AssertionError("the stream carried no token event")
-                if i > 0:  # the first request is the warm-up (it also creates the identity)
+                total = time.perf_counter() - start
+                in_process = streamed_turn(runtime, "bench", MESSAGES[0], same)[0]
+                if i > 0:  # the first round is the warm-up (it also creates both identities)
                     firsts.append(first)
-                    totals.append(time.perf_counter() - start)
+                    totals.append(total)
+                    local.append(in_process)
     return {
         "ready_s": ready_s,
         "max_tokens": HTTP_MAX_TOKENS,
@@ -482,15 +516,93 @@ def http_ttft(hf_dir: Path, directory: Path, args: argparse.Namespace) -> dict[s
         "ttft_min_ms": 1000 * min(firsts),
         "ttft_max_ms": 1000 * max(firsts),
         "request": percentiles(totals),
+        "in_process_ttft": percentiles(local),
+        "http_minus_in_process_ms": 1000 * statistics.median(a - b for a, b in zip(firsts, local, strict=True)),
         "torch_threads": args.threads,
     }
+
+
+# --- 7. where a decoding step goes (the cause of a missed target) ---------------------------------------------------
+
+
+def sdpa_gqa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """How sia.attention.attend calls the kernel at a decoding step: q (B, H, 1, w), k and v (B, H_kv, Lk, w)."""
+    return F.scaled_dot_product_attention(q, k, v, scale=1.0, enable_gqa=True)
+
+
+def sdpa_folded(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The same result with the G query heads of each key/value head folded into the query length (exact for one new
+    query, which sees every key): q (B, H_kv, G, w), as transformers calls it for a padded batch."""
+    B, H, _, w = q.shape
+    H_kv = k.shape[1]
+    return F.scaled_dot_product_attention(q.view(B, H_kv, H // H_kv, w), k, v, scale=1.0)
+
+
+def kernel_times(model: LlamaModel, dtype: torch.dtype, rows: int, keys: int, calls: int = 100) -> dict[str, Any]:
+    """Median us per SDPA call at a decoding step's shapes (k, v views of a longer cache), for every kernel width the
+    models use, called both ways."""
+    c = model.config
+    out: dict[str, Any] = {}
+    for w in sorted({attn.w for attn in model.attentions} | {c.head_dim}):
+        q = torch.randn(rows, c.n_head, 1, w, dtype=dtype)
+        k = torch.randn(rows, c.n_kv_head, keys + 64, w, dtype=dtype)[:, :, :keys]
+        v = torch.randn(rows, c.n_kv_head, keys + 64, w, dtype=dtype)[:, :, :keys]
+        times: dict[str, float] = {}
+        for name, form in (("gqa_us", sdpa_gqa), ("folded_us", sdpa_folded)):
+            for _ in range(10):
+                form(q, k, v)
+            runs = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    form(q, k, v)
+                runs.append((time.perf_counter() - t0) / calls)
+            times[name] = 1e6 * statistics.median(runs)
+        out[str(w)] = times
+    return out
+
+
+def step_profile(model: LlamaModel, prompt: list[int], states: list[IdentityState], steps: int = 8) -> dict[str, Any]:
+    """ATen ops per decoding step and their self CPU time by kind, under torch.profiler (which inflates the times)."""
+    rows = len(states)
+    with torch.inference_mode():
+        cond = model.condition_states(states)
+        cache = model.new_cache(cond, len(prompt) + steps)
+        model(torch.tensor([prompt] * rows), cond, cache=cache)
+        token = torch.full((rows, 1), prompt[-1])
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                model(token, cond, cache=cache)
+    kinds = {"matmul": 0.0, "attention kernel": 0.0, "other": 0.0}
+    ops = 0
+    for event in prof.key_averages():
+        ops += event.count
+        kind = "matmul" if event.key in MATMUL_OPS else "attention kernel" if "scaled_dot_product" in event.key else "other"
+        kinds[kind] += event.self_cpu_time_total / 1000 / steps
+    return {"ops_per_step": ops / steps, "self_ms_per_step": kinds}
+
+
+def run_causes(model: LlamaModel, twin: LlamaModel, prompt: list[int], state: IdentityState, tokens: int) -> dict[str, Any]:
+    keys = len(prompt) + tokens // 2 + 1  # a mid-reply step: prompt, half the reply, the self slot
+    out: dict[str, Any] = {"keys": keys, "kernel": {}, "profile": {}}
+    widths = {"sia": [attn.w for attn in model.attentions], "dot": [attn.w for attn in twin.attentions]}
+    for rows in (1, 8):
+        times = kernel_times(model, model.wte.weight.dtype, rows, keys)
+        per_step = {  # the kernel's time in one decoding step: one call per layer at that layer's width
+            f"{name}_{form}_ms": sum(times[str(w)][f"{form}_us"] for w in ws) / 1000
+            for name, ws in widths.items()
+            for form in ("gqa", "folded")
+        }
+        out["kernel"][str(rows)] = {"us_per_call": times, "per_step": per_step}
+        out["profile"][str(rows)] = {name: step_profile(m, prompt, [state] * rows) for name, m in (("sia", model), ("dot", twin))}
+    return out
 
 
 # --- report ------------------------------------------------------------------------------------------------------
 
 
 def verdict(value: float, target: float) -> str:
-    return f"met (+{value - target:.2f})" if value >= target else f"missed by {target - value:.2f}"
+    return f"met (+{value - target:.3f})" if value >= target else f"missed by {target - value:.3f}"
 
 
 def table(result: dict[str, Any]) -> str:
@@ -517,13 +629,13 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"| {dtype} | {rates} | {d['sia_over_dot']:.2f} | {d['sia_over_hf']:.2f} | {d['sia_stream']['ms']:.0f} |")
     lines += [
         "",
-        "| load (fresh process) | load s | process s | RSS after load MiB | after generating | peak |",
-        "|---|---|---|---|---|---|",
+        "| load (fresh process) | load s | process s (start-up) | RSS MiB before load / after / after generating | peak |",
+        "|---|---|---|---|---|",
     ]
     for name, r in result["load"].items():
         lines.append(
-            f"| {name} | {r['load_s']:.2f} | {r['process_s']:.2f} | {r['rss_after_load_mib']:.0f} | "
-            f"{r['rss_after_generate_mib']:.0f} | {r['peak_rss_mib']:.0f} |"
+            f"| {name} | {r['load_s']:.2f} | {r['process_s']:.2f} ({r['startup_s']:.2f}) | {r['rss_before_load_mib']:.0f} / "
+            f"{r['rss_after_load_mib']:.0f} / {r['rss_after_generate_mib']:.0f} | {r['peak_rss_mib']:.0f} |"
         )
     s, t, h = result["state_bytes"], result["turn"], result["http"]
     lines += [
@@ -536,13 +648,35 @@ def table(result: dict[str, Any]) -> str:
         f"real turn {t['real_turn']['p50_ms']:.0f}, its TTFT {t['real_turn_ttft']['p50_ms']:.0f}",
         "",
         f"HTTP: ready after {h['ready_s']:.1f} s; time to first token p50 {h['ttft']['p50_ms']:.0f} ms "
-        f"({h['ttft_min_ms']:.0f}–{h['ttft_max_ms']:.0f}) over {h['requests']} streamed requests",
+        f"({h['ttft_min_ms']:.0f}–{h['ttft_max_ms']:.0f}) over {h['requests']} streamed requests; the same turn in "
+        f"process {h['in_process_ttft']['p50_ms']:.0f} ms; HTTP - in process (paired median) "
+        f"{h['http_minus_in_process_ms']:.0f} ms",
         "",
     ]
+    lines += [
+        "where a decoding step goes (mid-reply, batch 1 and 8): the attention kernel over all layers as sia calls it "
+        "(enable_gqa) and folded; ATen ops per step and their self time under the profiler (matmul / kernel / other)",
+        "",
+        "| dtype | rows | kernel ms SIA / dot | folded ms SIA / dot | ops SIA / dot | SIA ms | dot ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for dtype, c in result["causes"].items():
+        for rows, k in c["kernel"].items():
+            ps, prof = k["per_step"], c["profile"][rows]
+
+            def split(name: str, prof: dict[str, Any] = prof) -> str:
+                return " / ".join(f"{v:.1f}" for v in prof[name]["self_ms_per_step"].values())
+
+            lines.append(
+                f"| {dtype} | {rows} | {ps['sia_gqa_ms']:.2f} / {ps['dot_gqa_ms']:.2f} | {ps['sia_folded_ms']:.2f} / "
+                f"{ps['dot_folded_ms']:.2f} | {prof['sia']['ops_per_step']:.0f} / {prof['dot']['ops_per_step']:.0f} | "
+                f"{split('sia')} | {split('dot')} |"
+            )
+    lines.append("")
     for key, d in result["decode"].items():
         lines.append(
-            f"{key}: SIA / dot {d['sia_over_dot']:.2f} (target >= 0.9: {verdict(d['sia_over_dot'], 0.9)}); "
-            f"SIA / HF {d['sia_over_hf']:.2f} (target >= 1.0: {verdict(d['sia_over_hf'], 1.0)})"
+            f"{key}: SIA / dot {d['sia_over_dot']:.3f} (target >= 0.9: {verdict(d['sia_over_dot'], 0.9)}); "
+            f"SIA / HF {d['sia_over_hf']:.3f} (target >= 1.0: {verdict(d['sia_over_hf'], 1.0)})"
         )
     return "\n".join(lines) + "\n"
 
@@ -592,15 +726,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             "self_value_std": SELF_VALUE_STD,
         }
 
-        sys.stdout.write("turns through the runtime...\n")
-        result["turn"] = run_turns(model, tmp / "store", args)
+        with sqlite_runtime(model, tmp / "store") as runtime:  # float32, as the service runs
+            sys.stdout.write("turns through the runtime...\n")
+            result["turn"] = run_turns(runtime, args)
+            sys.stdout.write("time to first token over HTTP...\n")
+            result["http"] = http_ttft(runtime, hf_dir, tmp / "http", args)
 
         prompts = [tok.turn_prompt(m, system)[0] for m in MESSAGES]
         long_prompt = tok.turn_prompt(LONG_TEXT * 8, system)[0][: args.prefill_tokens]
         if len(long_prompt) != args.prefill_tokens:
             raise AssertionError(f"the long prompt has {len(long_prompt)} tokens, not {args.prefill_tokens}")
         idx = torch.tensor([long_prompt])
-        result["decode"], result["prefill"] = {}, {}
+        result["decode"], result["prefill"], result["causes"] = {}, {}, {}
         for dtype_name, dtype in DTYPES.items():
             for m in (model, twin, hf):
                 m.to(dtype)
@@ -621,8 +758,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "sia_stream": sia_stream_ttft(model, long_prompt, [state]),
             }
             result["prefill"][dtype_name] = run_prefill(prefill_calls, args.repeats, args.prefill_tokens)
-        sys.stdout.write("time to first token over HTTP...\n")
-        result["http"] = http_ttft(hf_dir, tmp / "http", args)
+            sys.stdout.write(f"attention kernel and step profile, {dtype_name}...\n")
+            result["causes"][dtype_name] = run_causes(model, twin, prompts[0], state, args.tokens)
     info["loadavg_end"] = list(os.getloadavg())
     result["setup"] = {
         "tokens": args.tokens,
