@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -42,6 +42,22 @@ class IdentityConfig:
     shock_prior_std: float = 1.0
     shock_prior_weight: float = 2.0  # pseudo-count of the prior in the running statistics
     shock_clip: float = 8.0  # standardised shock is clipped to [-clip, clip]
+
+    # --- files: a checkpoint carries its config ---
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        check_fields(cls, data, "config")
+        return cls(**data)
+
+    def to_file(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Self:
+        return cls.from_dict(read_json_object(path))
 
     def _check_identity(self) -> None:
         if not isinstance(self.d_self, int) or self.d_self <= 0:
@@ -134,22 +150,6 @@ class ModelConfig(IdentityConfig):
     def state_dtype(self) -> str:
         return "float32"
 
-    # --- files ---
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        check_fields(cls, data, "config")
-        return cls(**data)
-
-    def to_file(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> ModelConfig:
-        return cls.from_dict(read_json_object(path))
-
 
 @dataclass
 class LlamaConfig(IdentityConfig):
@@ -240,7 +240,7 @@ class LlamaConfig(IdentityConfig):
         n = self.trace_shape[0] * self.trace_shape[1] * self.trace_shape[2] * self.trace_shape[3]
         return n * STATE_DTYPES[self.state_dtype].itemsize + 4 * self.d_self
 
-    # --- files ---
+    # --- from a base checkpoint ---
     @classmethod
     def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> LlamaConfig:
         """The backbone fields of a Hugging Face LLaMA ``config.json``, plus any identity fields given."""
@@ -268,21 +268,6 @@ class LlamaConfig(IdentityConfig):
             raise ValueError("LLaMA checkpoints with attention or MLP biases are not supported")
         check_fields(cls, overrides, "config")
         return cls(**{**fields_, **overrides})
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
-        check_fields(cls, data, "config")
-        return cls(**data)
-
-    def to_file(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> LlamaConfig:
-        return cls.from_dict(read_json_object(path))
 
 
 AnyConfig = ModelConfig | LlamaConfig
