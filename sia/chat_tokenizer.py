@@ -226,6 +226,13 @@ class ChatTokenizer:
         self._system_before, self._system_after = self._split(
             self.render([{"role": "system", "content": _MARKER}], add_generation_prompt=False), "system"
         )
+        # what closes an assistant message in a transcript (``<|im_end|>\n`` in ChatML)
+        asked = [*system, {"role": "user", "content": "y"}]
+        opened = self.render(asked, add_generation_prompt=True)
+        answered = self.render([*asked, {"role": "assistant", "content": _MARKER}], add_generation_prompt=False)
+        if not answered.startswith(opened):
+            raise ValueError("the chat template does not open an assistant message the way its generation prompt does")
+        _, self._reply_after = self._split(answered[len(opened) :], "assistant")
 
         self.end_ids: frozenset[int] = frozenset({self.eos_id, self.end_of_turn_id})
         # every other special token (pad, bos, the turn-start token, <|endoftext|>-like control tokens) is
@@ -320,6 +327,10 @@ class ChatTokenizer:
         if not text:
             return []
         return [*self._system_before, *self.encode(text), *self._system_after]
+
+    def reply_tokens(self, text: str) -> list[int]:
+        """An assistant reply as a transcript holds it: its tokens, the end-of-turn token and what follows it."""
+        return [*self.encode(text), *self._reply_after]
 
     def turn_prompt(self, message: str, context: Sequence[int] = ()) -> tuple[list[int], tuple[int, int]]:
         """context + the user block for message + the generation prompt, and the message's span.

@@ -27,6 +27,8 @@ class IdentityConfig:
     # --- identity state ---
     d_self: int = 16  # self-state dimension d_s
     pooling: str = "mean"  # how a turn's hidden states pool into z: "mean", or "attention" (a learned score per token)
+    memory_tokens: int = 0  # K > 0: z is the final hidden states of K learned tokens read after each turn (LLaMA only)
+    write_gate: bool = False  # the self update is gated per dimension, s + eta sigma(G[z; s]) (tanh(W[z; s]) - s)
 
     # --- identity dynamics (defaults; a persona may override them) ---
     alpha: float = 0.1  # plasticity: how strongly a turn imprints the trace
@@ -64,6 +66,10 @@ class IdentityConfig:
             raise ValueError(f"d_self must be a positive integer; got {self.d_self!r}")
         if self.pooling not in POOLING_VARIANTS:
             raise ValueError(f"pooling must be one of {POOLING_VARIANTS}; got {self.pooling!r}")
+        if not isinstance(self.memory_tokens, int) or isinstance(self.memory_tokens, bool) or self.memory_tokens < 0:
+            raise ValueError(f"memory_tokens must be an integer >= 0; got {self.memory_tokens!r}")
+        if not isinstance(self.write_gate, bool):
+            raise ValueError(f"write_gate must be true or false; got {self.write_gate!r}")
         if not self.alpha >= 0.0:
             raise ValueError(f"alpha (plasticity) must be >= 0; got {self.alpha}")
         if not 0.0 < self.decay <= 1.0:
@@ -114,6 +120,8 @@ class ModelConfig(IdentityConfig):
             raise ValueError(f"attention must be one of {ATTENTION_VARIANTS}; got {self.attention!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
+        if self.memory_tokens:
+            raise ValueError("the native model writes from pooled hidden states; memory_tokens must be 0")
         self._check_identity()
 
     # --- derived values ---

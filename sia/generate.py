@@ -167,10 +167,12 @@ def stream(
     if min(lengths, default=0) < 1:
         raise ValueError("every prompt needs at least one token")
     L = max(lengths)
-    if L + params.max_new_tokens > model.config.block_size:
+    # a model that writes through memory tokens reads them after the reply, in the same cache
+    n_memory = model.config.memory_tokens if model.stateful else 0
+    if L + params.max_new_tokens + n_memory > model.config.block_size:
         raise ValueError(
             f"prompt ({L} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the model's context "
-            f"of {model.config.block_size} tokens"
+            f"of {model.config.block_size - n_memory} tokens"
         )
     device = model.device
     valid = torch.zeros(B, L, dtype=torch.bool, device=device)  # (B, L), left padding
@@ -186,21 +188,26 @@ def stream(
     padded = min(lengths) != L
     banned = torch.tensor(tok.banned_ids, dtype=torch.long, device=device)  # never sampled
 
-    def run(tokens: Tensor, key_valid: Tensor, count: Tensor, cache: KVCache | None) -> tuple[Tensor, TurnStats]:
-        """Forward over ``tokens`` (B, n); key_valid (B, prefix + all tokens so far)."""
-        n, Lk = tokens.shape[1], key_valid.shape[1]
+    def run(
+        tokens: Tensor, key_valid: Tensor, count: Tensor, cache: KVCache | None, memory: bool = False
+    ) -> tuple[Tensor, TurnStats, Tensor | None]:
+        """Forward over ``tokens`` (B, n) (and then the memory tokens); key_valid (B, prefix + all tokens so far)."""
+        n = tokens.shape[1]
         positions = (key_valid[:, model.prefix_len :].long().cumsum(1) - 1).clamp_min(0)[:, -n:]  # (B, n)
         attn_mask = None
         if padded:
-            causal = torch.ones(n, Lk, dtype=torch.bool, device=device).tril(diagonal=Lk - n)  # (n, Lk)
-            attn_mask = (causal & key_valid[:, None, :]).unsqueeze(1)  # (B, 1, n, Lk)
-        out = model(tokens, cond, cache=cache, positions=positions, attn_mask=attn_mask, summary_mask=count)
-        return out.logits, out.stats
+            keys = torch.cat([key_valid, key_valid.new_ones(B, n_memory)], dim=1) if memory else key_valid
+            n_q, Lk = n + (n_memory if memory else 0), keys.shape[1]
+            causal = torch.ones(n_q, Lk, dtype=torch.bool, device=device).tril(diagonal=Lk - n_q)  # (n_q, Lk)
+            attn_mask = (causal & keys[:, None, :]).unsqueeze(1)  # (B, 1, n_q, Lk)
+        extra = {"memory": True} if memory else {}  # only a model that writes through memory tokens takes it
+        out = model(tokens, cond, cache=cache, positions=positions, attn_mask=attn_mask, summary_mask=count, **extra)
+        return out.logits, out.stats, out.memory
 
     prefix = torch.ones(B, model.prefix_len, dtype=torch.bool, device=device)  # the self slot, if any
     key_valid = torch.cat([prefix, valid], dim=1)  # (B, prefix + L)
-    cache = model.new_cache(cond, L + params.max_new_tokens) if use_cache else None
-    logits, stats = run(idx, key_valid, counted, cache)  # (B, L, V)
+    cache = model.new_cache(cond, L + params.max_new_tokens + n_memory) if use_cache else None
+    logits, stats, _ = run(idx, key_valid, counted, cache)  # (B, L, V)
     log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, L-1, V)
     prompt_nll = -log_probs.gather(-1, idx[:, 1:, None]).squeeze(-1)  # (B, L-1)
     last = logits[:, -1]  # (B, V)
@@ -228,12 +235,24 @@ def stream(
             break
         key_valid = torch.cat([key_valid, alive], dim=1)
         if cache is not None:
-            logits, step_stats = run(step, key_valid, alive, cache)
+            logits, step_stats, _ = run(step, key_valid, alive, cache)
             stats = stats + step_stats
         else:
             seq, seq_count = torch.cat([seq, step], dim=1), torch.cat([seq_count, alive], dim=1)
-            logits, stats = run(seq, key_valid, seq_count, None)
+            logits, stats, _ = run(seq, key_valid, seq_count, None)
         last = logits[:, -1]
+
+    if n_memory:
+        # the write: each row's last token (sampled, never fed back) and then the memory tokens, not counted
+        final = torch.tensor([[row.tokens[-1]] for row in rows], dtype=torch.long, device=device)  # (B, 1)
+        key_valid = torch.cat([key_valid, key_valid.new_ones(B, 1)], dim=1)
+        none = torch.zeros(B, 1, dtype=torch.bool, device=device)
+        if cache is not None:
+            _, _, memory = run(final, key_valid, none, cache, memory=True)
+        else:
+            _, _, memory = run(torch.cat([seq, final], dim=1), key_valid, torch.cat([seq_count, none], dim=1), None, memory=True)
+        assert memory is not None
+        stats = stats.written_by(memory)
 
     yield [
         Generation(

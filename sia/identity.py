@@ -4,7 +4,7 @@ Notation: n_layer layers, H heads, d query/key width (config.qk_dim), d_s self-s
 
     T_{t+1} = lambda T_t + alpha tanh(|Shock_t|) (K_t ⊗ Q_t)           (DESIGN §1.2, stored as is)
     M(T)    = c (I + rho U tanh(Lambda / tau) U^T),  sym(T) = U Lambda U^T   (metric used by attention)
-    s_{t+1} = clamp(s_t + eta (tanh(W [z; s_t] + b) - s_t), -1, 1)
+    s_{t+1} = clamp(s_t + eta (tanh(W [z; s_t] + b) - s_t), -1, 1)     (gated: the step times sigma(G [z; s_t] + b_g))
 
 Nothing here mutates a state: every rule returns a new IdentityState. docs/attention.md derives the bounds.
 """
@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import torch
+import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -183,15 +184,59 @@ def update_trace(state: IdentityState, summary: TurnSummary, shock: float, *, al
 
 
 class SelfUpdate(nn.Module):
-    """g(z, s) = tanh(W [z; s] + b) - s, the learned direction of the self-state update."""
+    """g(z, s) = tanh(W [z; s] + b) - s, the learned direction of the self-state update; with ``write_gate``
+    g(z, s) = sigma(G [z; s] + b_g) * (tanh(W [z; s] + b) - s), a per-dimension gate that can keep what s holds.
+
+    z is the pooled hidden state (width C) or, with K memory tokens, their K final hidden states and the pooled one
+    ((K + 1)·C), each standardised over its C features so that every part enters the update at the same scale, then
+    each feature standardised across turns by running statistics kept while training (``centre``, ``spread``): what
+    every turn has in common is removed, what is left is what this turn says, at unit scale.
+    """
+
+    centre: Tensor
+    spread: Tensor
 
     def __init__(self, config: AnyConfig) -> None:
         super().__init__()
-        self.proj = nn.Linear(config.n_embd + config.d_self, config.d_self)
+        self.parts = config.memory_tokens + 1 if config.memory_tokens else 0  # 0: z is used as it is
+        width = config.n_embd * max(1, self.parts) + config.d_self
+        self.proj = nn.Linear(width, config.d_self)
+        self.gate = nn.Linear(width, config.d_self) if config.write_gate else None
+        if self.parts:  # (a pooled z needs no statistics: the native model's checkpoints have none)
+            self.register_buffer("centre", torch.zeros(config.n_embd * self.parts))
+            self.register_buffer("spread", torch.ones(config.n_embd * self.parts))
+        self.observed = 0  # batches seen by ``observe`` in this process
+
+    def standardise(self, z: Tensor) -> Tensor:
+        if not self.parts:
+            return z
+        parts = z.reshape(*z.shape[:-1], self.parts, -1)
+        return F.layer_norm(parts, parts.shape[-1:]).flatten(-2)
+
+    @torch.no_grad()
+    def observe(self, z: Tensor, momentum: float = 0.02) -> None:
+        """Training: move the running mean and spread towards those of these turns' standardised z (the first call
+        of a fresh update sets them)."""
+        if not self.parts:
+            return
+        x = self.standardise(z.detach().float()).reshape(-1, self.centre.shape[0])
+        if x.shape[0] < 2:
+            return
+        rate = 1.0 if self.observed == 0 and not bool(self.centre.any()) else momentum
+        self.centre.lerp_(x.mean(0).to(self.centre.dtype), rate)
+        self.spread.lerp_(x.std(0).clamp_min(1e-3).to(self.spread.dtype), rate)
+        self.observed += 1
 
     def forward(self, z: Tensor, s: Tensor) -> Tensor:
-        """z (..., C), s (..., d_s) -> (..., d_s)."""
-        return torch.tanh(self.proj(torch.cat([z, s], dim=-1))) - s
+        """z (..., C or (K + 1)·C), s (..., d_s) -> (..., d_s)."""
+        if self.parts:
+            # copies: training moves the statistics in place between turns of one backpropagated episode
+            z = (self.standardise(z) - self.centre.to(z.dtype, copy=True)) / self.spread.to(z.dtype, copy=True)
+        x = torch.cat([z, s], dim=-1)
+        step = torch.tanh(self.proj(x)) - s
+        if self.gate is not None:
+            step = torch.sigmoid(self.gate(x)) * step
+        return step
 
 
 def self_step(s: Tensor, z: Tensor, g: SelfUpdate, *, eta: float) -> Tensor:

@@ -42,7 +42,7 @@ CLOSED_GATE = -1e4  # the slot's logit for a zero self state: exp(-1e4 - max) is
 # finite bias cannot shut it everywhere (some heads' logits all lie far below zero, e.g. -15, where a slot at -12
 # still wins), so it starts at the closed gate; training starts it open (e.g. at 0) to give the read a gradient.
 UNTRAINED_SLOT_BIAS = CLOSED_GATE
-IDENTITY_PARAMETERS = ("self_key", "self_value", "slot_bias", "self_update", "pool")  # names SIA adds to the backbone
+IDENTITY_PARAMETERS = ("self_key", "self_value", "slot_bias", "self_update", "pool", "memory")  # names SIA adds to the backbone
 
 
 def _round8(n: int) -> int:
@@ -256,6 +256,8 @@ class LlamaModel(IdentityModel):
             self.lm_head.weight = self.wte.weight
         self.self_update = SelfUpdate(config)
         self.pool = nn.Linear(config.n_embd, 1) if config.pooling == "attention" else None
+        # K learned input embeddings read after each turn; their final hidden states are the write's z
+        self.memory = nn.Parameter(torch.zeros(config.memory_tokens, config.n_embd)) if config.memory_tokens else None
         self.inv_freq: Tensor
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)  # (d/2,)
         if init:
@@ -282,6 +284,14 @@ class LlamaModel(IdentityModel):
             if self.pool is not None:
                 self.pool.weight.zero_()  # scores start equal: mean pooling
                 self.pool.bias.zero_()
+            if self.self_update.parts:
+                self.self_update.centre.zero_()
+                self.self_update.spread.fill_(1.0)
+            if self.self_update.gate is not None:
+                self.self_update.gate.bias.zero_()  # the gate starts half open
+            if self.memory is not None:  # the embeddings of random vocabulary tokens: inputs the backbone knows
+                rows = torch.randint(0, self.config.vocab_size, (self.memory.shape[0],), generator=generator)
+                self.memory.copy_(self.wte.weight[rows].float())
 
     def identity_state_dict(self) -> dict[str, Tensor]:
         """The parameters SIA adds to the backbone (what a SIA checkpoint stores beside the name of its base)."""
@@ -298,6 +308,9 @@ class LlamaModel(IdentityModel):
             for name, param in list(module.named_parameters(recurse=False)):
                 if param.is_meta:
                     setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=param.dtype)))
+            for name, buffer in list(module.named_buffers(recurse=False)):
+                if buffer.is_meta and name != "inv_freq":  # the self update's running statistics
+                    setattr(module, name, torch.zeros(buffer.shape, dtype=buffer.dtype))  # init_identity fills it
         model.inv_freq = model._inv_freq()
         model.init_identity(seed)
         return model
@@ -365,17 +378,32 @@ class LlamaModel(IdentityModel):
         positions: Tensor | None = None,
         attn_mask: Tensor | None = None,
         summary_mask: Tensor | None = None,
+        memory: bool = False,
+        logits_from: int = 0,
     ) -> ModelOutput:
         """idx (B, L) token ids -> logits (B, L, vocab) and the additive turn statistics of these tokens.
 
-        positions (B, L) default to the next L positions after the cache; attn_mask is a boolean (B, 1, L, Lk)
-        mask of visible keys including the self slot at key 0 (only needed for padded rows); summary_mask (B, L)
-        picks the tokens that count towards the turn summary (default: all).
+        positions (B, L) default to the next L positions after the cache; attn_mask is a boolean (B, 1, L, Lk) mask
+        of visible keys including the self slot at key 0 (only needed for padded rows); summary_mask (B, L) picks
+        the tokens that count towards the turn summary (default: all). With ``memory`` the K memory tokens follow
+        idx (at the K positions after its last, seeing every key its last token sees) and ``memory`` of the output
+        holds their final hidden states (B, K, C); attn_mask then covers the L + K queries and keys.
+        Logits are computed for positions ``logits_from`` to L - 1 only (B, L - logits_from, vocab).
         """
         L = idx.shape[1]
         positions, weight = self._positions_and_weights(idx, cond, cache, positions, summary_mask)
-        rope = self.rope(positions)
         x = self.wte(idx)  # (B, L, C)
+        K = 0
+        if memory:
+            if self.memory is None:
+                raise ValueError("this model has no memory tokens (config.memory_tokens is 0)")
+            K = self.memory.shape[0]
+            B = idx.shape[0]
+            x = torch.cat([x, self.memory.to(x.dtype).expand(B, K, -1)], dim=1)  # (B, L+K, C)
+            after = positions[:, -1:] + torch.arange(1, K + 1, device=idx.device)  # (B, K)
+            positions = torch.cat([positions, after], dim=1)
+            weight = F.pad(weight, (0, 0, 0, K))  # memory tokens never count towards the summary
+        rope = self.rope(positions)
         layer_inputs = []
         for i, (block, lc) in enumerate(zip(self.blocks, cond.layers, strict=True)):
             assert lc is None or isinstance(lc, InjectedLayer)
@@ -383,11 +411,12 @@ class LlamaModel(IdentityModel):
             if i in self.trace_layers:
                 layer_inputs.append((h.float() * weight).sum(dim=1))  # (B, C)
         if cache is not None:
-            cache.advance(L)
-        x = self.norm_f(x)  # (B, L, C)
-        hidden, pool_max, pool_norm = self._pool(x.float(), weight)
+            cache.advance(L + K)
+        x = self.norm_f(x)  # (B, L+K, C)
+        hidden, pool_max, pool_norm = self._pool(x[:, :L].float(), weight[:, :L])
         stats = TurnStats(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
-        return ModelOutput(logits=self.lm_head(x), stats=stats)
+        logits = self.lm_head(x[:, logits_from:L])
+        return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
 
     # --- what a turn leaves behind ---
     def summarize(self, stats: TurnStats) -> TurnSummary:

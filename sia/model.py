@@ -99,6 +99,15 @@ class KVCache:
     def advance(self, n: int) -> None:
         self.length += n
 
+    def select(self, rows: Tensor) -> KVCache:
+        """A new cache holding a copy of the given rows (B',) of this one, a row may repeat (e.g. one prompt read
+        once, then continued several ways)."""
+        new = object.__new__(KVCache)
+        new.prefix, new.capacity, new.length = self.prefix, self.capacity, self.length
+        new.keys = [k[rows] for k in self.keys]
+        new.values = [v[rows] for v in self.values]
+        return new
+
 
 @dataclass
 class TurnStats:
@@ -129,6 +138,13 @@ class TurnStats:
     def row(self, b: int) -> TurnStats:
         return TurnStats(*(getattr(self, f.name)[b : b + 1] for f in fields(self)))
 
+    def written_by(self, memory: Tensor) -> TurnStats:
+        """These sums with z = [the memory tokens' final hidden states (B, K, C); the pooled hidden state], flat."""
+        B = memory.shape[0]
+        ones = memory.new_ones(B)
+        z = torch.cat([memory.reshape(B, -1), self.hidden / self.pool_norm.unsqueeze(-1)], dim=-1)  # (B, (K+1)·C)
+        return TurnStats(self.layer_inputs, z, self.count, torch.zeros_like(ones), ones)
+
     @staticmethod
     def cat(parts: list[TurnStats]) -> TurnStats:
         """Stack per-row stats back into one batch."""
@@ -139,6 +155,7 @@ class TurnStats:
 class ModelOutput:
     logits: Tensor  # (B, L, vocab)
     stats: TurnStats
+    memory: Tensor | None = None  # (B, K, C) final hidden states of the memory tokens, when they were read
 
 
 class TraceAttention(nn.Module):
