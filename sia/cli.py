@@ -6,9 +6,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from sia.checkpoint import DEFAULT_CACHE, load_model
+from sia.config import read_json_object
 from sia.generate import SamplingParams, StreamEvent
 from sia.identity import Dynamics, IdentityState, state_from_bytes, state_to_bytes
 from sia.model import IdentityModel
@@ -90,22 +93,49 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The training-config fields given on the command line."""
+    given = {"out_dir": None if args.out is None else str(args.out), "steps": args.steps, "threads": args.threads}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    if "base" in read_json_object(args.config):  # an adapter config names its backbone (null: the bundled one)
+        return _train_adapter(args)
+    if args.device is not None:
+        raise ValueError(f'--device applies to adapter training only; {args.config} has no "base" key')
     from sia.train import TrainConfig, train
 
-    config = TrainConfig.from_file(args.config)
-    if args.out is not None:
-        config.out_dir = str(args.out)
-    if args.steps is not None:
-        config.steps = args.steps
-    if args.threads is not None:
-        config.threads = args.threads
-    TrainConfig(**vars(config))  # re-validate after the overrides
+    config = replace(TrainConfig.from_file(args.config), **_overrides(args))  # replace() re-validates
     train(config, progress=not args.quiet)
     return 0
 
 
+def _train_adapter(args: argparse.Namespace) -> int:
+    """Train the identity adapter of a pretrained backbone (sia.learn.train)."""
+    from sia.learn.train import TrainConfig, train
+
+    device = {} if args.device is None else {"device": args.device}
+    config = replace(TrainConfig.from_file(args.config), **_overrides(args), **device)  # replace() re-validates
+    train(config, progress=not args.quiet, cache_dir=args.cache)
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    native = args.checkpoint is not None and (args.checkpoint / "model.safetensors").is_file()
+    if not native:  # the bundled model, or any checkpoint of a pretrained backbone
+        from sia.learn.evaluate import EvalOptions
+        from sia.learn.evaluate import run_eval as run_memory_eval
+
+        options = EvalOptions(episodes=args.episodes, conversations=args.conversations, seed=args.seed + 100)
+        figures = run_memory_eval(args.checkpoint, args.out, options, history=args.history, cache_dir=args.cache)
+        log.info(
+            "report written to %s (%d targets met of %d)",
+            args.out / "report.md",
+            sum(t["met"] for t in figures["targets"]),
+            len(figures["targets"]),
+        )
+        return 0
     from sia.evaluate import run_eval
 
     figures = run_eval(
@@ -155,21 +185,42 @@ def build_parser() -> argparse.ArgumentParser:
     add_turn_options(chat)
     chat.set_defaults(func=cmd_chat)
 
-    tr = sub.add_parser("train", help="train a model on the project's dialogue corpus (resumes from OUT/checkpoint)")
+    tr = sub.add_parser(
+        "train",
+        help='train a native model, or the identity adapter of a pretrained backbone (a config with a "base" key); resumes',
+    )
     tr.add_argument("--config", type=Path, default=Path("configs/default.json"), help="training config (JSON)")
     tr.add_argument("--out", type=Path, default=None, help="output directory (overrides the config's out_dir)")
     tr.add_argument("--steps", type=int, default=None, help="override the number of steps")
     tr.add_argument("--threads", type=int, default=None, help="torch threads")
+    tr.add_argument("--device", default=None, help="adapter training only: the torch device to train on (e.g. cuda)")
+    tr.add_argument(
+        "--cache",
+        type=Path,
+        default=DEFAULT_CACHE,
+        help=f"adapter training: where the base is dequantised (default {DEFAULT_CACHE})",
+    )
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("eval", help="measure what the identity state does; writes a markdown/JSON/PNG report")
-    ev.add_argument("--checkpoint", type=Path, default=None, help="model to evaluate (default: the bundled model)")
+    ev.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="model to evaluate (default: the bundled model); a native one gets its own report",
+    )
     ev.add_argument("--twin", type=Path, default=None, help="plain-attention twin checkpoint for the perplexity comparison")
     ev.add_argument("--out", type=Path, default=Path("reports/eval"), help="report directory")
     ev.add_argument("--seed", type=int, default=0, help="corpus seed (the training run's, for its held-out split)")
     ev.add_argument("--heldout", type=int, default=300, help="held-out episodes to generate")
     ev.add_argument("--max-episodes", type=int, default=None, help="evaluate on at most this many episodes")
+    ev.add_argument("--episodes", type=int, default=24, help="pretrained backbone: held-out episodes per depth")
+    ev.add_argument("--conversations", type=int, default=60, help="pretrained backbone: held-out dialogue conversations")
+    ev.add_argument("--history", type=Path, default=None, help="pretrained backbone: the training run's history.jsonl to plot")
+    ev.add_argument(
+        "--cache", type=Path, default=DEFAULT_CACHE, help=f"where a GGUF base is dequantised (default {DEFAULT_CACHE})"
+    )
     ev.set_defaults(func=cmd_eval)
     return parser
 

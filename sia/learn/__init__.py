@@ -1,0 +1,1 @@
+"""Learning the identity adapter: the fact-dialogue corpus, training and evaluation."""

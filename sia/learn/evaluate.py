@@ -1,0 +1,492 @@
+"""``sia eval`` for a pretrained backbone: does the persona remember what a user said, through its state alone?
+
+Every figure is measured on the held-out split of the fact corpus (its own wordings, users, values and chit-chat),
+played turn by turn as the service plays it (sia.learn.unroll):
+- recall: after a user states three facts in one message and chats about k unrelated things, each fact is asked
+  about; the answer is right when the true value is the most likely of its kind's candidates. Read under the
+  user's own state, a fresh state (stateless), another user's state, and by the base model with the whole
+  transcript in context (what the backbone itself can do); chance and its standard deviation beside them;
+- open vocabulary: names and cities never seen in training, ranked among every held-out name or city;
+- the trace's share: recall with the trace frozen at zero (alpha = 0) against the trace on;
+- reply perplexity with state against the base model on the held-out dialogue (sia/data/dialogue.jsonl);
+- history KL (the same message under two users' states), reset determinism (a fresh state is the base model);
+- plots: recall by depth, the self state over an episode, the trace spectra, the training curves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sia.chat_tokenizer import ChatTokenizer
+from sia.checkpoint import DEFAULT_CACHE, load_model
+from sia.dialogue import load_dialogue
+from sia.identity import Dynamics
+from sia.learn import facts
+from sia.learn.unroll import Carry, probe_logits, render_turn, score_candidates, span, transcript, write_turn
+from sia.llama import LlamaModel
+from sia.personas import PERSONAS
+
+__all__ = ["EvalOptions", "run_eval"]
+
+log = logging.getLogger(__name__)
+
+CLOSED_TRIO = ("colour", "pet", "hobby")
+OPEN_SET = ("name", "city", "job")
+CONDITIONS = ("state", "stateless", "other_user", "transcript")
+TARGETS = {"per_fact": 0.90, "all_three": 0.75, "perplexity_ratio": 1.05, "open_vocabulary": 0.80, "double_depth": 0.80}
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    episodes: int = 24  # held-out episodes per depth
+    depths: tuple[int, ...] = (1, 2, 4, 8)
+    target_depth: int = 4
+    conversations: int = 60  # held-out dialogue conversations for perplexity
+    seed: int = 100
+    chunk: int = 8  # probes scored per forward
+
+    def __post_init__(self) -> None:
+        if self.episodes < 2:
+            raise ValueError(f"episodes must be >= 2 (another user's state is the next episode's); got {self.episodes}")
+        if self.target_depth not in self.depths or min(self.depths) < 1:
+            raise ValueError(f"depths must be >= 1 and hold target_depth {self.target_depth}; got {self.depths}")
+        if self.conversations < 1 or self.chunk < 1:
+            raise ValueError(f"conversations and chunk must be >= 1; got {self.conversations}, {self.chunk}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Playing episodes and asking
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _contexts(model: LlamaModel, n: int) -> list[list[int]]:
+    names = sorted(PERSONAS)
+    return [model.tokenizer.system_prompt(PERSONAS[names[i % len(names)]].system_prompt) for i in range(n)]
+
+
+@torch.no_grad()
+def play(
+    model: LlamaModel, episodes: Sequence[facts.Episode], contexts: Sequence[Sequence[int]], dynamics: Dynamics
+) -> list[Carry]:
+    """The state of every episode after each of its turns: element t holds every row (rows that ended keep theirs)."""
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    carry = Carry.fresh(model, len(episodes))
+    states = []
+    for t in range(max(len(e.turns) for e in episodes)):
+        rows = [b for b, e in enumerate(episodes) if t < len(e.turns)]
+        turns = [render_turn(tok, contexts[b], episodes[b].turns[t].user, episodes[b].turns[t].reply) for b in rows]
+        part, _, _ = write_turn(model, carry.take(rows), turns, dynamics, grad_tokens=True)
+        carry = carry.put(rows, part)
+        states.append(carry)
+    return states
+
+
+def ask(
+    model: LlamaModel,
+    carry: Carry,
+    episodes: Sequence[facts.Episode],
+    contexts: Sequence[Sequence[int]],
+    *,
+    in_context: bool,
+    chunk: int,
+) -> Tensor:
+    """(episodes, probes) bool: the true value ranks first among its kind's values of the episode's split.
+
+    ``in_context``: the prompt holds the whole transcript before the question (read with ``carry``, normally fresh)."""
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    right = torch.zeros(len(episodes), max(len(e.probes) for e in episodes), dtype=torch.bool)
+    jobs = [(b, j) for b, e in enumerate(episodes) for j in range(len(e.probes))]
+    for start in range(0, len(jobs), chunk):
+        part = jobs[start : start + chunk]
+        prompts, prefixes, candidates = [], [], []
+        for b, j in part:
+            probe = episodes[b].probes[j]
+            context = list(contexts[b])
+            if in_context:
+                context, _ = transcript(tok, context, [(x.user, x.reply) for x in episodes[b].turns])
+            prompts.append(tok.turn_prompt(probe.question, context)[0])
+            prefixes.append(probe.reply_prefix)
+            candidates.append(facts.values(probe.kind, episodes[b].split))
+        scores = score_candidates(model, carry.take([b for b, _ in part]), prompts, prefixes, candidates)
+        for (b, j), values, sc in zip(part, candidates, scores, strict=True):
+            right[b, j] = values[int(sc.argmax())] == episodes[b].probes[j].value
+    return right
+
+
+def _rates(right: Tensor, episodes: Sequence[facts.Episode]) -> dict[str, Any]:
+    kinds = [p.kind for p in episodes[0].probes]
+    out: dict[str, Any] = {"per_fact": float(right.float().mean()), "all_three": float(right.all(dim=1).float().mean())}
+    out["by_kind"] = {k: float(right[:, j].float().mean()) for j, k in enumerate(kinds)}
+    return out
+
+
+def chance(episodes: Sequence[facts.Episode]) -> dict[str, Any]:
+    """Chance of ranking the true value first, and its standard deviation over this many probes."""
+    probes = [p for e in episodes for p in e.probes]
+    p_fact = sum(1 / len(facts.values(p.kind, e.split)) for e in episodes for p in e.probes) / len(probes)
+    p_all = sum(math.prod(1 / len(facts.values(p.kind, e.split)) for p in e.probes) for e in episodes) / len(episodes)
+    return {
+        "per_fact": p_fact,
+        "per_fact_sd": math.sqrt(p_fact * (1 - p_fact) / len(probes)),
+        "all_three": p_all,
+        "all_three_sd": math.sqrt(p_all * (1 - p_all) / len(episodes)),
+    }
+
+
+def recall_at(
+    model: LlamaModel,
+    depth: int,
+    kinds: Sequence[str],
+    options: EvalOptions,
+    dynamics: Dynamics,
+    conditions: Sequence[str] = CONDITIONS,
+) -> tuple[dict[str, Any], list[facts.Episode], list[Carry]]:
+    episodes = facts.episodes("heldout", options.episodes, options.seed + depth, between=depth, kinds=tuple(kinds))
+    contexts = _contexts(model, len(episodes))
+    states = play(model, episodes, contexts, dynamics)
+    final = states[-1]
+    fresh = Carry.fresh(model, len(episodes))
+    readers = {
+        "state": (final, False),
+        "stateless": (fresh, False),
+        "other_user": (final.take([(b + 1) % len(episodes) for b in range(len(episodes))]), False),
+        "transcript": (fresh, True),
+    }
+    figures: dict[str, Any] = {"depth": depth, "episodes": len(episodes), "chance": chance(episodes)}
+    for name in conditions:
+        carry, in_context = readers[name]
+        figures[name] = _rates(ask(model, carry, episodes, contexts, in_context=in_context, chunk=options.chunk), episodes)
+        log.info("depth %d %s: %s", depth, name, figures[name])
+    return figures, episodes, states
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reply quality
+# ---------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def dialogue_perplexity(model: LlamaModel, dynamics: Dynamics, conversations: int) -> dict[str, float]:
+    """Reply perplexity of the held-out dialogue with the state carried turn to turn vs the base model (fresh state)."""
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    context = tok.system_prompt(PERSONAS["sia"].system_prompt)
+    convs = load_dialogue()[:conversations]
+    carry = Carry.fresh(model, len(convs))
+    nll = {"state": 0.0, "base": 0.0}
+    count = 0
+    for t in range(max(len(c.turns) for c in convs)):
+        rows = [b for b, c in enumerate(convs) if t < len(c.turns)]
+        turns = [render_turn(tok, context, convs[b].turns[t].user, convs[b].turns[t].assistant) for b in rows]
+        part, logits, _ = write_turn(model, carry.take(rows), turns, dynamics, grad_tokens=True)
+        tail = max(len(x.tokens) - x.reply[0] + 1 for x in turns)
+        base = probe_logits(model, Carry.fresh(model, len(rows)), [x.tokens for x in turns], tail=tail)
+        for i, x in enumerate(turns):
+            target = torch.tensor(x.tokens[x.reply[0] : x.reply[1]], device=model.device)
+            nll["state"] += float(F.cross_entropy(span(logits[i], len(x.tokens), *x.reply).float(), target, reduction="sum"))
+            nll["base"] += float(F.cross_entropy(span(base[i], len(x.tokens), *x.reply).float(), target, reduction="sum"))
+            count += len(target)
+        carry = carry.put(rows, part)
+    ppl = {k: math.exp(v / count) for k, v in nll.items()}
+    return {"state": ppl["state"], "base": ppl["base"], "ratio": ppl["state"] / ppl["base"], "tokens": count}
+
+
+@torch.no_grad()
+def history_kl(model: LlamaModel, final: Carry, pairs: int = 16) -> float:
+    """Mean KL (nats per reply token) between the replies to the same message under two users' states."""
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    talk = facts.chitchat("heldout")
+    context = tok.system_prompt(PERSONAS["sia"].system_prompt)
+    n = min(pairs, final.self_state.shape[0] - 1)
+    turns = [render_turn(tok, context, talk[i % len(talk)].user, talk[i % len(talk)].reply) for i in range(n)]
+    tail = max(len(x.tokens) - x.reply[0] + 1 for x in turns)
+    a = probe_logits(model, final.take(list(range(n))), [x.tokens for x in turns], tail=tail)
+    b = probe_logits(model, final.take(list(range(1, n + 1))), [x.tokens for x in turns], tail=tail)
+    kls = []
+    for i, x in enumerate(turns):
+        p = F.log_softmax(span(a[i], len(x.tokens), *x.reply).float(), -1)
+        q = F.log_softmax(span(b[i], len(x.tokens), *x.reply).float(), -1)
+        kls.append(float(F.kl_div(q, p, log_target=True, reduction="batchmean")))
+    return sum(kls) / len(kls)
+
+
+@torch.no_grad()
+def reset_determinism(model: LlamaModel) -> dict[str, float]:
+    """A fresh (or reset) state reads nothing: its logits equal the base model's (the injection switched off)."""
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    talk = facts.chitchat("heldout")[:4]
+    context = tok.system_prompt(PERSONAS["sia"].system_prompt)
+    rows = [render_turn(tok, context, x.user, x.reply).tokens for x in talk]
+    fresh = probe_logits(model, Carry.fresh(model, len(rows)), rows)
+    again = probe_logits(model, Carry.fresh(model, len(rows)), rows)
+    stateful = model.config.attention
+    model.config.attention = "dot"  # the same weights with the identity switched off: the base model
+    try:
+        base = probe_logits(model, Carry.fresh(model, len(rows)), rows)
+    finally:
+        model.config.attention = stateful
+    return {"fresh_vs_fresh": float((fresh - again).abs().max()), "fresh_vs_base": float((fresh - base).abs().max())}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plots and report
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_recall(by_depth: list[dict[str, Any]], path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    depths = [f["depth"] for f in by_depth]
+    for name in CONDITIONS:
+        ax.plot(depths, [f[name]["per_fact"] for f in by_depth], marker="o", label=name.replace("_", " "))
+    ch = [f["chance"]["per_fact"] for f in by_depth]
+    ax.plot(depths, ch, "k--", label="chance")
+    ax.axhline(TARGETS["per_fact"], color="grey", lw=0.5)
+    ax.set(
+        xlabel="unrelated turns between statement and question",
+        ylabel="recall per fact",
+        ylim=(0, 1),
+        xscale="log",
+        xticks=depths,
+    )
+    ax.set_xticklabels([str(d) for d in depths])
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_self_state(states: list[Carry], episode: facts.Episode, row: int, path: Path) -> None:
+    plt = _pyplot()
+    selves = torch.stack([c.self_state[row] for c in states[: len(episode.turns)]]).float().cpu()  # (turns, d_s)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    image = ax.imshow(selves.T.numpy(), aspect="auto", cmap="coolwarm", vmin=-1, vmax=1, interpolation="nearest")
+    ax.set(xlabel="turn", ylabel="self-state dimension", title=f"self state over an episode (facts at turn {episode.stated_at})")
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_spectra(model: LlamaModel, carry: Carry, row: int, path: Path) -> None:
+    plt = _pyplot()
+    trace = carry.trace[row].float().cpu()  # (n_trace, heads, d, d)
+    sym = 0.5 * (trace + trace.transpose(-1, -2))
+    eig = torch.linalg.eigvalsh(sym.double()).flip(-1)[:, 0]  # (n_trace, d) first head, largest first
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    image = ax.imshow(eig.numpy(), aspect="auto", cmap="magma", interpolation="nearest")
+    ax.set(xlabel="eigenvalue index (largest first)", ylabel="trace layer", title="trace spectra after an episode")
+    ax.set_yticks(range(len(model.trace_layers)), [str(i) for i in model.trace_layers])
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_training(history: Path, path: Path) -> None:
+    plt = _pyplot()
+    records = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    steps = [r["step"] for r in records]
+    for key in ("answer", "readout", "distill"):
+        points = [(r["step"], r[key]) for r in records if r.get(key)]
+        if points:
+            left.plot(*zip(*_smooth(points), strict=True), label=key)
+    left.set(xlabel="step", ylabel="loss (smoothed)")
+    left.legend()
+    evals = [(r["step"], r["heldout"]["per_fact"], r["heldout"]["all"]) for r in records if "heldout" in r]
+    if evals:
+        right.plot([e[0] for e in evals], [e[1] for e in evals], marker="o", label="held-out per fact")
+        right.plot([e[0] for e in evals], [e[2] for e in evals], marker="o", label="held-out all three")
+    right.plot(steps, [r["max_between"] / 10 for r in records], "k:", label="curriculum turns / 10")
+    right.set(xlabel="step", ylim=(0, 1))
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _smooth(points: list[tuple[float, float]], width: int = 20) -> list[tuple[float, float]]:
+    out = []
+    for i in range(len(points)):
+        window = points[max(0, i - width + 1) : i + 1]
+        out.append((points[i][0], sum(v for _, v in window) / len(window)))
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def report(figures: dict[str, Any]) -> str:
+    lines = [
+        "# Memory evaluation",
+        "",
+        f"Checkpoint `{figures['checkpoint']}`; {figures['options']['episodes']} held-out episodes per depth.",
+        "",
+    ]
+    lines += ["## Recall of three facts stated in one message (held-out wordings, users, chit-chat)", ""]
+    lines += ["| unrelated turns | state | stateless | other user | transcript in context | chance ± sd | all three (state) |"]
+    lines += ["|---|---|---|---|---|---|---|"]
+    for f in figures["recall"]:
+        ch = f["chance"]
+        lines.append(
+            f"| {f['depth']} | {_pct(f['state']['per_fact'])} | {_pct(f['stateless']['per_fact'])}"
+            f" | {_pct(f['other_user']['per_fact'])} | {_pct(f['transcript']['per_fact'])}"
+            f" | {_pct(ch['per_fact'])} ± {_pct(ch['per_fact_sd'])}"
+            f" | {_pct(f['state']['all_three'])} (chance {_pct(ch['all_three'])}) |"
+        )
+    lines += ["", "By kind, under the state:", ""]
+    for f in figures["recall"]:
+        lines.append(f"- {f['depth']} turns: " + ", ".join(f"{k} {_pct(v)}" for k, v in f["state"]["by_kind"].items()))
+    o = figures["open_vocabulary"]
+    lines += ["", f"## Open vocabulary ({o['depth']} unrelated turns; names and cities never seen in training)", ""]
+    lines += ["| kind | state | stateless | transcript | chance |", "|---|---|---|---|---|"]
+    for k in OPEN_SET:
+        n_values = len(facts.values(k, "heldout"))
+        lines.append(
+            f"| {k} | {_pct(o['state']['by_kind'][k])} | {_pct(o['stateless']['by_kind'][k])}"
+            f" | {_pct(o['transcript']['by_kind'][k])} | {_pct(1 / n_values)} |"
+        )
+    a = figures["trace_ablation"]
+    lines += ["", f"## What the trace contributes ({a['depth']} turns)", ""]
+    lines += [f"- trace on: per fact {_pct(a['on']['per_fact'])}, all three {_pct(a['on']['all_three'])}"]
+    lines += [f"- trace frozen at zero: per fact {_pct(a['off']['per_fact'])}, all three {_pct(a['off']['all_three'])}"]
+    p = figures["perplexity"]
+    lines += ["", "## Reply quality and state hygiene", ""]
+    lines += [
+        f"- held-out dialogue reply perplexity: with state {p['state']:.3f}, base model {p['base']:.3f}, ratio {p['ratio']:.4f}"
+    ]
+    lines += [f"- history KL (same message, two users' states): {figures['history_kl']:.4f} nats per reply token"]
+    r = figures["reset"]
+    lines += [
+        f"- reset determinism: max |Δlogit| fresh vs fresh {r['fresh_vs_fresh']:.2e}, "
+        f"fresh vs base model {r['fresh_vs_base']:.2e}"
+    ]
+    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    for t in figures["targets"]:
+        lines.append(f"| {t['name']} | {t['measured']} | {'yes' if t['met'] else 'no'} |")
+    lines += ["", "![recall by depth](recall.png)", "", "![self state](self_state.png)", "", "![trace spectra](spectra.png)", ""]
+    if figures.get("training"):
+        lines += ["![training](training.png)", ""]
+    return "\n".join(lines)
+
+
+def targets(figures: dict[str, Any], options: EvalOptions) -> list[dict[str, Any]]:
+    at = next(f for f in figures["recall"] if f["depth"] == options.target_depth)
+    deep = [f for f in figures["recall"] if f["depth"] >= 2 * options.target_depth]
+    ch = at["chance"]
+    ceiling = ch["per_fact"] + 2 * ch["per_fact_sd"]
+    out = [
+        {
+            "name": f"per fact after {options.target_depth} turns >= 90 %",
+            "measured": _pct(at["state"]["per_fact"]),
+            "met": at["state"]["per_fact"] >= 0.9,
+        },
+        {
+            "name": f"all three after {options.target_depth} turns >= 75 %",
+            "measured": _pct(at["state"]["all_three"]),
+            "met": at["state"]["all_three"] >= 0.75,
+        },
+        {
+            "name": f"stateless <= chance + 2 sd ({_pct(ceiling)})",
+            "measured": _pct(at["stateless"]["per_fact"]),
+            "met": at["stateless"]["per_fact"] <= ceiling,
+        },
+        {
+            "name": f"other user's state <= chance + 2 sd ({_pct(ceiling)})",
+            "measured": _pct(at["other_user"]["per_fact"]),
+            "met": at["other_user"]["per_fact"] <= ceiling,
+        },
+        {
+            "name": "reply perplexity <= 1.05x base",
+            "measured": f"{figures['perplexity']['ratio']:.4f}x",
+            "met": figures["perplexity"]["ratio"] <= 1.05,
+        },
+    ]
+    o = figures["open_vocabulary"]["state"]["by_kind"]
+    open_mean = (o["name"] + o["city"]) / 2
+    out.append({"name": "stretch: open vocabulary >= 80 %", "measured": _pct(open_mean), "met": open_mean >= 0.8})
+    if deep:
+        out.append(
+            {
+                "name": f"stretch: {deep[0]['depth']} turns >= 80 %",
+                "measured": _pct(deep[0]["state"]["per_fact"]),
+                "met": deep[0]["state"]["per_fact"] >= 0.8,
+            }
+        )
+    return out
+
+
+def run_eval(
+    checkpoint: str | Path | None,
+    out_dir: str | Path,
+    options: EvalOptions = EvalOptions(),
+    *,
+    history: Path | None = None,
+    cache_dir: str | Path = DEFAULT_CACHE,
+) -> dict[str, Any]:
+    """Evaluate a LLaMA-family SIA checkpoint; writes report.md, figures.json and plots into ``out_dir``."""
+    model = load_model(checkpoint, cache_dir=cache_dir)
+    if not isinstance(model, LlamaModel) or not isinstance(model.tokenizer, ChatTokenizer):
+        raise ValueError("this evaluation is for a LLaMA-family checkpoint with a chat tokenizer; the native model has its own")
+    if not model.config.memory_tokens:
+        raise ValueError("the checkpoint's identity has no memory tokens: it was not trained to remember (see docs/model.md)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dynamics = Dynamics.from_config(model.config)
+    figures: dict[str, Any] = {
+        "checkpoint": str(checkpoint or "bundled"),
+        "options": options.__dict__ | {"depths": list(options.depths)},
+    }
+    by_depth, kept = [], None
+    for depth in options.depths:
+        f, episodes, states = recall_at(model, depth, CLOSED_TRIO, options, dynamics)
+        by_depth.append(f)
+        if depth == options.target_depth:
+            kept = (episodes, states)
+    figures["recall"] = by_depth
+    assert kept is not None
+    episodes, states = kept
+    o, _, _ = recall_at(model, options.target_depth, OPEN_SET, options, dynamics, ("state", "stateless", "transcript"))
+    figures["open_vocabulary"] = o
+    frozen = Dynamics(alpha=0.0, decay=dynamics.decay, eta=dynamics.eta)
+    off, _, _ = recall_at(model, options.target_depth, CLOSED_TRIO, options, frozen, ("state",))
+    on = next(f for f in by_depth if f["depth"] == options.target_depth)
+    figures["trace_ablation"] = {"depth": options.target_depth, "on": on["state"], "off": off["state"]}
+    figures["perplexity"] = dialogue_perplexity(model, dynamics, options.conversations)
+    figures["history_kl"] = history_kl(model, states[-1])
+    figures["reset"] = reset_determinism(model)
+    figures["targets"] = targets(figures, options)
+    plot_recall(by_depth, out / "recall.png")
+    plot_self_state(states, episodes[0], 0, out / "self_state.png")
+    plot_spectra(model, states[-1], 0, out / "spectra.png")
+    if history is not None and history.is_file():
+        plot_training(history, out / "training.png")
+        figures["training"] = str(history)
+    (out / "figures.json").write_text(json.dumps(figures, indent=2) + "\n")
+    (out / "report.md").write_text(report(figures) + "\n")
+    return figures

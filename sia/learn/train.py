@@ -1,0 +1,502 @@
+"""``sia train`` for a pretrained backbone: teach the identity adapter to carry what users say.
+
+The backbone stays frozen; what trains is the adapter (LlamaModel.identity_state_dict: the memory tokens and the
+gated self update that write, the self slot's key, value and bias at every layer that read) plus a training-only
+read-out. Every step plays a batch of fact-dialogue episodes (sia.learn.facts) turn by turn from fresh
+identities, exactly as the service would (sia.learn.unroll), then asks about each fact from the final state.
+
+Loss, per step:
+- answer: cross-entropy of each probe's reply, the value's tokens weighted ``value_weight``, under the final state
+  and with nothing of the conversation in context;
+- read-out: after every turn from the statement on, a linear classifier per fact kind must name each stated value
+  from the self state alone (against state collapse: it gives the write a gradient from step 0);
+- distillation: on one ordinary turn per episode, KL(teacher || student) over the reply, the teacher being the
+  base model with the whole transcript in context, the student the stateful model with only that turn.
+Gradients run through the self state across every turn of an episode (backpropagation through time); the turn
+tokens themselves are differentiated only in the turns a loss reads (see unroll.write_turn). A curriculum grows
+the number of unrelated turns between statement and question. bf16 autocast, AdamW with warm-up and cosine decay,
+a higher learning rate for the gates; resumable checkpoints (safetensors and JSON); held-out recall during training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from sia.chat_tokenizer import ChatTokenizer
+from sia.checkpoint import BASE_FILE, DEFAULT_CACHE, DEFAULT_CHECKPOINT, BaseRef, save_llama_checkpoint, source_digest
+from sia.config import LlamaConfig, check_fields, read_json_object
+from sia.identity import Dynamics
+from sia.learn import facts
+from sia.learn.unroll import Carry, probe_logits, render_turn, score_candidates, span, transcript, write_turn
+from sia.llama import LlamaModel
+from sia.personas import PERSONAS
+from sia.weights import read_hf, resolve_base
+
+__all__ = ["ReadOut", "TrainConfig", "build_model", "heldout_recall", "train"]
+
+log = logging.getLogger(__name__)
+
+READOUT_FILE = "readout.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+TRAINER_FILE = "trainer.json"
+HISTORY_FILE = "history.jsonl"
+GATE_PARAMETERS = ("slot_bias", "self_update.gate.bias")  # scalars that open and shut: their own learning rate
+
+
+@dataclass
+class TrainConfig:
+    base: str | None = None  # a GGUF file or HF directory; None: the bundled SmolLM2-135M-Instruct
+    model: dict[str, Any] = field(default_factory=dict)  # LlamaConfig injection fields (backbone fields come from the base)
+    out_dir: str = "runs/smollm2"
+    seed: int = 0
+    batch_size: int = 8
+    steps: int = 1500
+    lr: float = 2e-3
+    gate_lr: float = 1e-2
+    min_lr: float = 2e-4
+    warmup_steps: int = 30
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    slot_bias: float = 0.0  # where the slot's bias starts: open, so the read has a gradient
+    curriculum: list[list[int]] = field(default_factory=lambda: [[0, 1], [200, 2], [400, 4], [700, 6]])  # [step, max turns]
+    n_facts: int = 3
+    probes_per_episode: int = 1  # questions asked per episode each step (read-out covers every fact anyway)
+    distill_every: int = 4  # distil from the transcript teacher every N steps (its transcript forward is the dearest part)
+    value_weight: float = 3.0
+    readout_weight: float = 1.0
+    distill_weight: float = 1.0
+    eval_every: int = 100
+    eval_episodes: int = 24
+    eval_between: int = 4
+    checkpoint_every: int = 25
+    threads: int | None = None
+    device: str = "cpu"
+    precision: str = (
+        "auto"  # "bf16" autocast, "fp32", or "auto": bf16 where its matrix products are fast (GPU; CPU with native bf16)
+    )
+
+    def __post_init__(self) -> None:
+        names = (
+            "batch_size",
+            "steps",
+            "eval_every",
+            "eval_episodes",
+            "checkpoint_every",
+            "n_facts",
+            "probes_per_episode",
+            "distill_every",
+        )
+        for name in names:
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1; got {getattr(self, name)!r}")
+        if not 0 < self.min_lr <= self.lr or self.gate_lr <= 0:
+            raise ValueError(f"need 0 < min_lr <= lr and gate_lr > 0; got {self.min_lr}, {self.lr}, {self.gate_lr}")
+        if min(self.value_weight, self.readout_weight, self.distill_weight, self.warmup_steps, self.weight_decay) < 0:
+            raise ValueError("loss weights, warmup_steps and weight_decay must be >= 0")
+        if self.grad_clip <= 0:
+            raise ValueError(f"grad_clip must be > 0; got {self.grad_clip}")
+        stages = self.curriculum
+        if not stages or any(len(s) != 2 or s[1] < 1 for s in stages) or stages[0][0] != 0:
+            raise ValueError(f"curriculum must be [[0, turns], [step, turns], ...] with turns >= 1; got {stages}")
+        if [s[0] for s in stages] != sorted(s[0] for s in stages):
+            raise ValueError(f"curriculum steps must increase; got {stages}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be auto, bf16 or fp32; got {self.precision!r}")
+        LlamaConfig(**self.model)  # validates the injection fields
+
+    def max_between(self, step: int) -> int:
+        """The curriculum: the most unrelated turns between statement and question at ``step``."""
+        return max(turns for start, turns in self.curriculum if start <= step)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TrainConfig:
+        data = read_json_object(path)
+        check_fields(cls, data, "training config")
+        return cls(**data)
+
+    def to_file(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+class ReadOut(nn.Module):
+    """Training only: per fact kind, a linear classifier of the self state over that kind's training values."""
+
+    def __init__(self, d_self: int) -> None:
+        super().__init__()
+        self.heads = nn.ModuleDict({kind: nn.Linear(d_self, len(facts.values(kind, "train"))) for kind in facts.KINDS})
+        self.index = {kind: {v: i for i, v in enumerate(facts.values(kind, "train"))} for kind in facts.KINDS}
+
+    def loss(self, s: Tensor, stated: list[facts.Fact]) -> Tensor:
+        """s (N, d_s): row i should name stated[i]'s value; mean cross-entropy over rows."""
+        terms = []
+        for i, fact in enumerate(stated):
+            logits = self.heads[fact.kind](s[i].float())
+            target = torch.tensor(self.index[fact.kind][fact.value], device=s.device)
+            terms.append(F.cross_entropy(logits.unsqueeze(0), target.unsqueeze(0)))
+        return torch.stack(terms).mean()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Model and data
+# ---------------------------------------------------------------------------------------------------------
+
+
+def base_ref(config: TrainConfig) -> tuple[Path, BaseRef]:
+    if config.base is None:
+        ref = BaseRef.read(DEFAULT_CHECKPOINT / BASE_FILE)
+        return ref.locate(DEFAULT_CHECKPOINT), ref
+    path = Path(config.base).resolve()
+    return path, BaseRef(sha256=source_digest(path), path=str(path))
+
+
+def build_model(config: TrainConfig, cache_dir: Path = DEFAULT_CACHE) -> tuple[LlamaModel, BaseRef]:
+    """The backbone with fresh adapter parameters of ``config.model``, the slot open at ``config.slot_bias``."""
+    path, ref = base_ref(config)
+    hf_dir = resolve_base(path, cache_dir, sha256=ref.sha256 if path.is_file() else None)
+    hf_config, tensors = read_hf(hf_dir)
+    model_config = LlamaConfig.from_hf(hf_config, **config.model)
+    model = LlamaModel.from_base(model_config, ChatTokenizer.from_dir(hf_dir), tensors, seed=config.seed)
+    model.init_identity(config.seed, slot_bias=config.slot_bias)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name in model.identity_state_dict())
+    return model, ref
+
+
+@dataclass(frozen=True)
+class Example:
+    episode: facts.Episode
+    context: list[int]  # the persona's system block
+    distill_at: int  # the ordinary turn whose reply is distilled from the transcript teacher (-1: none)
+    asked: tuple[int, ...]  # the probes asked this step
+
+
+def sample_batch(config: TrainConfig, model: LlamaModel, step: int) -> list[Example]:
+    """The batch of ``step``: a function of (seed, step) only, so a resumed run sees the same data."""
+    rng = random.Random(f"{config.seed}:{step}")
+    tok = model.tokenizer
+    top = config.max_between(step)
+    batch = []
+    for _ in range(config.batch_size):
+        between = rng.randint(max(1, top // 2), top)  # mostly the current stage, sometimes shorter
+        episode = facts.make_episode(rng, "train", between=between, n_facts=config.n_facts)
+        persona = rng.choice(sorted(PERSONAS))
+        context = tok.system_prompt(PERSONAS[persona].system_prompt)
+        ordinary = [t for t in range(1, len(episode.turns)) if t != episode.stated_at]
+        distill_at = rng.choice(ordinary) if ordinary and step % config.distill_every == 0 else -1
+        asked = tuple(sorted(rng.sample(range(len(episode.probes)), min(config.probes_per_episode, len(episode.probes)))))
+        batch.append(Example(episode, context, distill_at, asked))
+    return batch
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One step's loss
+# ---------------------------------------------------------------------------------------------------------
+
+
+def episode_losses(
+    model: LlamaModel, readout: ReadOut, batch: list[Example], config: TrainConfig, dynamics: Dynamics
+) -> dict[str, Tensor]:
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    B = len(batch)
+    carry = Carry.fresh(model, B)
+    readout_terms: list[Tensor] = []
+    distill_terms: list[Tensor] = []
+    n_turns = max(len(ex.episode.turns) for ex in batch)
+    for t in range(n_turns):
+        active = [b for b, ex in enumerate(batch) if t < len(ex.episode.turns)]
+        for grad in (True, False):
+            rows = [b for b in active if (batch[b].distill_at == t) == grad]
+            if not rows:
+                continue
+            turns = [
+                render_turn(tok, batch[b].context, batch[b].episode.turns[t].user, batch[b].episode.turns[t].reply) for b in rows
+            ]
+            part, logits, _ = write_turn(model, carry.take(rows), turns, dynamics, grad_tokens=grad)
+            carry = carry.put(rows, part)
+            if grad and config.distill_weight > 0:
+                distill_terms.append(_distill(model, [batch[b] for b in rows], t, turns, logits))
+        # read-out of every stated fact from each state from the statement on
+        stated = [b for b in active if t >= batch[b].episode.stated_at]
+        if stated and config.readout_weight > 0:
+            owners = [b for b in stated for _ in batch[b].episode.facts]
+            said = [f for b in stated for f in batch[b].episode.facts]
+            readout_terms.append(readout.loss(carry.self_state[torch.tensor(owners, device=model.device)], said))
+    answer = _answer_loss(model, carry, batch, config)
+    zero = answer.new_zeros(())
+    readout_loss = torch.stack(readout_terms).mean() if readout_terms else zero
+    distill = torch.stack(distill_terms).mean() if distill_terms else zero
+    spread = carry.self_state.detach().float().std(0).mean()  # how much the final states differ between users
+    return {"answer": answer, "readout": readout_loss, "distill": distill, "spread": spread}
+
+
+def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: TrainConfig) -> Tensor:
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    rows, owners, spans = [], [], []
+    for b, ex in enumerate(batch):
+        for probe in (ex.episode.probes[j] for j in ex.asked):
+            turn = render_turn(tok, ex.context, probe.question, probe.reply)
+            head = len(tok.encode(probe.reply_prefix))
+            rows.append(turn.tokens)
+            owners.append(b)
+            spans.append(
+                (
+                    turn.reply[0],
+                    turn.reply[1],
+                    turn.reply[0] + head,
+                    turn.reply[0] + len(tok.encode(f"{probe.reply_prefix} {probe.value}")),
+                )
+            )
+    logits = probe_logits(
+        model, carry.take(owners), rows, tail=max(len(r) - sp[0] + 1 for r, sp in zip(rows, spans, strict=True))
+    )
+    total, weight = logits.new_zeros((), dtype=torch.float32), 0.0
+    for i, (row, (a, e, va, ve)) in enumerate(zip(rows, spans, strict=True)):
+        target = torch.tensor(row[a:e], device=logits.device)
+        ce = F.cross_entropy(span(logits[i], len(row), a, e).float(), target, reduction="none")  # (n,)
+        w = torch.ones_like(ce)
+        w[va - a : ve - a] = config.value_weight
+        total = total + (ce * w).sum()
+        weight += float(w.sum())
+    return total / weight
+
+
+def _distill(model: LlamaModel, examples: list[Example], t: int, turns: list[Any], student: Tensor) -> Tensor:
+    """KL(teacher || student) per reply token of turn t; the teacher reads the whole transcript with a fresh state."""
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    rows, spans = [], []
+    for ex in examples:
+        exchanges = [(x.user, x.reply) for x in ex.episode.turns[: t + 1]]
+        tokens, reply_spans = transcript(tok, ex.context, exchanges)
+        rows.append(tokens)
+        spans.append(reply_spans[-1])
+    with torch.no_grad():
+        tail = max(len(r) - a + 1 for r, (a, _) in zip(rows, spans, strict=True))
+        teacher = probe_logits(model, Carry.fresh(model, len(rows)), rows, tail=tail)
+    terms = []
+    for i, (row, (a, e), turn) in enumerate(zip(rows, spans, turns, strict=True)):
+        p = F.log_softmax(span(teacher[i], len(row), a, e).float(), dim=-1)  # (n, V)
+        q = F.log_softmax(span(student[i], len(turn.tokens), *turn.reply).float(), dim=-1)
+        terms.append(F.kl_div(q, p, log_target=True, reduction="batchmean"))
+    return torch.stack(terms).mean()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Held-out recall, the figure training is steered by
+# ---------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def unroll_states(model: LlamaModel, episodes: list[facts.Episode], contexts: list[list[int]], dynamics: Dynamics) -> Carry:
+    """The state of each episode after its last turn (every row written as the service writes it)."""
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    carry = Carry.fresh(model, len(episodes))
+    for t in range(max(len(e.turns) for e in episodes)):
+        rows = [b for b, e in enumerate(episodes) if t < len(e.turns)]
+        turns = [render_turn(tok, contexts[b], episodes[b].turns[t].user, episodes[b].turns[t].reply) for b in rows]
+        part, _, _ = write_turn(model, carry.take(rows), turns, dynamics, grad_tokens=True)
+        carry = carry.put(rows, part)
+    return carry
+
+
+def probe_accuracy(
+    model: LlamaModel, carry: Carry, episodes: list[facts.Episode], contexts: list[list[int]], chunk: int = 8
+) -> Tensor:
+    """(episodes, facts) bool: whether the true value ranks first among its kind's candidates under each state."""
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    right = torch.zeros(len(episodes), len(episodes[0].probes), dtype=torch.bool)
+    jobs = [(b, j) for b, e in enumerate(episodes) for j in range(len(e.probes))]
+    for start in range(0, len(jobs), chunk):
+        part = jobs[start : start + chunk]
+        probes = [episodes[b].probes[j] for b, j in part]
+        prompts = [tok.turn_prompt(p.question, contexts[b])[0] for (b, _), p in zip(part, probes, strict=True)]
+        candidates = [facts.values(p.kind, episodes[b].split) for (b, _), p in zip(part, probes, strict=True)]
+        scores = score_candidates(model, carry.take([b for b, _ in part]), prompts, [p.reply_prefix for p in probes], candidates)
+        for (b, j), p, sc, values in zip(part, probes, scores, candidates, strict=True):
+            right[b, j] = values[int(sc.argmax())] == p.value
+    return right
+
+
+def heldout_set(model: LlamaModel, n: int, between: int, seed: int = 1) -> tuple[list[facts.Episode], list[list[int]]]:
+    episodes = facts.episodes("heldout", n, seed, between=between, kinds=("colour", "pet", "hobby"))
+    names = sorted(PERSONAS)
+    contexts = [model.tokenizer.system_prompt(PERSONAS[names[i % len(names)]].system_prompt) for i in range(n)]
+    return episodes, contexts
+
+
+def heldout_recall(model: LlamaModel, n: int, between: int, dynamics: Dynamics) -> dict[str, float]:
+    episodes, contexts = heldout_set(model, n, between)
+    carry = unroll_states(model, episodes, contexts, dynamics)
+    right = probe_accuracy(model, carry, episodes, contexts)
+    return {"per_fact": float(right.float().mean()), "all": float(right.all(dim=1).float().mean())}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _save(
+    directory: Path, model: LlamaModel, ref: BaseRef, readout: ReadOut, optimizer: torch.optim.Optimizer, step: int
+) -> None:
+    tmp = directory.with_name(directory.name + ".tmp")
+    if tmp.exists():
+        for child in tmp.iterdir():
+            child.unlink()
+    save_llama_checkpoint(model, tmp, ref)
+    save_file({k: v.contiguous() for k, v in readout.state_dict().items()}, str(tmp / READOUT_FILE))
+    state = optimizer.state_dict()
+    tensors = {f"{i}.{name}": torch.as_tensor(v).contiguous() for i, entry in state["state"].items() for name, v in entry.items()}
+    save_file(tensors, str(tmp / OPTIMIZER_FILE))
+    (tmp / TRAINER_FILE).write_text(json.dumps({"step": step, "param_groups": state["param_groups"]}))
+    if directory.exists():
+        for child in directory.iterdir():
+            child.unlink()
+        directory.rmdir()
+    tmp.rename(directory)
+
+
+def _resume(directory: Path, model: LlamaModel, readout: ReadOut, optimizer: torch.optim.Optimizer) -> int:
+    from safetensors.torch import load_file as load
+
+    identity = load(str(directory / "identity.safetensors"))
+    missing = set(model.identity_state_dict()) - set(identity)
+    if missing:
+        raise ValueError(f"{directory} lacks adapter tensors {sorted(missing)[:3]}; was it made with another config?")
+    model.load_state_dict(identity, strict=False)
+    readout.load_state_dict(load(str(directory / READOUT_FILE)))
+    meta = read_json_object(directory / TRAINER_FILE)
+    state: dict[int, dict[str, Tensor]] = {}
+    for key, value in load_file(str(directory / OPTIMIZER_FILE)).items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return int(meta["step"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------------------
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """Whether to autocast to bfloat16: asked for, or "auto" and bf16 products are not slower than fp32 here.
+
+    CPUs without native bf16 instructions emulate it: measured 86x slower than fp32 for a 200x576x1536 product."""
+    if precision != "auto":
+        return precision == "bf16"
+    if device.type == "cuda":
+        return True
+    times = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(128, 576, dtype=dtype), torch.randn(576, 576, dtype=dtype)
+        a @ b
+        start = time.perf_counter()
+        for _ in range(5):
+            a @ b
+        times[dtype] = time.perf_counter() - start
+    return times[torch.bfloat16] <= 1.2 * times[torch.float32]
+
+
+def _lr(config: TrainConfig, step: int, peak: float) -> float:
+    scale = peak / config.lr
+    if step < config.warmup_steps:
+        return peak * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    cosine = config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+    return cosine * scale
+
+
+def _progress(step: int, total: int, losses: dict[str, float], rate: float) -> None:
+    width = 30
+    done = int(width * step / total)
+    eta = (total - step) / max(rate, 1e-9) / 60
+    parts = " ".join(f"{k} {v:.3f}" for k, v in losses.items())
+    sys.stderr.write(
+        f"\r[{'#' * done}{'-' * (width - done)}] {step}/{total} {parts} {rate * 60:.1f} steps/min eta {eta:.0f} min "
+    )
+    sys.stderr.flush()
+
+
+def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAULT_CACHE) -> Path:
+    """Run (or resume) training; returns the output directory, whose ``last/`` is a servable checkpoint."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config.to_file(out / "train.json")
+    device = torch.device(config.device)
+    model, ref = build_model(config, cache_dir)
+    model.to(device).train()
+    torch.manual_seed(config.seed)  # the read-out's initial weights
+    readout = ReadOut(model.config.d_self).to(device)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    gates = [p for n, p in named if n.endswith(GATE_PARAMETERS)]
+    rest = [p for n, p in named if not n.endswith(GATE_PARAMETERS)] + list(readout.parameters())
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": rest, "lr": config.lr, "weight_decay": config.weight_decay, "peak": config.lr},
+            {"params": gates, "lr": config.gate_lr, "weight_decay": 0.0, "peak": config.gate_lr},
+        ]
+    )
+    step = 0
+    last = out / "last"
+    if (last / TRAINER_FILE).is_file():
+        step = _resume(last, model, readout, optimizer)
+        log.info("resumed %s at step %d", last, step)
+    dynamics = Dynamics.from_config(model.config)
+    history = out / HISTORY_FILE
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16(config.precision, device))
+    started, done_here = time.perf_counter(), 0
+    while step < config.steps:
+        for group in optimizer.param_groups:
+            group["lr"] = _lr(config, step, group["peak"])
+        batch = sample_batch(config, model, step)
+        with amp:
+            losses = episode_losses(model, readout, batch, config, dynamics)
+        total = losses["answer"] + config.readout_weight * losses["readout"] + config.distill_weight * losses["distill"]
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()  # type: ignore[no-untyped-call]
+        norm = torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], config.grad_clip)
+        optimizer.step()
+        step += 1
+        done_here += 1
+        record: dict[str, Any] = {
+            "step": step,
+            "loss": float(total.detach()),
+            **{k: float(v.detach()) for k, v in losses.items()},
+        }
+        slot_bias = torch.cat([attn.slot_bias.detach().float() for attn in model.attentions if attn.stateful]).mean()
+        record.update(grad_norm=float(norm), max_between=config.max_between(step - 1), slot_bias=float(slot_bias))
+        if step % config.eval_every == 0 or step == config.steps:
+            model.eval()
+            with amp:
+                record["heldout"] = heldout_recall(model, config.eval_episodes, config.eval_between, dynamics)
+            model.train()
+            log.info("step %d held-out recall after %d turns: %s", step, config.eval_between, record["heldout"])
+        with history.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if step % config.checkpoint_every == 0 or step == config.steps:
+            _save(last, model, ref, readout, optimizer, step)
+        if progress:
+            _progress(step, config.steps, {k: float(v) for k, v in losses.items()}, done_here / (time.perf_counter() - started))
+    if progress:
+        sys.stderr.write("\n")
+    return out

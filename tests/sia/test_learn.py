@@ -1,0 +1,318 @@
+"""Training the identity adapter (sia.learn): a few steps lower the loss, a run resumes where it stopped and its
+checkpoint loads bit for bit, a turn written in training is the turn the service runs, candidate scoring is the
+brute-force score, bad configs are refused, and ``sia train`` sends an adapter config to the adapter trainer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sia import train as native_train
+from sia.chat_tokenizer import ChatTokenizer
+from sia.checkpoint import load_model
+from sia.cli import main
+from sia.generate import SamplingParams, StreamEvent
+from sia.identity import Dynamics, IdentityState
+from sia.learn import train as adapter_train
+from sia.learn.train import ReadOut, TrainConfig, build_model, episode_losses, sample_batch, train, unroll_states
+from sia.learn.unroll import Carry, Rendered, probe_logits, score_candidates, span, write_turn
+from sia.llama import LlamaModel
+from sia.personas import PERSONAS
+from sia.turn import TurnRequest, TurnResult, stream_turns
+
+from .conftest import TinyVocab, write_tiny_gguf
+
+ADAPTER = {"d_self": 8, "memory_tokens": 2, "write_gate": True, "eta": 1.0, "trace_layers": [1]}
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One torch thread, as the configs here ask of train(), which sets it; given back afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory, tiny_vocab: TinyVocab) -> Path:
+    """A tiny LLaMA GGUF, its dequantised copy cached beside it in models/ once for this module."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("learn") / "tiny.gguf", tiny_vocab).path
+
+
+@pytest.fixture
+def cache(base: Path) -> Path:
+    return base.parent / "models"
+
+
+@pytest.fixture
+def config(base: Path, tmp_path: Path) -> TrainConfig:
+    """Two rows of one- or two-turn episodes; lr = min_lr and no warm-up, so the learning rate is one constant."""
+    return TrainConfig(
+        base=str(base),
+        model=dict(ADAPTER),
+        out_dir=str(tmp_path / "run"),
+        batch_size=2,
+        steps=4,
+        lr=1e-2,
+        min_lr=1e-2,
+        warmup_steps=0,
+        curriculum=[[0, 1]],
+        eval_every=1000,
+        eval_episodes=2,
+        eval_between=1,
+        checkpoint_every=1000,
+        threads=1,
+        precision="fp32",
+    )
+
+
+def open_read(model: LlamaModel, seed: int) -> None:
+    """Nonzero slot values (they start at zero), so the self state changes what the model reads."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for attn in model.attentions:
+            attn.self_value.weight.copy_(torch.randn(attn.self_value.weight.shape, generator=generator) * 0.3)
+
+
+def test_a_few_steps_on_one_batch_lower_its_loss_and_move_the_adapter(config: TrainConfig, cache: Path) -> None:
+    torch.manual_seed(0)
+    model, _ = build_model(config, cache)
+    readout = ReadOut(model.config.d_self)
+    dynamics = Dynamics.from_config(model.config)
+    batch = sample_batch(config, model, 0)
+    assert any(ex.distill_at >= 0 for ex in batch)  # step 0 distils: every term of the loss is in play
+
+    def total() -> torch.Tensor:
+        losses = episode_losses(model, readout, batch, config, dynamics)
+        return losses["answer"] + config.readout_weight * losses["readout"] + config.distill_weight * losses["distill"]
+
+    def final_states() -> torch.Tensor:
+        return unroll_states(model, [ex.episode for ex in batch], [ex.context for ex in batch], dynamics).self_state
+
+    start = {k: v.clone() for k, v in model.identity_state_dict().items()}
+    states = final_states()
+    params = [p for p in model.parameters() if p.requires_grad] + list(readout.parameters())
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and trainable == {n for n, _ in model.named_parameters() if n in start}  # the adapter's, and only those
+    optimizer = torch.optim.Adam(params, lr=config.lr)
+    before = float(total().detach())
+    for _ in range(8):
+        optimizer.zero_grad()
+        total().backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+    after = float(total().detach())
+    assert after < 0.95 * before, (before, after)
+    trained = model.identity_state_dict()
+    for name in ("memory", "self_update.proj.weight", "self_update.gate.weight", "blocks.1.attn.self_value.weight"):
+        assert not torch.equal(trained[name], start[name]), name
+    assert not torch.allclose(final_states(), states, atol=1e-4)
+
+
+def test_a_run_resumes_where_it_stopped_and_its_checkpoint_loads_bit_for_bit(
+    config: TrainConfig, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[LlamaModel] = []
+
+    def keep(*args: Any, **kwargs: Any) -> Any:
+        model, ref = build_model(*args, **kwargs)
+        built.append(model)
+        return model, ref
+
+    monkeypatch.setattr(adapter_train, "build_model", keep)
+    torch.manual_seed(0)  # the read-out's initialisation
+    out = train(replace(config, steps=2), progress=False, cache_dir=cache)
+    assert train(replace(config, steps=4), progress=False, cache_dir=cache) == out
+    records = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]  # resumed at 2: no step twice
+    assert "heldout" in records[1] and "heldout" in records[3]  # held-out recall at the end of each run
+    trained = built[-1].identity_state_dict()
+    loaded = load_model(out / "last", cache_dir=cache)
+    assert isinstance(loaded, LlamaModel) and loaded.config == built[-1].config
+    restored = loaded.identity_state_dict()
+    assert set(restored) == set(trained)
+    for name, tensor in trained.items():
+        assert torch.equal(restored[name], tensor), name
+    # the interrupted run is the uninterrupted one: model, read-out and optimizer state all came back
+    torch.manual_seed(0)
+    train(replace(config, steps=4, out_dir=str(tmp_path / "straight")), progress=False, cache_dir=cache)
+    straight = built[-1].identity_state_dict()
+    for name, tensor in trained.items():
+        assert torch.equal(straight[name], tensor), name
+    assert not torch.equal(built[0].identity_state_dict()["memory"], trained["memory"])  # steps 3 and 4 trained
+
+
+def served_turn(model: LlamaModel, state: IdentityState, message: str, context: list[int]) -> tuple[list[int], TurnResult]:
+    """The service's turn (sia.turn, greedy) and the tokens it generated."""
+    request = TurnRequest(state=state, message=message, dynamics=Dynamics.from_config(model.config), context=tuple(context))
+    tokens: list[int] = []
+    for item in stream_turns(model, [request], SamplingParams(max_new_tokens=6, temperature=0.0)):
+        if isinstance(item, StreamEvent):
+            tokens.append(item.token)
+        else:
+            return tokens, item[0]
+    raise AssertionError("the turn gave no result")
+
+
+def test_a_turn_written_in_training_is_the_turn_the_service_runs(config: TrainConfig, cache: Path) -> None:
+    # a float32 trace: float16 storage could round two traces that differ in float32's last bits apart
+    config = replace(config, model={**ADAPTER, "state_dtype": "float32"})
+    model, _ = build_model(config, cache)
+    open_read(model, seed=1)
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    dynamics = Dynamics.from_config(model.config)
+    context = tok.system_prompt(PERSONAS["sia"].system_prompt)
+    state = IdentityState.fresh(model.config)
+    # the first turn from a fresh state, ended by length; the second from the state it left (slot open, a trace,
+    # shock history), ended by the end-of-turn token
+    for message, ends in (("Hello there, my name is Aisha and I live in Lima.", False), ("What is the capital of France?", True)):
+        if ends:  # the end-of-turn token outscores what the reply's third token was
+            third = served_turn(model, state, message, context)[0][2]
+            with torch.no_grad():
+                model.lm_head.weight[tok.end_of_turn_id] = 1.5 * model.lm_head.weight[third]
+        generated, result = served_turn(model, state, message, context)
+        assert result.finish_reason == ("stop" if ends else "length") and (generated[-1] == tok.end_of_turn_id) == ends
+        prompt, message_span = tok.turn_prompt(message, context)
+        tokens = [*prompt, *generated]  # ended by the end-of-turn token or by length: the last token is the last sampled
+        counted = [False] * len(context) + [True] * (len(tokens) - len(context) - 1) + [False]
+        turn = Rendered(tokens, counted, message_span, (len(prompt), len(tokens)))
+        shock = torch.tensor([[state.shock.count, state.shock.mean, state.shock.m2]], dtype=torch.float64)
+        carry = Carry(state.self_state[None], state.trace[None], shock)
+        for grad_tokens in (True, False):
+            with torch.no_grad():
+                new, _, _ = write_turn(model, carry, [turn], dynamics, grad_tokens=grad_tokens)
+            assert torch.allclose(new.self_state[0], result.state.self_state, atol=1e-5)
+            assert torch.allclose(new.trace[0], result.state.trace, atol=1e-5)
+            served = result.state.shock
+            assert torch.allclose(
+                new.shock[0], torch.tensor([served.count, served.mean, served.m2], dtype=torch.float64), atol=1e-5
+            )
+        state = result.state
+    assert state.self_state.abs().max() > 0.05 and state.trace.abs().max() > 0
+
+
+def test_scoring_candidates_is_scoring_each_reply_in_full(config: TrainConfig, cache: Path) -> None:
+    model, _ = build_model(config, cache)
+    open_read(model, seed=2)
+    model.eval()
+    tok = model.tokenizer
+    c = model.config
+    generator = torch.Generator().manual_seed(3)
+    trace = (torch.randn(2, *c.trace_shape, generator=generator) * 0.3).to(IdentityState.fresh(c).trace.dtype)
+    carry = Carry(torch.rand(2, c.d_self, generator=generator) * 2 - 1, trace, torch.zeros(2, 3, dtype=torch.float64))
+    # rows of different lengths (left padding); candidates of one token ("the", "a", "is") and of several
+    prompts = [tok.turn_prompt("What is my favourite colour?", tok.system_prompt("Be brief."))[0], tok.turn_prompt("Where?")[0]]
+    prefixes = ["Your favourite colour is", "You live in"]
+    candidates = [["red", "the", "purple", "a"], ["Paris", "is", "hello"]]
+    scores = score_candidates(model, carry, prompts, prefixes, candidates)
+    lengths = set()
+    for b, (prompt, prefix, values) in enumerate(zip(prompts, prefixes, candidates, strict=True)):
+        own = tok.encode(prefix)
+        assert scores[b].shape == (len(values),)
+        for j, value in enumerate(values):
+            full = tok.encode(f"{prefix} {value}")
+            assert full[: len(own)] == own
+            row = [*prompt, *full]
+            with torch.no_grad():
+                logits = probe_logits(model, carry.take([b]), [row])
+            a = len(prompt) + len(own)
+            log_p = F.log_softmax(span(logits[0], len(row), a, len(row)).float(), dim=-1)  # (n, V)
+            expected = log_p.gather(-1, torch.tensor(row[a:]).unsqueeze(-1)).sum()
+            assert abs(float(scores[b][j]) - float(expected)) < 1e-4, (value, float(scores[b][j]), float(expected))
+            lengths.add(len(full) - len(own))
+    assert 1 in lengths and max(lengths) > 2
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"curriculum": [[5, 1], [10, 2]]}, "curriculum"),
+        ({"curriculum": [[0, 2], [10, 0]]}, "curriculum"),
+        ({"precision": "fp16"}, "precision"),
+        ({"value_weight": -1.0}, "weights"),
+        ({"distill_weight": -0.5}, "weights"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"model": {"memory_tokens": -1}}, "memory_tokens"),
+    ],
+)
+def test_a_bad_training_config_is_refused(config: TrainConfig, change: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        replace(config, **change)
+
+
+def test_sia_train_sends_an_adapter_config_to_the_adapter_trainer(
+    config: TrainConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the command's model cache (sia-data/models) is relative to the working directory
+    config_file = tmp_path / "adapter.json"
+    config_file.write_text(json.dumps(asdict(replace(config, steps=50, threads=None))))
+    out = tmp_path / "cli-run"
+    args = ["train", "--config", str(config_file), "--out", str(out), "--steps", "2", "--threads", "1", "--device", "cpu"]
+    assert main([*args, "--quiet"]) == 0
+    assert (out / "last" / "identity.safetensors").is_file()
+    assert len((out / "history.jsonl").read_text().splitlines()) == 2
+    written = json.loads((out / "train.json").read_text())
+    assert (written["steps"], written["threads"], written["out_dir"]) == (2, 1, str(out))
+
+
+def test_sia_train_sends_a_native_config_to_the_native_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    native = tmp_path / "native.json"
+    native.write_text(json.dumps({"steps": 10}))
+    seen: list[native_train.TrainConfig] = []
+    monkeypatch.setattr(native_train, "train", lambda config, progress: seen.append(config))
+    assert main(["train", "--config", str(native), "--steps", "3", "--out", str(tmp_path / "n"), "--quiet"]) == 0
+    assert len(seen) == 1 and isinstance(seen[0], native_train.TrainConfig)
+    assert (seen[0].steps, seen[0].out_dir) == (3, str(tmp_path / "n"))
+    assert main(["train", "--config", str(native), "--device", "cuda"]) == 2  # --device is the adapter trainer's
+    assert main(["train", "--config", str(native), "--steps", "0"]) == 2  # overrides are validated
+    assert len(seen) == 1
+
+
+def test_sia_eval_measures_a_tiny_model_end_to_end(config: TrainConfig, cache: Path, tmp_path: Path) -> None:
+    """The memory evaluation runs through on a tiny checkpoint: every figure present and in range, a fresh state reads as
+    the base model, the report and the plots written; ``sia eval`` sends a backbone checkpoint to it."""
+    from sia.checkpoint import save_llama_checkpoint
+    from sia.learn.evaluate import EvalOptions, run_eval
+
+    model, ref = build_model(config, cache)
+    open_read(model, 1)
+    save_llama_checkpoint(model, tmp_path / "ckpt", ref)
+    history = tmp_path / "history.jsonl"
+    record = {
+        "step": 1,
+        "answer": 2.0,
+        "readout": 1.5,
+        "distill": 0.1,
+        "max_between": 1,
+        "heldout": {"per_fact": 0.2, "all": 0.0},
+    }
+    history.write_text(json.dumps(record) + "\n")
+    options = EvalOptions(episodes=2, depths=(1, 2), target_depth=1, conversations=2)
+    figures = run_eval(tmp_path / "ckpt", tmp_path / "eval", options, history=history, cache_dir=cache)
+    for depth in figures["recall"]:
+        assert depth["episodes"] == 2 and depth["chance"]["per_fact"] == pytest.approx(1 / 6)
+        for condition in ("state", "stateless", "other_user", "transcript"):
+            assert 0.0 <= depth[condition]["per_fact"] <= 1.0
+            assert set(depth[condition]["by_kind"]) == {"colour", "pet", "hobby"}
+    assert set(figures["open_vocabulary"]["state"]["by_kind"]) == {"name", "city", "job"}
+    assert figures["perplexity"]["tokens"] > 0 and figures["perplexity"]["ratio"] > 0
+    assert figures["history_kl"] > 0  # two users' states read differently (the slot values are open)
+    assert figures["reset"]["fresh_vs_fresh"] == 0.0
+    assert figures["reset"]["fresh_vs_base"] < 1e-4
+    assert {t["name"].split(" ")[0] for t in figures["targets"]} >= {"per", "all", "stateless", "other"}
+    for name in ("report.md", "figures.json", "recall.png", "self_state.png", "spectra.png", "training.png"):
+        assert (tmp_path / "eval" / name).stat().st_size > 0
+    assert "## Targets" in (tmp_path / "eval" / "report.md").read_text()
+
+    args = ["eval", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "cli"), "--episodes", "1"]
+    args += ["--conversations", "1", "--cache", str(cache)]
+    assert main(args) == 2  # one episode cannot lend another user's state: refused with a message
+    assert not (tmp_path / "cli").exists()
