@@ -185,7 +185,8 @@ def update_trace(state: IdentityState, summary: TurnSummary, shock: float, *, al
 
 class SelfUpdate(nn.Module):
     """g(z, s) = tanh(W [z; s] + b) - s, the learned direction of the self-state update; with ``write_gate``
-    g(z, s) = sigma(G [z; s] + b_g) * (tanh(W [z; s] + b) - s), a per-dimension gate that can keep what s holds.
+    g(z, s) = sigma(G [z; s] + b_g) * (tanh(W [z; s] + b) - s), a per-dimension gate that can keep what s holds
+    (b = 0 with memory tokens).
 
     z is the pooled hidden state (width C) or, with K memory tokens, their K final hidden states and the pooled one
     ((K + 1)·C), each standardised over its C features so that every part enters the update at the same scale, then
@@ -200,7 +201,8 @@ class SelfUpdate(nn.Module):
         super().__init__()
         self.parts = config.memory_tokens + 1 if config.memory_tokens else 0  # 0: z is used as it is
         width = config.n_embd * max(1, self.parts) + config.d_self
-        self.proj = nn.Linear(width, config.d_self)
+        # standardised inputs carry no common part, and no bias adds one: the state only holds what turns said
+        self.proj = nn.Linear(width, config.d_self, bias=not self.parts)
         self.gate = nn.Linear(width, config.d_self) if config.write_gate else None
         if self.parts:  # (a pooled z needs no statistics: the native model's checkpoints have none)
             self.register_buffer("centre", torch.zeros(config.n_embd * self.parts))

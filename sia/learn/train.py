@@ -66,6 +66,8 @@ class TrainConfig:
     steps: int = 1500
     lr: float = 2e-3
     gate_lr: float = 1e-2
+    readout_lr: float = 1e-2  # the read-out must grow from nothing to name values: it learns fast or the write gets no signal
+    write_warmup: int = 150  # steps in which the answer's gradient stops at the state (the write learns from the read-out)
     min_lr: float = 2e-4
     warmup_steps: int = 30
     weight_decay: float = 0.0
@@ -102,9 +104,19 @@ class TrainConfig:
         for name in names:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an integer >= 1; got {getattr(self, name)!r}")
-        if not 0 < self.min_lr <= self.lr or self.gate_lr <= 0:
-            raise ValueError(f"need 0 < min_lr <= lr and gate_lr > 0; got {self.min_lr}, {self.lr}, {self.gate_lr}")
-        if min(self.value_weight, self.readout_weight, self.distill_weight, self.warmup_steps, self.weight_decay) < 0:
+        if not 0 < self.min_lr <= self.lr or self.gate_lr <= 0 or self.readout_lr <= 0:
+            raise ValueError(f"need 0 < min_lr <= lr and gate_lr, readout_lr > 0; got {self.min_lr}, {self.lr}, {self.gate_lr}")
+        if (
+            min(
+                self.value_weight,
+                self.readout_weight,
+                self.distill_weight,
+                self.warmup_steps,
+                self.weight_decay,
+                self.write_warmup,
+            )
+            < 0
+        ):
             raise ValueError("loss weights, warmup_steps and weight_decay must be >= 0")
         if self.grad_clip <= 0:
             raise ValueError(f"grad_clip must be > 0; got {self.grad_clip}")
@@ -139,14 +151,19 @@ class ReadOut(nn.Module):
         self.heads = nn.ModuleDict({kind: nn.Linear(d_self, len(facts.values(kind, "train"))) for kind in facts.KINDS})
         self.index = {kind: {v: i for i, v in enumerate(facts.values(kind, "train"))} for kind in facts.KINDS}
 
-    def loss(self, s: Tensor, stated: list[facts.Fact]) -> Tensor:
-        """s (N, d_s): row i should name stated[i]'s value; mean cross-entropy over rows."""
-        terms = []
+    def loss(self, s: Tensor, stated: list[facts.Fact]) -> tuple[Tensor, float]:
+        """s (N, d_s): row i should name stated[i]'s value; mean cross-entropy over rows, and the share named right.
+
+        The states are standardised across the rows first: what tells users apart is what counts, at any scale."""
+        terms, right = [], 0
+        s = s.float()
+        s = (s - s.mean(0)) / (s.std(0) + 1e-3) if s.shape[0] > 1 else s
         for i, fact in enumerate(stated):
-            logits = self.heads[fact.kind](s[i].float())
-            target = torch.tensor(self.index[fact.kind][fact.value], device=s.device)
-            terms.append(F.cross_entropy(logits.unsqueeze(0), target.unsqueeze(0)))
-        return torch.stack(terms).mean()
+            logits = self.heads[fact.kind](s[i])
+            target = self.index[fact.kind][fact.value]
+            terms.append(F.cross_entropy(logits.unsqueeze(0), torch.tensor([target], device=s.device)))
+            right += int(int(logits.argmax()) == target)
+        return torch.stack(terms).mean(), right / len(stated)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -207,13 +224,17 @@ def sample_batch(config: TrainConfig, model: LlamaModel, step: int) -> list[Exam
 
 
 def episode_losses(
-    model: LlamaModel, readout: ReadOut, batch: list[Example], config: TrainConfig, dynamics: Dynamics
+    model: LlamaModel, readout: ReadOut, batch: list[Example], config: TrainConfig, dynamics: Dynamics, step: int = 0
 ) -> dict[str, Tensor]:
+    """The step's losses. Before ``config.write_warmup`` steps the answer reads a detached state: an untrained read
+    only adds noise, and its gradient would shut the write (gate closed, state constant) before the read-out has
+    taught the write anything."""
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
     B = len(batch)
     carry = Carry.fresh(model, B)
     readout_terms: list[Tensor] = []
+    readout_right: list[float] = []
     distill_terms: list[Tensor] = []
     n_turns = max(len(ex.episode.turns) for ex in batch)
     for t in range(n_turns):
@@ -234,13 +255,17 @@ def episode_losses(
         if stated and config.readout_weight > 0:
             owners = [b for b in stated for _ in batch[b].episode.facts]
             said = [f for b in stated for f in batch[b].episode.facts]
-            readout_terms.append(readout.loss(carry.self_state[torch.tensor(owners, device=model.device)], said))
-    answer = _answer_loss(model, carry, batch, config)
+            term, right = readout.loss(carry.self_state[torch.tensor(owners, device=model.device)], said)
+            readout_terms.append(term)
+            readout_right.append(right)
+    reading = carry if step >= config.write_warmup else Carry(carry.self_state.detach(), carry.trace, carry.shock)
+    answer = _answer_loss(model, reading, batch, config)
     zero = answer.new_zeros(())
     readout_loss = torch.stack(readout_terms).mean() if readout_terms else zero
     distill = torch.stack(distill_terms).mean() if distill_terms else zero
     spread = carry.self_state.detach().float().std(0).mean()  # how much the final states differ between users
-    return {"answer": answer, "readout": readout_loss, "distill": distill, "spread": spread}
+    named = answer.new_tensor(sum(readout_right) / max(1, len(readout_right)))  # training read-out accuracy
+    return {"answer": answer, "readout": readout_loss, "distill": distill, "spread": spread, "readout_acc": named}
 
 
 def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: TrainConfig) -> Tensor:
@@ -449,11 +474,12 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
     readout = ReadOut(model.config.d_self).to(device)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     gates = [p for n, p in named if n.endswith(GATE_PARAMETERS)]
-    rest = [p for n, p in named if not n.endswith(GATE_PARAMETERS)] + list(readout.parameters())
+    rest = [p for n, p in named if not n.endswith(GATE_PARAMETERS)]
     optimizer = torch.optim.AdamW(
         [
             {"params": rest, "lr": config.lr, "weight_decay": config.weight_decay, "peak": config.lr},
             {"params": gates, "lr": config.gate_lr, "weight_decay": 0.0, "peak": config.gate_lr},
+            {"params": list(readout.parameters()), "lr": config.readout_lr, "weight_decay": 0.0, "peak": config.readout_lr},
         ]
     )
     step = 0
@@ -470,7 +496,7 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
             group["lr"] = _lr(config, step, group["peak"])
         batch = sample_batch(config, model, step)
         with amp:
-            losses = episode_losses(model, readout, batch, config, dynamics)
+            losses = episode_losses(model, readout, batch, config, dynamics, step)
         total = losses["answer"] + config.readout_weight * losses["readout"] + config.distill_weight * losses["distill"]
         optimizer.zero_grad(set_to_none=True)
         total.backward()  # type: ignore[no-untyped-call]
