@@ -68,6 +68,8 @@ class TrainConfig:
     gate_lr: float = 1e-2
     readout_lr: float = 1e-2  # the read-out must grow from nothing to name values: it learns fast or the write gets no signal
     write_warmup: int = 150  # steps in which the answer's gradient stops at the state (the write learns from the read-out)
+    write_stage_steps: int = 0  # first stage: statement turns alone, read-out only (many examples per step, cheap)
+    write_stage_batch: int = 24
     min_lr: float = 2e-4
     warmup_steps: int = 30
     weight_decay: float = 0.0
@@ -206,6 +208,12 @@ def sample_batch(config: TrainConfig, model: LlamaModel, step: int) -> list[Exam
     tok = model.tokenizer
     top = config.max_between(step)
     batch = []
+    if step < config.write_stage_steps:  # the write stage: one statement turn per episode, nothing asked
+        for _ in range(config.write_stage_batch):
+            episode = facts.make_episode(rng, "train", between=0, n_facts=config.n_facts, opening=0)
+            context = tok.system_prompt(PERSONAS[rng.choice(sorted(PERSONAS))].system_prompt)
+            batch.append(Example(episode, context, -1, ()))
+        return batch
     for _ in range(config.batch_size):
         between = rng.randint(max(1, top // 2), top)  # mostly the current stage, sometimes shorter
         episode = facts.make_episode(rng, "train", between=between, n_facts=config.n_facts)
@@ -259,7 +267,7 @@ def episode_losses(
             readout_terms.append(term)
             readout_right.append(right)
     reading = carry if step >= config.write_warmup else Carry(carry.self_state.detach(), carry.trace, carry.shock)
-    answer = _answer_loss(model, reading, batch, config)
+    answer = _answer_loss(model, reading, batch, config) if any(ex.asked for ex in batch) else carry.self_state.new_zeros(())
     zero = answer.new_zeros(())
     readout_loss = torch.stack(readout_terms).mean() if readout_terms else zero
     distill = torch.stack(distill_terms).mean() if distill_terms else zero
@@ -364,6 +372,24 @@ def heldout_set(model: LlamaModel, n: int, between: int, seed: int = 1) -> tuple
     names = sorted(PERSONAS)
     contexts = [model.tokenizer.system_prompt(PERSONAS[names[i % len(names)]].system_prompt) for i in range(n)]
     return episodes, contexts
+
+
+@torch.no_grad()
+def heldout_readout(model: LlamaModel, readout: ReadOut, n: int, dynamics: Dynamics) -> dict[str, float]:
+    """The training read-out's accuracy on held-out statements of colour, pet and hobby (values it has seen, wordings
+    it has not), from the state right after the statement turn; chance is 1/6."""
+    episodes = facts.episodes("heldout", n, 2, between=0, kinds=("colour", "pet", "hobby"))
+    contexts = _contexts(model, n)
+    carry = unroll_states(model, episodes, contexts, dynamics)
+    said = [f for e in episodes for f in e.facts]
+    owners = torch.tensor([b for b, e in enumerate(episodes) for _ in e.facts], device=model.device)
+    _, right = readout.loss(carry.self_state[owners], said)
+    return {"readout": right}
+
+
+def _contexts(model: LlamaModel, n: int) -> list[list[int]]:
+    names = sorted(PERSONAS)
+    return [model.tokenizer.system_prompt(PERSONAS[names[i % len(names)]].system_prompt) for i in range(n)]
 
 
 def heldout_recall(model: LlamaModel, n: int, between: int, dynamics: Dynamics) -> dict[str, float]:
@@ -514,9 +540,12 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
         if step % config.eval_every == 0 or step == config.steps:
             model.eval()
             with amp:
-                record["heldout"] = heldout_recall(model, config.eval_episodes, config.eval_between, dynamics)
+                if step <= config.write_stage_steps:  # what the write stage teaches: the state names held-out facts
+                    record["heldout_readout"] = heldout_readout(model, readout, config.eval_episodes * 4, dynamics)
+                else:
+                    record["heldout"] = heldout_recall(model, config.eval_episodes, config.eval_between, dynamics)
             model.train()
-            log.info("step %d held-out recall after %d turns: %s", step, config.eval_between, record["heldout"])
+            log.info("step %d held-out: %s", step, record.get("heldout", record.get("heldout_readout")))
         with history.open("a") as f:
             f.write(json.dumps(record) + "\n")
         if step % config.checkpoint_every == 0 or step == config.steps:

@@ -68,7 +68,7 @@ def build_tiny_vocab() -> TinyVocab:
 
 # the tiny LLaMA's shape: 2 layers, width 64, 4 query / 2 kv heads of width 16
 LAYERS, WIDTH, HEADS, KV_HEADS, HEAD_DIM, FFN = 2, 64, 4, 2, 16, 128
-CONTEXT, ROPE_THETA, RMS_EPS = 2048, 50000.0, 1e-5  # long enough for the fact episodes in bytes
+CONTEXT, ROPE_THETA, RMS_EPS = 256, 50000.0, 1e-5
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:

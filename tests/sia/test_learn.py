@@ -29,7 +29,8 @@ from sia.turn import TurnRequest, TurnResult, stream_turns
 
 from .conftest import TinyVocab, write_tiny_gguf
 
-ADAPTER = {"d_self": 8, "memory_tokens": 2, "write_gate": True, "eta": 1.0, "trace_layers": [1]}
+# the fact episodes in bytes need more than the tiny base's 256 positions
+ADAPTER = {"d_self": 8, "memory_tokens": 2, "write_gate": True, "eta": 1.0, "trace_layers": [1], "block_size": 2048}
 
 
 @pytest.fixture(autouse=True)
@@ -316,3 +317,19 @@ def test_sia_eval_measures_a_tiny_model_end_to_end(config: TrainConfig, cache: P
     args += ["--conversations", "1", "--cache", str(cache)]
     assert main(args) == 2  # one episode cannot lend another user's state: refused with a message
     assert not (tmp_path / "cli").exists()
+
+
+def test_the_write_stage_plays_statements_alone_and_trains_the_write_by_the_read_out(config: TrainConfig, cache: Path) -> None:
+    """The first stage: statement turns only, nothing asked, no distillation; the read-out alone moves the write."""
+    config = replace(config, write_stage_steps=2, write_stage_batch=3)
+    model, _ = build_model(config, cache)
+    batch = sample_batch(config, model, 0)
+    assert len(batch) == 3 and all(len(ex.episode.turns) == 1 and not ex.asked and ex.distill_at < 0 for ex in batch)
+    assert len(sample_batch(config, model, 2)) == config.batch_size  # the stage is over at step 2
+    torch.manual_seed(0)
+    readout = ReadOut(model.config.d_self)
+    losses = episode_losses(model, readout, batch, config, Dynamics.from_config(model.config), 0)
+    assert float(losses["answer"]) == 0.0 and float(losses["distill"]) == 0.0 and float(losses["readout"].detach()) > 0
+    losses["readout"].backward()  # type: ignore[no-untyped-call]
+    grad = model.self_update.proj.weight.grad
+    assert grad is not None and float(grad.abs().sum()) > 0
