@@ -32,7 +32,7 @@ from sia.checkpoint import DEFAULT_CACHE, load_model
 from sia.dialogue import load_dialogue
 from sia.identity import Dynamics
 from sia.learn import facts
-from sia.learn.unroll import Carry, probe_logits, render_turn, score_candidates, span, transcript, write_turn
+from sia.learn.unroll import Carry, persona_contexts, probe_logits, render_turn, score_candidates, span, transcript, write_turn
 from sia.llama import LlamaModel
 from sia.personas import PERSONAS
 
@@ -67,11 +67,6 @@ class EvalOptions:
 # ---------------------------------------------------------------------------------------------------------
 # Playing episodes and asking
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _contexts(model: LlamaModel, n: int) -> list[list[int]]:
-    names = sorted(PERSONAS)
-    return [model.tokenizer.system_prompt(PERSONAS[names[i % len(names)]].system_prompt) for i in range(n)]
 
 
 @torch.no_grad()
@@ -154,7 +149,7 @@ def recall_at(
     conditions: Sequence[str] = CONDITIONS,
 ) -> tuple[dict[str, Any], list[facts.Episode], list[Carry]]:
     episodes = facts.episodes("heldout", options.episodes, options.seed + depth, between=depth, kinds=tuple(kinds))
-    contexts = _contexts(model, len(episodes))
+    contexts = persona_contexts(model, len(episodes))
     states = play(model, episodes, contexts, dynamics)
     final = states[-1]
     fresh = Carry.fresh(model, len(episodes))

@@ -40,7 +40,7 @@ from sia.checkpoint import BASE_FILE, DEFAULT_CACHE, DEFAULT_CHECKPOINT, BaseRef
 from sia.config import LlamaConfig, check_fields, read_json_object
 from sia.identity import Dynamics
 from sia.learn import facts
-from sia.learn.unroll import Carry, probe_logits, render_turn, score_candidates, span, transcript, write_turn
+from sia.learn.unroll import Carry, persona_contexts, probe_logits, render_turn, score_candidates, span, transcript, write_turn
 from sia.llama import LlamaModel
 from sia.personas import PERSONAS
 from sia.weights import read_hf, resolve_base
@@ -369,8 +369,7 @@ def probe_accuracy(
 
 def heldout_set(model: LlamaModel, n: int, between: int, seed: int = 1) -> tuple[list[facts.Episode], list[list[int]]]:
     episodes = facts.episodes("heldout", n, seed, between=between, kinds=("colour", "pet", "hobby"))
-    names = sorted(PERSONAS)
-    contexts = [model.tokenizer.system_prompt(PERSONAS[names[i % len(names)]].system_prompt) for i in range(n)]
+    contexts = persona_contexts(model, n)
     return episodes, contexts
 
 
@@ -379,17 +378,12 @@ def heldout_readout(model: LlamaModel, readout: ReadOut, n: int, dynamics: Dynam
     """The training read-out's accuracy on held-out statements of colour, pet and hobby (values it has seen, wordings
     it has not), from the state right after the statement turn; chance is 1/6."""
     episodes = facts.episodes("heldout", n, 2, between=0, kinds=("colour", "pet", "hobby"))
-    contexts = _contexts(model, n)
+    contexts = persona_contexts(model, n)
     carry = unroll_states(model, episodes, contexts, dynamics)
     said = [f for e in episodes for f in e.facts]
     owners = torch.tensor([b for b, e in enumerate(episodes) for _ in e.facts], device=model.device)
     _, right = readout.loss(carry.self_state[owners], said)
     return {"readout": right}
-
-
-def _contexts(model: LlamaModel, n: int) -> list[list[int]]:
-    names = sorted(PERSONAS)
-    return [model.tokenizer.system_prompt(PERSONAS[names[i % len(names)]].system_prompt) for i in range(n)]
 
 
 def heldout_recall(model: LlamaModel, n: int, between: int, dynamics: Dynamics) -> dict[str, float]:

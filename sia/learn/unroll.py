@@ -20,12 +20,14 @@ from sia.chat_tokenizer import ChatTokenizer
 from sia.identity import Dynamics, IdentityState, self_step, trace_step, welford_step
 from sia.llama import LlamaModel
 from sia.model import Conditioning, KVCache, ModelOutput
+from sia.personas import PERSONAS
 from sia.shock import standardise
 
 __all__ = [
     "Carry",
     "Rendered",
     "forward_padded",
+    "persona_contexts",
     "probe_logits",
     "render_turn",
     "score_candidates",
@@ -51,6 +53,12 @@ def render_turn(tok: ChatTokenizer, context: Sequence[int], user: str, reply: st
     tokens = [*prompt, *answer]
     counted = [False] * len(context) + [True] * (len(tokens) - len(context) - 1) + [False]
     return Rendered(tokens, counted, message, (len(prompt), len(tokens)))
+
+
+def persona_contexts(model: LlamaModel, n: int) -> list[list[int]]:
+    """The system blocks of the default personas in turn, one per row: what evaluations open each turn with."""
+    names = sorted(PERSONAS)
+    return [model.tokenizer.system_prompt(PERSONAS[names[i % len(names)]].system_prompt) for i in range(n)]
 
 
 def transcript(
