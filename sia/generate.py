@@ -19,7 +19,7 @@ from torch import Tensor
 from sia.model import Conditioning, IdentityModel, KVCache, TurnStats
 from sia.tokenizer import IncrementalDecoder, Tokenizer
 
-__all__ = ["Generation", "SamplingParams", "StreamEvent", "generate", "sample_next", "stream"]
+__all__ = ["Generation", "SamplingParams", "StreamEvent", "generate", "padded_inputs", "sample_next", "stream"]
 
 
 MAX_TOP_LOGPROBS = 20
@@ -94,6 +94,18 @@ def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generat
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def padded_inputs(key_valid: Tensor, n: int, prefix_len: int, n_memory: int = 0) -> tuple[Tensor, Tensor]:
+    """Positions (B, n) of the newest n tokens of left-padded rows and the boolean (B, 1, n + n_memory, Lk + n_memory)
+    mask of the keys each query sees (causal, padding hidden); key_valid (B, Lk) covers the prefix and every token so
+    far, these n included; the n_memory memory tokens, when read, follow them."""
+    B = key_valid.shape[0]
+    positions = (key_valid[:, prefix_len:].long().cumsum(1) - 1).clamp_min(0)[:, -n:]  # (B, n)
+    keys = torch.cat([key_valid, key_valid.new_ones(B, n_memory)], dim=1)
+    n_q, Lk = n + n_memory, keys.shape[1]
+    causal = torch.ones(n_q, Lk, dtype=torch.bool, device=key_valid.device).tril(diagonal=Lk - n_q)  # (n_q, Lk)
+    return positions, (causal & keys[:, None, :]).unsqueeze(1)
 
 
 def _visible_text(text: str, stops: Sequence[str]) -> int:
@@ -192,14 +204,8 @@ def stream(
         tokens: Tensor, key_valid: Tensor, count: Tensor, cache: KVCache | None, memory: bool = False
     ) -> tuple[Tensor, TurnStats, Tensor | None]:
         """Forward over ``tokens`` (B, n) (and then the memory tokens); key_valid (B, prefix + all tokens so far)."""
-        n = tokens.shape[1]
-        positions = (key_valid[:, model.prefix_len :].long().cumsum(1) - 1).clamp_min(0)[:, -n:]  # (B, n)
-        attn_mask = None
-        if padded:
-            keys = torch.cat([key_valid, key_valid.new_ones(B, n_memory)], dim=1) if memory else key_valid
-            n_q, Lk = n + (n_memory if memory else 0), keys.shape[1]
-            causal = torch.ones(n_q, Lk, dtype=torch.bool, device=device).tril(diagonal=Lk - n_q)  # (n_q, Lk)
-            attn_mask = (causal & keys[:, None, :]).unsqueeze(1)  # (B, 1, n_q, Lk)
+        positions, mask = padded_inputs(key_valid, tokens.shape[1], model.prefix_len, n_memory if memory else 0)
+        attn_mask = mask if padded else None  # unpadded rows take the causal kernel
         extra = {"memory": True} if memory else {}  # only a model that writes through memory tokens takes it
         out = model(tokens, cond, cache=cache, positions=positions, attn_mask=attn_mask, summary_mask=count, **extra)
         return out.logits, out.stats, out.memory

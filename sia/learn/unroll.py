@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sia.chat_tokenizer import ChatTokenizer
+from sia.generate import padded_inputs
 from sia.identity import Dynamics, IdentityState, self_step, trace_step, welford_step
 from sia.llama import LlamaModel
 from sia.model import Conditioning, KVCache, ModelOutput
@@ -99,13 +100,8 @@ def forward_padded(
     """tokens (B, n), the newest n of left-padded rows; key_valid (B, prefix + every token so far, these included).
 
     Logits only for the last ``tail`` positions (default: all n); read them with ``span``."""
-    B, n = tokens.shape
-    K = model.config.memory_tokens if memory else 0
-    positions = (key_valid[:, model.prefix_len :].long().cumsum(1) - 1).clamp_min(0)[:, -n:]  # (B, n)
-    keys = torch.cat([key_valid, key_valid.new_ones(B, K)], dim=1)
-    n_q, Lk = n + K, keys.shape[1]
-    causal = torch.ones(n_q, Lk, dtype=torch.bool, device=tokens.device).tril(diagonal=Lk - n_q)  # (n_q, Lk)
-    attn_mask = (causal & keys[:, None, :]).unsqueeze(1)  # (B, 1, n_q, Lk)
+    n = tokens.shape[1]
+    positions, attn_mask = padded_inputs(key_valid, n, model.prefix_len, model.config.memory_tokens if memory else 0)
     start = 0 if tail is None else max(0, n - tail)
     out: ModelOutput = model(
         tokens,
