@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sia.attention import (
+from sia.model.attention import (
     augment_keys,
     augment_queries,
     key_bias,

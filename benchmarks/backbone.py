@@ -18,7 +18,7 @@ Measured, CPU, ``torch.set_num_threads(--threads)``, float32 and bfloat16 (``mod
 
 1. **Decode**: one ~40-token chat prompt (``system_prompt`` + ``turn_prompt``) at batch 1, and 8 different
    prompts left-padded into one batch. Time to first token (conditioning + prefill + first pick) and decode rate
-   = generated tokens after the first ones / time from the first token event to the last (``sia.generate.stream``
+   = generated tokens after the first ones / time from the first token event to the last (``sia.model.generate.stream``
    events; for HF, the calls of a ``BaseStreamer``). One untimed warm-up call each, then ``--repeats`` rounds in
    which the three run round-robin; medians. Targets: ``sia`` >= 0.9x ``dot``, ``sia`` >= 1.0x ``hf``.
 2. **Prefill**: one forward pass over a 256-token prompt with a fresh KV cache (all 256 logits in all three:
@@ -43,7 +43,7 @@ Measured, CPU, ``torch.set_num_threads(--threads)``, float32 and bfloat16 (``mod
    first token), so the HTTP path's own cost is a paired difference under the same machine load.
 7. **Where a decoding step goes** (per dtype, batch 1 and 8, a mid-reply step): the SDPA kernel timed alone at
    every width the models use (SIA: wider in its trace layers and by the self slot's bias column elsewhere),
-   called as ``sia.attention.attend`` calls it (``enable_gqa``) and with each key/value head's query heads folded
+   called as ``sia.model.attention.attend`` calls it (``enable_gqa``) and with each key/value head's query heads folded
    into the query length (as transformers calls it for a padded batch), summed over the layers; and a
    ``torch.profiler`` count of ATen ops per step of ``sia`` and ``dot`` with their self time by kind.
 
@@ -83,13 +83,13 @@ from server.core.config import Settings
 from server.db import migrate
 from server.runtime import Runtime, Sampling, TurnOutcome
 from server.store import Store
-from sia.chat_tokenizer import ChatTokenizer
+from sia.backbones.chat_tokenizer import ChatTokenizer
+from sia.backbones.llama import LlamaModel
+from sia.backbones.weights import bundled_gguf, file_sha256, read_hf, resolve_base
 from sia.checkpoint import load_model
-from sia.generate import Generation, SamplingParams, StreamEvent, stream
-from sia.identity import Dynamics, IdentityState, state_to_bytes
-from sia.llama import LlamaModel
-from sia.turn import TurnRequest, run_turn
-from sia.weights import bundled_gguf, file_sha256, read_hf, resolve_base
+from sia.identity.state import Dynamics, IdentityState, state_to_bytes
+from sia.identity.turn import TurnRequest, run_turn
+from sia.model.generate import Generation, SamplingParams, StreamEvent, stream
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "backbone.json"
 PERSONA = "sia"
@@ -189,7 +189,7 @@ def load_hf(hf_dir: Path) -> Any:
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """(B, L) ids and attention mask, left-padded (what sia.generate.stream does inside)."""
+    """(B, L) ids and attention mask, left-padded (what sia.model.generate.stream does inside)."""
     L = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
     mask = torch.zeros(len(prompts), L, dtype=torch.long)
@@ -526,7 +526,7 @@ def http_ttft(runtime: Runtime, hf_dir: Path, directory: Path, args: argparse.Na
 
 
 def sdpa_gqa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """How sia.attention.attend calls the kernel at a decoding step: q (B, H, 1, w), k and v (B, H_kv, Lk, w)."""
+    """How sia.model.attention.attend calls the kernel at a decoding step: q (B, H, 1, w), k and v (B, H_kv, Lk, w)."""
     return F.scaled_dot_product_attention(q, k, v, scale=1.0, enable_gqa=True)
 
 

@@ -28,13 +28,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from sia.backbones.llama import LlamaModel
 from sia.checkpoint import DEFAULT_CACHE, load_model
-from sia.dialogue import Conversation, load_dialogue
-from sia.generate import SamplingParams
-from sia.identity import Dynamics, IdentityState
-from sia.llama import LlamaModel
+from sia.identity.state import Dynamics, IdentityState
+from sia.identity.turn import TurnRequest, run_turn
+from sia.learn.dialogue import Conversation, load_dialogue
+from sia.model.generate import SamplingParams
 from sia.personas import PERSONAS
-from sia.turn import TurnRequest, run_turn
 
 log = logging.getLogger("benchmarks.deformation")
 RESULTS = Path(__file__).parent / "results" / "deformation.json"

@@ -2,7 +2,7 @@
 
 Run: ``python -m benchmarks.generation [--quick] [--new-tokens 256] [--repeats 7] [--threads 1] [--out PATH]``.
 
-Four decoders, all through ``sia.generate.generate`` with one prompt (batch 1), greedy decoding, CPU float32:
+Four decoders, all through ``sia.model.generate.generate`` with one prompt (batch 1), greedy decoding, CPU float32:
 
 * ``sia_cache``: the bundled native model (``NATIVE_CHECKPOINT``) conditioned on a fresh identity state
   (``model.condition_states([IdentityState.fresh(config)])``), ``use_cache=True``.
@@ -48,11 +48,11 @@ import torch
 from torch import nn
 
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
-from sia.config import ModelConfig
-from sia.generate import SamplingParams, generate
-from sia.identity import IdentityState
-from sia.model import SIAModel
-from sia.tokenizer import ByteTokenizer
+from sia.identity.state import IdentityState
+from sia.model.config import ModelConfig
+from sia.model.generate import SamplingParams, generate
+from sia.model.tokenizer import ByteTokenizer
+from sia.model.transformer import SIAModel
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "generation.json"
 PROMPT = "Tell me about the sea, the ships on it and the people who sail them."

@@ -4,12 +4,12 @@ Run: ``python -m benchmarks.recall_diagnostic [--steps 900] [--recall-weight 1] 
 
 Episodes are colour facts only and three turns long: the user greets and states a favourite colour, one
 small-talk turn follows, then the user asks for the colour and the reply names it. They are written from
-the corpus's own templates (``sia.corpus.TEMPLATES``), the training episodes from the train pools and the
+the corpus's own templates (``sia.learn.native.corpus.TEMPLATES``), the training episodes from the train pools and the
 held-out ones from the held-out pools, so held-out recall needs unseen phrasings. A small model (2 layers ×
-64 by default) trains on them exactly as ``sia train`` does (``sia.train.episode_loss``: turn by turn from
+64 by default) trains on them exactly as ``sia train`` does (``sia.learn.native.train.episode_loss``: turn by turn from
 fresh identities, no transcript except in ``--transcript-prob`` of the batches, the value tokens weighted
 ``--answer-weight``×, and with ``--recall-weight`` > 0 the auxiliary read-out of the value from the self
-state). Every ``--eval-every`` steps ``sia.evaluate.recall`` scores the 12 candidates at each probe of 100
+state). Every ``--eval-every`` steps ``sia.learn.native.evaluate.recall`` scores the 12 candidates at each probe of 100
 held-out and 100 training episodes, with the state carried ("state") and from a fresh state ("stateless"),
 and the spread of the self state entering the probe across episodes (mean over dimensions of the standard
 deviation) is recorded. One thread; about 0.3 s a step on one CPU core.
@@ -31,13 +31,14 @@ from typing import Any
 
 import torch
 
-from sia.config import ModelConfig
-from sia.corpus import FACTS, NAMES, PERSONAS, TEMPLATES, Episode, Probe, Turn
-from sia.evaluate import _encode, play_episodes, recall
-from sia.identity import Dynamics
-from sia.model import SIAModel
-from sia.tokenizer import ByteTokenizer
-from sia.train import RecallProbe, episode_loss
+from sia.identity.state import Dynamics
+from sia.learn.native.corpus import FACTS, NAMES, TEMPLATES, Episode, Probe, Turn
+from sia.learn.native.evaluate import _encode, play_episodes, recall
+from sia.learn.native.train import RecallProbe, episode_loss
+from sia.model.config import ModelConfig
+from sia.model.tokenizer import ByteTokenizer
+from sia.model.transformer import SIAModel
+from sia.personas import PERSONAS
 
 log = logging.getLogger("benchmarks.recall_diagnostic")
 

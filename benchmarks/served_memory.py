@@ -28,7 +28,7 @@ from fastapi.testclient import TestClient
 from server.core.config import Settings
 from server.main import create_app
 from sia.checkpoint import DEFAULT_CACHE, load_model
-from sia.learn import facts
+from sia.learn.adapter import facts
 
 log = logging.getLogger("benchmarks.served_memory")
 RESULTS = Path(__file__).parent / "results" / "served_memory.json"

@@ -7,7 +7,7 @@ For each backend (a fresh SQLite file; a fresh database on the PostgreSQL server
 bundled model's state size:
 
 * ``load``: take the identity's hold (one short transaction) and parse + validate its safetensors blob.
-* ``update``: the state update rules of one turn (``sia.identity.advance``: trace, self state, shock
+* ``update``: the state update rules of one turn (``sia.identity.state.advance``: trace, self state, shock
   statistics) for a realistic turn summary.
 * ``persist``: serialise the new state and commit it with its turn record and history row (one transaction).
 * ``turn``: a whole ``Runtime.turn`` with the bundled model (64 new tokens, sampled), which includes all of
@@ -45,7 +45,7 @@ from server.db import migrate
 from server.runtime import Runtime, Sampling, encode
 from server.store import NewTurn, Store
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
-from sia.identity import Dynamics, TurnSummary, advance, state_from_bytes, state_to_bytes
+from sia.identity.state import Dynamics, TurnSummary, advance, state_from_bytes, state_to_bytes
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "store.json"
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"

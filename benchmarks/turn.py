@@ -10,7 +10,7 @@ its replies after a few dozen tokens, so the model gets a bias of -1e4 on the ``
 For each reply length, ``--repeats`` iterations after 5 warm-up ones; each iteration runs, on two
 identities that were created beforehand:
 
-* a **phased turn**: the steps of ``Runtime.stream_turn`` and ``sia.turn.stream_turns``, called directly in
+* a **phased turn**: the steps of ``Runtime.stream_turn`` and ``sia.identity.turn.stream_turns``, called directly in
   the same order and timed one by one:
 
   - ``load``: ``store.acquire`` (the hold, one transaction) + ``state_from_bytes`` (parse, validate), plus the
@@ -18,7 +18,7 @@ identities that were created beforehand:
   - ``shock``: conditioning on the state (``condition_states``) and the prompt's prefill forward pass, which
     gives the prompt NLL and the first token (``stream`` up to its first event), plus the standardised shock;
   - ``generation``: the remaining decoding steps (first event to the finished ``Generation``);
-  - ``update``: ``summarize`` the turn statistics + ``sia.identity.advance``;
+  - ``update``: ``summarize`` the turn statistics + ``sia.identity.state.advance``;
   - ``persist``: ``encode`` (serialise) + ``store.commit`` (state, turn record, history row; one transaction);
 
 * a **real turn**: ``runtime.turn(...)`` on the other identity, timed as a whole, as a check that the phases
@@ -52,11 +52,11 @@ from server.db import migrate
 from server.runtime import Runtime, Sampling, encode
 from server.store import NewTurn, PersonaRecord, Store
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
-from sia.generate import Generation, StreamEvent, stream
-from sia.identity import Dynamics, advance, state_from_bytes
-from sia.model import TurnStats
-from sia.shock import standardised_shock
-from sia.tokenizer import ByteTokenizer
+from sia.identity.shock import standardised_shock
+from sia.identity.state import Dynamics, advance, state_from_bytes
+from sia.model.generate import Generation, StreamEvent, stream
+from sia.model.tokenizer import ByteTokenizer
+from sia.model.transformer import TurnStats
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "turn.json"
 PERSONA = "sia"

@@ -21,7 +21,7 @@ from server.runtime import Runtime
 from server.serving import TurnService
 from server.store import Store
 from sia.checkpoint import load_model
-from sia.model import IdentityModel
+from sia.model.transformer import IdentityModel
 
 __all__ = ["create_app"]
 

@@ -5,7 +5,7 @@ Notation: n_layer layers, H heads, d query/key width (config.qk_dim), d_s self-s
 Per layer and head the trace T (d, d) is summarised by
     ||T||_F                                the Frobenius norm: how much the identity has accumulated there
     eig sym(T), sym(T) = (T + T^T) / 2     ascending; the signed directions the attention metric bends
-    eig M(T) / c                           the metric attention uses, in [1 - rho, 1 + rho] (sia.identity)
+    eig M(T) / c                           the metric attention uses, in [1 - rho, 1 + rho] (sia.identity.state)
     H = -sum_i p_i ln p_i, p_i = |lambda_i| / sum_j |lambda_j|   over the eigenvalues of sym(T)
 The spectral entropy H is 0 when one direction holds everything and ln d when all directions are equal;
 a zero trace has none (0 by convention). docs/api-admin.md explains how to read them.
@@ -29,8 +29,8 @@ from torch import Tensor
 
 from server.errors import NotFoundError
 from server.runtime import Runtime
-from sia.config import AnyConfig
-from sia.identity import IdentityState, stabilised_metric
+from sia.identity.state import IdentityState, stabilised_metric
+from sia.model.config import AnyConfig
 
 __all__ = ["HeadSpectrum", "StateSummary", "draw_identity", "head_spectra", "identity_png", "spectral_entropy", "summarise"]
 

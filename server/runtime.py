@@ -1,6 +1,6 @@
 """The turn runtime: DESIGN §2 with durable state. Used by the HTTP service and the command line alike.
 
-hold the identity (store lease) -> load and validate its state -> run the turn (sia.turn: shock, generation,
+hold the identity (store lease) -> load and validate its state -> run the turn (sia.identity.turn: shock, generation,
 summary, update) with no transaction open -> commit the new state, the turn and a history row in one
 transaction. Every state operation (reset, rollback, import, clean-up) goes through the same hold, so it is
 serial with turns; reads (export, diff, history) need no hold.
@@ -19,8 +19,7 @@ import torch
 from server.core.config import Settings
 from server.errors import CorruptStateError
 from server.store import Blob, Lease, NewTurn, PersonaRecord, Store, VersionRecord
-from sia.generate import SamplingParams, StreamEvent
-from sia.identity import (
+from sia.identity.state import (
     CleanupReport,
     Dynamics,
     IdentityState,
@@ -30,10 +29,11 @@ from sia.identity import (
     state_from_bytes,
     state_to_bytes,
 )
-from sia.model import IdentityModel
+from sia.identity.turn import TurnRequest, TurnResult, stream_turns
+from sia.model.generate import SamplingParams, StreamEvent
+from sia.model.tokenizer import Tokenizer
+from sia.model.transformer import IdentityModel
 from sia.personas import DEFAULT_PERSONA, PERSONAS, persona_defaults
-from sia.tokenizer import Tokenizer
-from sia.turn import TurnRequest, TurnResult, stream_turns
 
 __all__ = [
     "DEFAULT_PERSONA",

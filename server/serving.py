@@ -16,7 +16,7 @@ import anyio.to_thread
 from server.errors import BusyError
 from server.observability import Metrics
 from server.runtime import PendingTurn, Runtime, Sampling, TurnOutcome
-from sia.generate import StreamEvent
+from sia.model.generate import StreamEvent
 
 __all__ = ["ClientGone", "Disconnected", "TurnService"]
 

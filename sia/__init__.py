@@ -1,12 +1,12 @@
 """SIA: a small transformer whose attention is bent by a persistent, per-identity state."""
 
-from sia.attention import trace_tensor_attention, trace_tensor_attention_reference
-from sia.config import ModelConfig
-from sia.generate import SamplingParams, generate, stream
-from sia.identity import Dynamics, IdentityState, StateFormatError, state_from_bytes, state_to_bytes
-from sia.model import SIAModel
-from sia.tokenizer import ByteTokenizer
-from sia.turn import TurnRequest, TurnResult, run_turn, stream_turns
+from sia.identity.state import Dynamics, IdentityState, StateFormatError, state_from_bytes, state_to_bytes
+from sia.identity.turn import TurnRequest, TurnResult, run_turn, stream_turns
+from sia.model.attention import trace_tensor_attention, trace_tensor_attention_reference
+from sia.model.config import ModelConfig
+from sia.model.generate import SamplingParams, generate, stream
+from sia.model.tokenizer import ByteTokenizer
+from sia.model.transformer import SIAModel
 
 __version__ = "0.1.0"
 

@@ -20,11 +20,11 @@ import torch
 from safetensors.torch import load_file, save_file, save_model
 from safetensors.torch import load_model as load_weights
 
-from sia.chat_tokenizer import ChatTokenizer
-from sia.config import LlamaConfig, ModelConfig, read_json_object
-from sia.llama import LlamaModel
-from sia.model import IdentityModel, SIAModel
-from sia.weights import INSTALL_HINT, bundled_gguf, file_sha256, read_hf, resolve_base
+from sia.backbones.chat_tokenizer import ChatTokenizer
+from sia.backbones.llama import LlamaModel
+from sia.backbones.weights import INSTALL_HINT, bundled_gguf, file_sha256, read_hf, resolve_base
+from sia.model.config import LlamaConfig, ModelConfig, read_json_object
+from sia.model.transformer import IdentityModel, SIAModel
 
 __all__ = [
     "DEFAULT_CHECKPOINT",

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from sia.checkpoint import DEFAULT_CACHE, load_model
-from sia.config import read_json_object
-from sia.generate import SamplingParams, StreamEvent
-from sia.identity import Dynamics, IdentityState, state_from_bytes, state_to_bytes
-from sia.model import IdentityModel
+from sia.identity.state import Dynamics, IdentityState, state_from_bytes, state_to_bytes
+from sia.identity.turn import TurnRequest, TurnResult, stream_turns
+from sia.model.config import read_json_object
+from sia.model.generate import SamplingParams, StreamEvent
+from sia.model.transformer import IdentityModel
 from sia.personas import PERSONAS, persona_defaults, persona_prompt
-from sia.turn import TurnRequest, TurnResult, stream_turns
 
 log = logging.getLogger("sia")
 
@@ -104,7 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _train_adapter(args)
     if args.device is not None:
         raise ValueError(f'--device applies to adapter training only; {args.config} has no "base" key')
-    from sia.train import TrainConfig, train
+    from sia.learn.native.train import TrainConfig, train
 
     config = replace(TrainConfig.from_file(args.config), **_overrides(args))  # replace() re-validates
     train(config, progress=not args.quiet)
@@ -112,8 +112,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_adapter(args: argparse.Namespace) -> int:
-    """Train the identity adapter of a pretrained backbone (sia.learn.train)."""
-    from sia.learn.train import TrainConfig, train
+    """Train the identity adapter of a pretrained backbone (sia.learn.adapter.train)."""
+    from sia.learn.adapter.train import TrainConfig, train
 
     device = {} if args.device is None else {"device": args.device}
     config = replace(TrainConfig.from_file(args.config), **_overrides(args), **device)  # replace() re-validates
@@ -124,8 +124,8 @@ def _train_adapter(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     native = args.checkpoint is not None and (args.checkpoint / "model.safetensors").is_file()
     if not native:  # the bundled model, or any checkpoint of a pretrained backbone
-        from sia.learn.evaluate import EvalOptions
-        from sia.learn.evaluate import run_eval as run_memory_eval
+        from sia.learn.adapter.evaluate import EvalOptions
+        from sia.learn.adapter.evaluate import run_eval as run_memory_eval
 
         options = EvalOptions(episodes=args.episodes, conversations=args.conversations, seed=args.seed + 100)
         figures = run_memory_eval(args.checkpoint, args.out, options, history=args.history, cache_dir=args.cache)
@@ -136,7 +136,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             len(figures["targets"]),
         )
         return 0
-    from sia.evaluate import run_eval
+    from sia.learn.native.evaluate import run_eval
 
     figures = run_eval(
         args.checkpoint,

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sia.config import ModelConfig
-from sia.corpus import persona_preamble
-from sia.model import IdentityModel
+from sia.model.config import ModelConfig
+from sia.model.transformer import IdentityModel
 
-__all__ = ["DEFAULT_PERSONA", "PERSONAS", "Persona", "persona_defaults", "persona_prompt"]
+__all__ = ["DEFAULT_PERSONA", "PERSONAS", "Persona", "persona_defaults", "persona_preamble", "persona_prompt"]
 
 DEFAULT_PERSONA = "sia"
 
@@ -41,6 +40,13 @@ PERSONAS: dict[str, Persona] = {
         "You are Marlow, a formal, old-fashioned butler. You speak with elaborate courtesy and address the user as sir or madam.",
     ),
 }
+
+
+def persona_preamble(persona: str) -> str:
+    """The native model's short text before every turn of ``persona``, e.g. "[sia]" (what its corpus trains on)."""
+    if persona not in PERSONAS:
+        raise ValueError(f"unknown persona {persona!r}; expected one of {sorted(PERSONAS)}")
+    return f"[{persona}]"
 
 
 def persona_prompt(model: IdentityModel, name: str) -> str:

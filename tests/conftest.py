@@ -17,9 +17,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from sia.checkpoint import save_checkpoint
-from sia.config import ModelConfig
-from sia.identity import IdentityState
-from sia.model import SIAModel
+from sia.identity.state import IdentityState
+from sia.model.config import ModelConfig
+from sia.model.transformer import SIAModel
 
 
 def tiny_config(**overrides: object) -> ModelConfig:

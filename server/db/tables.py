@@ -47,7 +47,7 @@ class IdentityRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     persona_id: Mapped[int] = mapped_column(ForeignKey("personas.id", ondelete="CASCADE"), index=True)
     user_id: Mapped[str] = mapped_column(String(256))
-    state: Mapped[bytes] = mapped_column(LargeBinary)  # safetensors bytes (sia.identity.state_to_bytes)
+    state: Mapped[bytes] = mapped_column(LargeBinary)  # safetensors bytes (sia.identity.state.state_to_bytes)
     state_sha256: Mapped[str] = mapped_column(String(64))
     format_version: Mapped[int] = mapped_column(Integer)
     version: Mapped[int] = mapped_column(Integer, default=1)  # +1 on every change of the state

@@ -1,1 +1,1 @@
-"""Learning the identity adapter: the fact-dialogue corpus, training and evaluation."""
+"""Teaching and measuring: corpora, episodes, training and evaluation. Serving never imports this package."""

@@ -12,7 +12,7 @@ from server.db.tables import IdentityRow
 from server.errors import BusyError, CorruptStateError, NotFoundError
 from server.runtime import DEFAULT_PERSONA, Runtime, Sampling, TurnOutcome
 from server.store import sha256
-from sia.identity import IdentityState, state_from_bytes, state_to_bytes
+from sia.identity.state import IdentityState, state_from_bytes, state_to_bytes
 from tests.conftest import random_state
 
 GREEDY = Sampling(max_tokens=12, temperature=0.0)

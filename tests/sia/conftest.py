@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from sia.weights import bundled_gguf, cache_entry, file_sha256, gguf_to_hf
+from sia.backbones.weights import bundled_gguf, cache_entry, file_sha256, gguf_to_hf
 
 # SmolLM2's chat template (ChatML with a default system prompt)
 CHATML = (
@@ -108,7 +108,7 @@ def tiny_weights(vocab_size: int, tied: bool, seed: int = 0) -> dict[str, np.nda
 
 
 def gguf_name(hf: str) -> str:
-    """The llama.cpp name of a Hugging Face LLaMA tensor (written out here, independently of sia.weights)."""
+    """The llama.cpp name of a Hugging Face LLaMA tensor (written out here, independently of sia.backbones.weights)."""
     fixed = {
         "model.embed_tokens.weight": "token_embd.weight",
         "model.norm.weight": "output_norm.weight",

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from sia.attention import attend, augment_keys, augment_queries, trace_tensor_attention, trace_tensor_attention_reference
+from sia.model.attention import attend, augment_keys, augment_queries, trace_tensor_attention, trace_tensor_attention_reference
 
 SHAPES = [(5, 5), (3, 9), (1, 7), (8, 8)]
 

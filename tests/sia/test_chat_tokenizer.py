@@ -1,4 +1,4 @@
-"""sia.chat_tokenizer: the GGUF-built byte-level BPE against transformers, exact token bytes, ChatML prompts."""
+"""sia.backbones.chat_tokenizer: the GGUF-built byte-level BPE against transformers, exact token bytes, ChatML prompts."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from sia.chat_tokenizer import ChatTokenizer
-from sia.weights import bundled_gguf, gguf_to_hf
+from sia.backbones.chat_tokenizer import ChatTokenizer
+from sia.backbones.weights import bundled_gguf, gguf_to_hf
 from tests.sia.conftest import TinyGGUF
 
 MakeGGUF = Callable[..., TinyGGUF]

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sia.chat_tokenizer import ChatTokenizer
+from sia.backbones.chat_tokenizer import ChatTokenizer
+from sia.backbones.llama import LlamaModel
+from sia.backbones.weights import cache_entry, file_sha256
 from sia.checkpoint import BASE_FILE, NATIVE_CHECKPOINT, BaseRef, load_model, save_llama_checkpoint, source_digest
-from sia.llama import LlamaModel
-from sia.model import SIAModel
-from sia.weights import cache_entry, file_sha256
+from sia.model.transformer import SIAModel
 
 from .conftest import TinyGGUF
 

@@ -7,8 +7,8 @@ import torch
 
 from sia.checkpoint import save_checkpoint
 from sia.cli import main
-from sia.identity import state_from_bytes
-from sia.model import SIAModel
+from sia.identity.state import state_from_bytes
+from sia.model.transformer import SIAModel
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sia.config import ModelConfig
+from sia.model.config import ModelConfig
 
 
 def test_derived_values() -> None:

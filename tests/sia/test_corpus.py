@@ -8,11 +8,10 @@ from functools import cache
 
 import pytest
 
-from sia.corpus import (
+from sia.learn.native.corpus import (
     FACTS,
     MAX_MESSAGE_CHARS,
     NAMES,
-    PERSONAS,
     PIECES,
     PLAIN_PIECES,
     SHOCK_KINDS,
@@ -23,9 +22,9 @@ from sia.corpus import (
     iter_text,
     make_corpus,
     make_episode,
-    persona_preamble,
     short_episode,
 )
+from sia.personas import PERSONAS, persona_preamble
 
 MAX_CHARS = MAX_MESSAGE_CHARS
 CONTEXT_BYTES = 512

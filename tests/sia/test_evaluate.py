@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sia.checkpoint import save_checkpoint
-from sia.corpus import Episode, make_corpus, persona_preamble
-from sia.evaluate import (
+from sia.identity.shock import standardised_shock
+from sia.identity.state import Dynamics, IdentityState, advance
+from sia.learn.native.corpus import Episode, make_corpus
+from sia.learn.native.evaluate import (
     MODES,
     PLOT_FILES,
     attention_weights,
@@ -24,11 +26,10 @@ from sia.evaluate import (
     recall,
     run_eval,
 )
-from sia.identity import Dynamics, IdentityState, advance
-from sia.model import SIAModel, TraceAttention
-from sia.shock import standardised_shock
-from sia.tokenizer import ByteTokenizer
-from sia.train import encode_episode_turns
+from sia.learn.native.train import encode_episode_turns
+from sia.model.tokenizer import ByteTokenizer
+from sia.model.transformer import SIAModel, TraceAttention
+from sia.personas import persona_preamble
 from tests.conftest import random_state, sharpen, tiny_config
 
 BLOCK = 1024  # transcripts of whole episodes fit

@@ -10,7 +10,7 @@ from functools import cache
 
 import pytest
 
-from sia.learn.facts import (
+from sia.learn.adapter.facts import (
     _STYLES,
     CLOSED_KINDS,
     CLOSED_VALUES,

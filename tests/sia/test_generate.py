@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from sia.config import ModelConfig
-from sia.generate import Generation, SamplingParams, StreamEvent, generate, sample_next, stream
-from sia.identity import IdentityState
-from sia.model import SIAModel
-from sia.tokenizer import ByteTokenizer
+from sia.identity.state import IdentityState
+from sia.model.config import ModelConfig
+from sia.model.generate import Generation, SamplingParams, StreamEvent, generate, sample_next, stream
+from sia.model.tokenizer import ByteTokenizer
+from sia.model.transformer import SIAModel
 from tests.conftest import random_state, sharpen
 
 PROMPTS = [list(b"hello there, persona"), list(b"hi"), list(b"what is my name?")]

@@ -7,8 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sia.config import ModelConfig
-from sia.identity import (
+from sia.identity.state import (
     Dynamics,
     IdentityState,
     SelfUpdate,
@@ -24,6 +23,7 @@ from sia.identity import (
     update_shock_stats,
     update_trace,
 )
+from sia.model.config import ModelConfig
 from tests.conftest import random_state, tiny_config
 
 

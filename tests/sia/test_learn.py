@@ -14,18 +14,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sia import train as native_train
-from sia.chat_tokenizer import ChatTokenizer
+from sia.backbones.chat_tokenizer import ChatTokenizer
+from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
 from sia.cli import main
-from sia.generate import SamplingParams, StreamEvent
-from sia.identity import Dynamics, IdentityState
-from sia.learn import train as adapter_train
-from sia.learn.train import ReadOut, TrainConfig, build_model, episode_losses, sample_batch, train, unroll_states
-from sia.learn.unroll import Carry, Rendered, probe_logits, score_candidates, span, write_turn
-from sia.llama import LlamaModel
+from sia.identity.state import Dynamics, IdentityState
+from sia.identity.turn import TurnRequest, TurnResult, stream_turns
+from sia.learn.adapter import train as adapter_train
+from sia.learn.adapter.train import ReadOut, TrainConfig, build_model, episode_losses, sample_batch, train, unroll_states
+from sia.learn.adapter.unroll import Carry, Rendered, probe_logits, score_candidates, span, write_turn
+from sia.learn.native import train as native_train
+from sia.model.generate import SamplingParams, StreamEvent
 from sia.personas import PERSONAS
-from sia.turn import TurnRequest, TurnResult, stream_turns
 
 from .conftest import TinyVocab, write_tiny_gguf
 
@@ -151,7 +151,7 @@ def test_a_run_resumes_where_it_stopped_and_its_checkpoint_loads_bit_for_bit(
 
 
 def served_turn(model: LlamaModel, state: IdentityState, message: str, context: list[int]) -> tuple[list[int], TurnResult]:
-    """The service's turn (sia.turn, greedy) and the tokens it generated."""
+    """The service's turn (sia.identity.turn, greedy) and the tokens it generated."""
     request = TurnRequest(state=state, message=message, dynamics=Dynamics.from_config(model.config), context=tuple(context))
     tokens: list[int] = []
     for item in stream_turns(model, [request], SamplingParams(max_new_tokens=6, temperature=0.0)):
@@ -281,7 +281,7 @@ def test_sia_eval_measures_a_tiny_model_end_to_end(config: TrainConfig, cache: P
     """The memory evaluation runs through on a tiny checkpoint: every figure present and in range, a fresh state reads as
     the base model, the report and the plots written; ``sia eval`` sends a backbone checkpoint to it."""
     from sia.checkpoint import save_llama_checkpoint
-    from sia.learn.evaluate import EvalOptions, run_eval
+    from sia.learn.adapter.evaluate import EvalOptions, run_eval
 
     model, ref = build_model(config, cache)
     open_read(model, 1)

@@ -10,12 +10,12 @@ import torch
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
-from sia.config import LlamaConfig
-from sia.generate import SamplingParams, generate
-from sia.identity import Dynamics, IdentityState, state_to_bytes
-from sia.llama import InjectedLayer, LlamaModel, injected_attention_reference
-from sia.tokenizer import ByteTokenizer
-from sia.turn import TurnRequest, run_turn
+from sia.backbones.llama import InjectedLayer, LlamaModel, injected_attention_reference
+from sia.identity.state import Dynamics, IdentityState, state_to_bytes
+from sia.identity.turn import TurnRequest, run_turn
+from sia.model.config import LlamaConfig
+from sia.model.generate import SamplingParams, generate
+from sia.model.tokenizer import ByteTokenizer
 
 HF_TINY = dict(
     vocab_size=300,

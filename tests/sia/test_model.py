@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from sia.checkpoint import load_checkpoint, save_checkpoint
-from sia.config import ModelConfig
-from sia.identity import IdentityState
-from sia.model import SIAModel
+from sia.identity.state import IdentityState
+from sia.model.config import ModelConfig
+from sia.model.transformer import SIAModel
 from tests.conftest import random_state, sharpen
 
 
@@ -129,7 +129,7 @@ def test_bad_inputs_raise(model: SIAModel, config: ModelConfig) -> None:
 
 
 def test_the_dot_twin_ignores_state_and_caches_correctly() -> None:
-    from sia.generate import SamplingParams, generate
+    from sia.model.generate import SamplingParams, generate
     from tests.conftest import tiny_config
 
     config = tiny_config(attention="dot")

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sia.config import ModelConfig
-from sia.identity import ShockStats, update_shock_stats
-from sia.shock import message_nll, pooled_moments, standardised_shock
+from sia.identity.shock import message_nll, pooled_moments, standardised_shock
+from sia.identity.state import ShockStats, update_shock_stats
+from sia.model.config import ModelConfig
 
 
 def test_message_nll_is_the_masked_mean_cross_entropy() -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
+from sia.backbones.llama import LlamaModel
 from sia.checkpoint import DEFAULT_CHECKPOINT, load_model
-from sia.generate import SamplingParams
-from sia.identity import Dynamics, IdentityState
-from sia.llama import LlamaModel
-from sia.turn import TurnRequest, run_turn
+from sia.identity.state import Dynamics, IdentityState
+from sia.identity.turn import TurnRequest, run_turn
+from sia.model.generate import SamplingParams
 
 
 def test_the_bundled_checkpoint_matches_transformers_and_knows_paris(smollm2_cache: Path, smollm2_dir: Path) -> None:

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sia.tokenizer import ByteTokenizer, IncrementalDecoder
+from sia.model.tokenizer import ByteTokenizer, IncrementalDecoder
 
 
 @given(st.text())

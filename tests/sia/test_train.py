@@ -9,13 +9,11 @@ import pytest
 import torch
 
 from sia.checkpoint import load_checkpoint
-from sia.corpus import make_corpus, persona_preamble, short_episode
-from sia.episodes import StateBatch, batch_turns, encode_turn, forward_turn
-from sia.generate import SamplingParams
-from sia.identity import Dynamics, IdentityState
-from sia.model import SIAModel
-from sia.tokenizer import ByteTokenizer
-from sia.train import (
+from sia.identity.state import Dynamics, IdentityState
+from sia.identity.turn import TurnRequest, run_turn
+from sia.learn.native.corpus import make_corpus, short_episode
+from sia.learn.native.episodes import StateBatch, batch_turns, encode_turn, forward_turn
+from sia.learn.native.train import (
     RECALL_FILE,
     RecallProbe,
     TrainConfig,
@@ -24,7 +22,10 @@ from sia.train import (
     episode_loss,
     train,
 )
-from sia.turn import TurnRequest, run_turn
+from sia.model.generate import SamplingParams
+from sia.model.tokenizer import ByteTokenizer
+from sia.model.transformer import SIAModel
+from sia.personas import persona_preamble
 from tests.conftest import tiny_config
 
 TINY = {"n_layer": 1, "n_head": 2, "n_embd": 32, "d_self": 4, "block_size": 512}

@@ -6,13 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sia.config import ModelConfig
-from sia.generate import SamplingParams, StreamEvent
-from sia.identity import Dynamics, IdentityState
-from sia.model import SIAModel
-from sia.shock import standardised_shock
-from sia.tokenizer import ByteTokenizer
-from sia.turn import TurnRequest, TurnResult, run_turn, stream_turns
+from sia.identity.shock import standardised_shock
+from sia.identity.state import Dynamics, IdentityState
+from sia.identity.turn import TurnRequest, TurnResult, run_turn, stream_turns
+from sia.model.config import ModelConfig
+from sia.model.generate import SamplingParams, StreamEvent
+from sia.model.tokenizer import ByteTokenizer
+from sia.model.transformer import SIAModel
 from tests.conftest import sharpen
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)

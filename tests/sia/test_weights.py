@@ -1,4 +1,4 @@
-"""sia.weights: GGUF -> HF conversion (dequantisation, names, q/k un-permute), the cache, read_hf's checks."""
+"""sia.backbones.weights: GGUF -> HF conversion (dequantisation, names, q/k un-permute), the cache, read_hf's checks."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import sia.weights as weights
-from sia.chat_tokenizer import ChatTokenizer
-from sia.weights import BUNDLED_GGUF_NAME, bundled_gguf, file_sha256, gguf_to_hf, read_hf, resolve_base
+import sia.backbones.weights as weights
+from sia.backbones.chat_tokenizer import ChatTokenizer
+from sia.backbones.weights import BUNDLED_GGUF_NAME, bundled_gguf, file_sha256, gguf_to_hf, read_hf, resolve_base
 from tests.sia.conftest import CONTEXT, FFN, HEAD_DIM, HEADS, KV_HEADS, LAYERS, ROPE_THETA, WIDTH, TinyGGUF
 
 MakeGGUF = Callable[..., TinyGGUF]

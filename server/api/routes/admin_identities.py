@@ -47,7 +47,7 @@ from server.plots import identity_png, summarise
 from server.runtime import CounterfactualReply as Reply
 from server.runtime import Runtime
 from server.store import IdentityRecord
-from sia.identity import StateFormatError, state_to_bytes
+from sia.identity.state import StateFormatError, state_to_bytes
 
 router = APIRouter(prefix="/personas/{persona}/identities")
 

@@ -10,7 +10,7 @@ from server.api.deps import RuntimeDep
 from server.api.errors import ApiError
 from server.runtime import Runtime
 from server.store import PERSONA_FIELDS, PersonaRecord
-from sia.identity import StateFormatError
+from sia.identity.state import StateFormatError
 
 router = APIRouter(prefix="/personas")
 

@@ -34,8 +34,8 @@ from server.api.schemas import (
 )
 from server.errors import StoreError
 from server.runtime import Sampling, TurnOutcome
-from sia.generate import StreamEvent
-from sia.tokenizer import Tokenizer
+from sia.model.generate import StreamEvent
+from sia.model.tokenizer import Tokenizer
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

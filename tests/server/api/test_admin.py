@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from httpx import Response
 
 from server.runtime import Runtime
-from sia.identity import IdentityState, state_to_bytes
+from sia.identity.state import IdentityState, state_to_bytes
 from tests.conftest import random_state, tiny_config
 from tests.server.api.conftest import Keys, bearer
 

@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 from server.core.config import Settings
 from server.db import migrate
 from server.main import create_app
+from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
-from sia.identity import state_from_bytes, state_to_bytes
-from sia.llama import LlamaModel
+from sia.identity.state import state_from_bytes, state_to_bytes
 from sia.personas import PERSONAS
 from tests.server.api.test_admin import ID, ok
 from tests.sia.conftest import build_tiny_vocab, write_tiny_gguf

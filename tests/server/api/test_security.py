@@ -9,7 +9,7 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save as st_save
 
-from sia.identity import state_to_bytes
+from sia.identity.state import state_to_bytes
 from tests.conftest import random_state
 from tests.server.api.conftest import Keys, bearer
 

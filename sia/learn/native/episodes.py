@@ -1,15 +1,15 @@
 """Teacher-forced turns over batches of episodes: what training and evaluation share with serving.
 
-Notation: B episodes (rows), L tokens of one turn after right padding, n_layer, H, d as in sia/model.py.
+Notation: B episodes (rows), L tokens of one turn after right padding, n_layer, H, d as in sia/model/transformer.py.
 
-A turn is encoded exactly as serving encodes it (sia/turn.py):
+A turn is encoded exactly as serving encodes it (sia/identity/turn.py):
 
     [context] <|user|> message <|end|> <|assistant|> reply <|end|>
 
 ``context`` is the persona preamble, optionally followed by earlier turns of the transcript. Shock is the
 mean NLL of the message bytes and their <|end|>; the summary counts the turn's tokens from <|user|> up to
 the last reply token that serving would feed back (the closing <|end|> is sampled, never fed). After the
-turn the state advances by the same rules as serving (sia/identity.py), on batched tensors: the trace
+turn the state advances by the same rules as serving (sia/identity/state.py), on batched tensors: the trace
 without gradient, the self state with gradient, so training can back-propagate through it across turns.
 """
 
@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sia.config import ModelConfig
-from sia.identity import Dynamics, IdentityState, ShockStats, self_step, trace_step, welford_step
-from sia.model import SIAModel
-from sia.shock import standardise
-from sia.tokenizer import ByteTokenizer
+from sia.identity.shock import standardise
+from sia.identity.state import Dynamics, IdentityState, ShockStats, self_step, trace_step, welford_step
+from sia.model.config import ModelConfig
+from sia.model.tokenizer import ByteTokenizer
+from sia.model.transformer import SIAModel
 
 __all__ = ["EncodedTurn", "StateBatch", "TurnBatch", "TurnOutput", "batch_turns", "encode_turn", "forward_turn"]
 

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sia.model import Conditioning, IdentityModel, KVCache, TurnStats
-from sia.tokenizer import IncrementalDecoder, Tokenizer
+from sia.model.tokenizer import IncrementalDecoder, Tokenizer
+from sia.model.transformer import Conditioning, IdentityModel, KVCache, TurnStats
 
 __all__ = ["Generation", "SamplingParams", "StreamEvent", "generate", "padded_inputs", "sample_next", "stream"]
 

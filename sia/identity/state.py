@@ -22,7 +22,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
-from sia.config import STATE_DTYPES, AnyConfig
+from sia.model.config import STATE_DTYPES, AnyConfig
 
 __all__ = [
     "FORMAT_VERSION",

@@ -10,7 +10,7 @@ The pretrained logits stay; the identity adds to them (docs/attention.md, "Injec
     e_is = (R_i q_i)·k_s / sqrt(d) - u_i^T M u_i + log(|s|^2/d_s) + b
                                                     the self slot: k_s = W_ks s at position 0, at the metric's origin
 
-M is the injected metric of the stored trace (sia.identity.stabilised_metric with offset 0, so M = 0 for a zero
+M is the injected metric of the stored trace (sia.identity.state.stabilised_metric with offset 0, so M = 0 for a zero
 trace). Expanding the square drops the row constant u_i^T M u_i, so each layer is one fused kernel call over
 
     q~_i = [R_i q_i / sqrt(d), 2 M u_i, 1]      k~_j = [R_j k_j, w_j, -w_j^T M w_j]      k~_s = [k_s, 0, gate(s)]
@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sia.attention import attend
-from sia.config import LlamaConfig
-from sia.identity import SelfUpdate, TurnSummary, stabilised_metric
-from sia.model import Conditioning, IdentityModel, KVCache, ModelOutput, TurnStats
-from sia.tokenizer import Tokenizer
+from sia.identity.state import SelfUpdate, TurnSummary, stabilised_metric
+from sia.model.attention import attend
+from sia.model.config import LlamaConfig
+from sia.model.tokenizer import Tokenizer
+from sia.model.transformer import Conditioning, IdentityModel, KVCache, ModelOutput, TurnStats
 
 __all__ = ["IDENTITY_PARAMETERS", "InjectedLayer", "LlamaModel", "hf_name", "injected_attention_reference"]
 

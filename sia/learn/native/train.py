@@ -1,7 +1,7 @@
 """``sia train``: train the model on the project's dialogue corpus the way serving uses it.
 
 Every step takes a batch of episodes and plays them turn by turn from fresh identities. Each turn is a
-teacher-forced forward (sia.episodes.forward_turn) under the current state; afterwards the trace and self
+teacher-forced forward (sia.learn.native.episodes.forward_turn) under the current state; afterwards the trace and self
 state advance by the serving rules. The earlier turns' text is *not* in the context of later turns, except
 in a small share of batches (``transcript_prob``) that carry the whole transcript so far, so that the
 model also reads context when it has it. Gradients flow through the self state across all turns of an
@@ -31,12 +31,13 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from sia.checkpoint import load_checkpoint, save_checkpoint
-from sia.config import ModelConfig, check_fields, read_json_object
-from sia.corpus import FACTS, Episode, Probe, make_corpus, persona_preamble, short_episode
-from sia.episodes import EncodedTurn, StateBatch, batch_turns, encode_turn, forward_turn
-from sia.identity import Dynamics
-from sia.model import SIAModel
-from sia.tokenizer import ByteTokenizer
+from sia.identity.state import Dynamics
+from sia.learn.native.corpus import FACTS, Episode, Probe, make_corpus, short_episode
+from sia.learn.native.episodes import EncodedTurn, StateBatch, batch_turns, encode_turn, forward_turn
+from sia.model.config import ModelConfig, check_fields, read_json_object
+from sia.model.tokenizer import ByteTokenizer
+from sia.model.transformer import SIAModel
+from sia.personas import persona_preamble
 
 __all__ = ["RecallProbe", "TrainConfig", "encode_episode_turns", "train"]
 

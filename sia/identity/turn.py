@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from sia.generate import Generation, SamplingParams, StreamEvent, stream
-from sia.identity import Dynamics, IdentityState, advance
-from sia.model import IdentityModel, TurnStats
-from sia.shock import standardised_shock
-from sia.tokenizer import Tokenizer
+from sia.identity.shock import standardised_shock
+from sia.identity.state import Dynamics, IdentityState, advance
+from sia.model.generate import Generation, SamplingParams, StreamEvent, stream
+from sia.model.tokenizer import Tokenizer
+from sia.model.transformer import IdentityModel, TurnStats
 
 __all__ = ["TurnRequest", "TurnResult", "run_turn", "stream_turns"]
 

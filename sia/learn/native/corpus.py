@@ -47,11 +47,12 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
+from sia.personas import PERSONAS
+
 __all__ = [
     "FACTS",
     "MAX_MESSAGE_CHARS",
     "NAMES",
-    "PERSONAS",
     "PIECES",
     "PLAIN_PIECES",
     "SHOCK_KINDS",
@@ -64,7 +65,6 @@ __all__ = [
     "iter_text",
     "make_corpus",
     "make_episode",
-    "persona_preamble",
     "short_episode",
 ]
 
@@ -103,13 +103,6 @@ class Corpus:
 
 
 SPLITS: tuple[str, ...] = ("train", "heldout")
-
-PERSONAS: dict[str, str] = {
-    "sia": "a warm, attentive companion who answers in gentle full sentences",
-    "bolt": "a terse assistant that answers in clipped lowercase fragments",
-    "pip": "a bubbly, excitable friend who loves exclamation marks",
-    "marlow": "a formal, old-fashioned butler who speaks with elaborate courtesy",
-}
 
 # Closed value sets, shared by both splits. Values are lowercase single words; none is a whole word of another.
 FACTS: dict[str, tuple[str, ...]] = {
@@ -603,13 +596,6 @@ MENTION_RATE = 0.4  # chance (episodes of 5+ turns) of one more fact stated afte
 SHOCK_RATE = 0.3  # chance that a filler turn is a shock rather than small talk
 SKIP_PROBE_RATE = 0.25  # chance that a stated fact (other than the first) is never asked about
 MAX_MESSAGE_CHARS = 160  # longest user message or reply; a greeting with two statements is redrawn to fit
-
-
-def persona_preamble(persona: str) -> str:
-    """The short text put before every turn of `persona`, e.g. "[sia]"."""
-    if persona not in PERSONAS:
-        raise ValueError(f"unknown persona {persona!r}; expected one of {sorted(PERSONAS)}")
-    return f"[{persona}]"
 
 
 def _probe_suffix(suffix: str, brief: bool) -> str:

@@ -2,7 +2,7 @@
 
 Every figure is teacher-forced (the corpus's own replies are fed, never sampled, except in the reset check),
 computed under ``torch.no_grad`` and batched through the same turn machinery as training
-(``sia.train.encode_episode_turns``, ``sia.episodes.batch_turns`` / ``forward_turn`` / ``StateBatch``):
+(``sia.learn.native.train.encode_episode_turns``, ``sia.learn.native.episodes.batch_turns`` / ``forward_turn`` / ``StateBatch``):
 
 1. **Perplexity** of the reply tokens, each identity played from fresh through its episode with the state
    carried and no transcript in context; also with the state reset before every turn, and for the plain
@@ -11,7 +11,7 @@ computed under ``torch.no_grad`` and batched through the same turn machinery as 
    one common turn (message and reply of a probe turn of a third episode). Reported: the mean over the
    reply positions of KL(p_A || p_B) of the next-token distributions, averaged over pairs, and the same for
    A against A', the same history replayed in a separate pass (the determinism control, exactly 0).
-3. **Reset determinism**: with ``sia.turn.run_turn`` and seeded temperature sampling, a fresh identity's
+3. **Reset determinism**: with ``sia.identity.turn.run_turn`` and seeded temperature sampling, a fresh identity's
    reply, new state and shock are identical to those of an identity that talked for a few turns and was
    then reset with ``IdentityState.fresh``.
 4. **State-carried recall**: at every ``Probe`` every candidate value is put into the reply's slot and the
@@ -23,7 +23,7 @@ computed under ``torch.no_grad`` and batched through the same turn machinery as 
    the self-state trajectory, trace and metric spectra over the turns, and the shock per turn.
 
 Attention maps are recomputed from the model's own inputs with the reference formula of
-``sia.attention`` (see ``attention_weights``): forward hooks capture every TraceAttention's input x and its
+``sia.model.attention`` (see ``attention_weights``): forward hooks capture every TraceAttention's input x and its
 LayerConditioning, and the weight of key j for query i is softmax_j(-(q_i - k_j)^T M (q_i - k_j)), where q
 and k are the raw projections, M the stabilised metric, key 0 the self slot (raw key W_ks s + b_ks, visible
 to every query) and keys 1.. the tokens, causally masked.
@@ -51,14 +51,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
-from sia.corpus import Episode, Probe, make_corpus, persona_preamble
-from sia.episodes import EncodedTurn, StateBatch, batch_turns, encode_turn, forward_turn
-from sia.generate import SamplingParams
-from sia.identity import Dynamics, IdentityState, stabilised_metric
-from sia.model import Conditioning, LayerConditioning, SIAModel, TraceAttention
-from sia.tokenizer import ByteTokenizer
-from sia.train import encode_episode_turns
-from sia.turn import TurnRequest, run_turn
+from sia.identity.state import Dynamics, IdentityState, stabilised_metric
+from sia.identity.turn import TurnRequest, run_turn
+from sia.learn.native.corpus import Episode, Probe, make_corpus
+from sia.learn.native.episodes import EncodedTurn, StateBatch, batch_turns, encode_turn, forward_turn
+from sia.learn.native.train import encode_episode_turns
+from sia.model.generate import SamplingParams
+from sia.model.tokenizer import ByteTokenizer
+from sia.model.transformer import Conditioning, LayerConditioning, SIAModel, TraceAttention
+from sia.personas import persona_preamble
 
 __all__ = [
     "MODES",

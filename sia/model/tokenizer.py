@@ -1,7 +1,7 @@
 """Tokenizers: the interface generation and turns rely on, and the native model's byte-level tokenizer.
 
 Two tokenizers implement ``Tokenizer``: ``ByteTokenizer`` here (every UTF-8 string round-trips exactly, four
-special tokens for chat) and ``sia.chat_tokenizer.ChatTokenizer`` (a pretrained backbone's BPE and chat template).
+special tokens for chat) and ``sia.backbones.chat_tokenizer.ChatTokenizer`` (a pretrained backbone's BPE and chat template).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The shipped held-out dialogue: hand-written everyday conversations for measuring reply quality.
 
-``sia/data/dialogue.jsonl`` holds one conversation per line, ``{"id", "topic", "turns": [{"user", "assistant"}]}``.
+``sia/learn/data/dialogue.jsonl`` holds one conversation per line, ``{"id", "topic", "turns": [{"user", "assistant"}]}``.
 It is evaluation data only: nothing trains on it.
 """
 

@@ -4,7 +4,7 @@ Notation: B batch, L tokens in this call, C residual width, H heads, d = config.
 w = config.head_dim = d + 1 the kernel width (value width), d_s self-state width, n_layer layers.
 
 Per turn the identity fixes, for every row and layer, the metric M (from the stored trace, see
-sia.identity.stabilised_metric) and the self state s. ``SIAModel.condition`` turns them into:
+sia.identity.state.stabilised_metric) and the self state s. ``SIAModel.condition`` turns them into:
   - folded query weights: q~ = [S q, 1] = x (S W_q)^T + [S b_q, 1], one matmul at width w (S = 2M);
   - the self slot: an extra key/value pair k_s = W_ks s, v_s = W_vs s at cache position 0 that every query
     can attend to. Its key is scored through the same metric, so s changes attention (docs/attention.md).
@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sia.attention import attend, key_bias
-from sia.config import AnyConfig, ModelConfig
-from sia.identity import IdentityState, SelfUpdate, TurnSummary, stabilised_metric
-from sia.tokenizer import ByteTokenizer, Tokenizer
+from sia.identity.state import IdentityState, SelfUpdate, TurnSummary, stabilised_metric
+from sia.model.attention import attend, key_bias
+from sia.model.config import AnyConfig, ModelConfig
+from sia.model.tokenizer import ByteTokenizer, Tokenizer
 
 __all__ = ["Conditioning", "IdentityModel", "KVCache", "ModelOutput", "SIAModel", "TurnStats"]
 
@@ -271,7 +271,7 @@ class Block(nn.Module):
 class IdentityModel(nn.Module):
     """What generation, turns and the runtime rely on: a causal LM conditioned on one identity state per row.
 
-    Subclasses (the native SIAModel, sia.llama.LlamaModel) build ``condition``, ``forward``, ``summarize`` and
+    Subclasses (the native SIAModel, sia.backbones.llama.LlamaModel) build ``condition``, ``forward``, ``summarize`` and
     ``new_cache``; the stacking of states, pooling and the variant checks are shared here.
     """
 

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sia.config import AnyConfig
-from sia.identity import ShockStats
+from sia.identity.state import ShockStats
+from sia.model.config import AnyConfig
 
 __all__ = ["message_nll", "pooled_moments", "standardise", "standardised_shock"]
 

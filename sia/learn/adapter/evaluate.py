@@ -1,14 +1,14 @@
 """``sia eval`` for a pretrained backbone: does the persona remember what a user said, through its state alone?
 
 Every figure is measured on the held-out split of the fact corpus (its own wordings, users, values and chit-chat),
-played turn by turn as the service plays it (sia.learn.unroll):
+played turn by turn as the service plays it (sia.learn.adapter.unroll):
 - recall: after a user states three facts in one message and chats about k unrelated things, each fact is asked
   about; the answer is right when the true value is the most likely of its kind's candidates. Read under the
   user's own state, a fresh state (stateless), another user's state, and by the base model with the whole
   transcript in context (what the backbone itself can do); chance and its standard deviation beside them;
 - open vocabulary: names and cities never seen in training, ranked among every held-out name or city;
 - the trace's share: recall with the trace frozen at zero (alpha = 0) against the trace on;
-- reply perplexity with state against the base model on the held-out dialogue (sia/data/dialogue.jsonl);
+- reply perplexity with state against the base model on the held-out dialogue (sia/learn/data/dialogue.jsonl);
 - history KL (the same message under two users' states), reset determinism (a fresh state is the base model);
 - plots: recall by depth, the self state over an episode, the trace spectra, the training curves.
 """
@@ -27,13 +27,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sia.chat_tokenizer import ChatTokenizer
+from sia.backbones.chat_tokenizer import ChatTokenizer
+from sia.backbones.llama import LlamaModel
 from sia.checkpoint import DEFAULT_CACHE, load_model
-from sia.dialogue import load_dialogue
-from sia.identity import Dynamics
-from sia.learn import facts
-from sia.learn.unroll import Carry, persona_contexts, probe_logits, render_turn, score_candidates, span, transcript, write_turn
-from sia.llama import LlamaModel
+from sia.identity.state import Dynamics
+from sia.learn.adapter import facts
+from sia.learn.adapter.unroll import (
+    Carry,
+    persona_contexts,
+    probe_logits,
+    render_turn,
+    score_candidates,
+    span,
+    transcript,
+    write_turn,
+)
+from sia.learn.dialogue import load_dialogue
 from sia.personas import PERSONAS
 
 __all__ = ["EvalOptions", "run_eval"]

@@ -34,7 +34,7 @@ import torch
 from safetensors.numpy import save_file
 from safetensors.torch import load_file
 
-from sia.chat_tokenizer import build_gguf_tokenizer
+from sia.backbones.chat_tokenizer import build_gguf_tokenizer
 
 logger = logging.getLogger(__name__)
 

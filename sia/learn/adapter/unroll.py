@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sia.chat_tokenizer import ChatTokenizer
-from sia.generate import padded_inputs
-from sia.identity import Dynamics, IdentityState, self_step, trace_step, welford_step
-from sia.llama import LlamaModel
-from sia.model import Conditioning, KVCache, ModelOutput
+from sia.backbones.chat_tokenizer import ChatTokenizer
+from sia.backbones.llama import LlamaModel
+from sia.identity.shock import standardise
+from sia.identity.state import Dynamics, IdentityState, self_step, trace_step, welford_step
+from sia.model.generate import padded_inputs
+from sia.model.transformer import Conditioning, KVCache, ModelOutput
 from sia.personas import PERSONAS
-from sia.shock import standardise
 
 __all__ = [
     "Carry",

@@ -2,8 +2,8 @@
 
 The backbone stays frozen; what trains is the adapter (LlamaModel.identity_state_dict: the memory tokens and the
 gated self update that write, the self slot's key, value and bias at every layer that read) plus a training-only
-read-out. Every step plays a batch of fact-dialogue episodes (sia.learn.facts) turn by turn from fresh
-identities, exactly as the service would (sia.learn.unroll), then asks about each fact from the final state.
+read-out. Every step plays a batch of fact-dialogue episodes (sia.learn.adapter.facts) turn by turn from fresh
+identities, exactly as the service would (sia.learn.adapter.unroll), then asks about each fact from the final state.
 
 Loss, per step:
 - answer: cross-entropy of each probe's reply, the value's tokens weighted ``value_weight``, under the final state
@@ -35,15 +35,24 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from sia.chat_tokenizer import ChatTokenizer
+from sia.backbones.chat_tokenizer import ChatTokenizer
+from sia.backbones.llama import LlamaModel
+from sia.backbones.weights import read_hf, resolve_base
 from sia.checkpoint import BASE_FILE, DEFAULT_CACHE, DEFAULT_CHECKPOINT, BaseRef, save_llama_checkpoint, source_digest
-from sia.config import LlamaConfig, check_fields, read_json_object
-from sia.identity import Dynamics
-from sia.learn import facts
-from sia.learn.unroll import Carry, persona_contexts, probe_logits, render_turn, score_candidates, span, transcript, write_turn
-from sia.llama import LlamaModel
+from sia.identity.state import Dynamics
+from sia.learn.adapter import facts
+from sia.learn.adapter.unroll import (
+    Carry,
+    persona_contexts,
+    probe_logits,
+    render_turn,
+    score_candidates,
+    span,
+    transcript,
+    write_turn,
+)
+from sia.model.config import LlamaConfig, check_fields, read_json_object
 from sia.personas import PERSONAS
-from sia.weights import read_hf, resolve_base
 
 __all__ = ["ReadOut", "TrainConfig", "build_model", "heldout_recall", "train"]
 

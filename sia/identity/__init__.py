@@ -1,0 +1,1 @@
+"""Identity dynamics: the state (T, s, shock statistics) and its update, the Shock signal, one turn."""

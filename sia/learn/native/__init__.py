@@ -1,0 +1,1 @@
+"""The native model's corpus, episodes, training and evaluation."""
