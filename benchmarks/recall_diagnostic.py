@@ -9,7 +9,7 @@ held-out ones from the held-out pools, so held-out recall needs unseen phrasings
 64 by default) trains on them exactly as ``sia train`` does (``sia.learn.native.train.episode_loss``: turn by turn from
 fresh identities, no transcript except in ``--transcript-prob`` of the batches, the value tokens weighted
 ``--answer-weight``×, and with ``--recall-weight`` > 0 the auxiliary read-out of the value from the self
-state). Every ``--eval-every`` steps ``sia.learn.native.evaluate.recall`` scores the 12 candidates at each probe of 100
+state). Every ``--eval-every`` steps ``sia.learn.native.recall.recall`` scores the 12 candidates at each probe of 100
 held-out and 100 training episodes, with the state carried ("state") and from a fresh state ("stateless"),
 and the spread of the self state entering the probe across episodes (mean over dimensions of the standard
 deviation) is recorded. One thread; about 0.3 s a step on one CPU core.
@@ -33,7 +33,8 @@ import torch
 
 from sia.identity.state import Dynamics
 from sia.learn.native.corpus import FACTS, NAMES, TEMPLATES, Episode, Probe, Turn
-from sia.learn.native.evaluate import _encode, play_episodes, recall
+from sia.learn.native.play import encode_episodes, play_episodes
+from sia.learn.native.recall import recall
 from sia.learn.native.train import RecallProbe, episode_loss
 from sia.model.config import ModelConfig
 from sia.model.tokenizer import ByteTokenizer
@@ -69,7 +70,7 @@ def measure(model: SIAModel, episodes: Sequence[Episode]) -> dict[str, float]:
         scored = recall(model, episodes, mode)
         out[mode] = sum(s.correct for s in scored) / len(scored)
     refs = frozenset((e, episode.probes[0].turn) for e, episode in enumerate(episodes))
-    captured = play_episodes(model, _encode(model, episodes, transcript=False), capture=refs).captured
+    captured = play_episodes(model, encode_episodes(model, episodes, transcript=False), capture=refs).captured
     selves = torch.cat([captured[ref].self_state for ref in sorted(refs)])  # (n, d_s)
     out["spread"] = float(selves.std(dim=0).mean())
     model.train()

@@ -14,18 +14,12 @@ from torch import Tensor, nn
 from sia.checkpoint import save_checkpoint
 from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState, advance
+from sia.learn.native.attention_maps import attention_weights, capture_attention
 from sia.learn.native.corpus import Episode, make_corpus
-from sia.learn.native.evaluate import (
-    MODES,
-    PLOT_FILES,
-    attention_weights,
-    capture_attention,
-    evaluate,
-    history_dependence,
-    perplexity,
-    recall,
-    run_eval,
-)
+from sia.learn.native.evaluate import evaluate, run_eval
+from sia.learn.native.metrics import history_dependence, perplexity
+from sia.learn.native.plots import PLOT_FILES
+from sia.learn.native.recall import MODES, recall
 from sia.learn.native.train import encode_episode_turns
 from sia.model.tokenizer import ByteTokenizer
 from sia.model.transformer import SIAModel, TraceAttention
