@@ -46,6 +46,7 @@ bench: install
 	$(BIN)/python -m benchmarks.turn
 	$(BIN)/python -m benchmarks.http
 	$(BIN)/python -m benchmarks.backbone
+	$(BIN)/python -m benchmarks.corpus
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
