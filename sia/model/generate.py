@@ -19,7 +19,7 @@ from torch import Tensor
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
 from sia.model.transformer import Conditioning, IdentityModel, KVCache, TurnStats
 
-__all__ = ["Generation", "SamplingParams", "StreamEvent", "generate", "padded_inputs", "sample_next", "stream"]
+__all__ = ["Generation", "SamplingParams", "StreamEvent", "generate", "left_padded", "padded_inputs", "sample_next", "stream"]
 
 
 MAX_TOP_LOGPROBS = 20
@@ -94,6 +94,17 @@ def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generat
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def left_padded(rows: Sequence[Sequence[int]], fill: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(B, L) rows right-aligned in ``fill`` (L the longest row), and the (B, L) mask of their real entries."""
+    L = max(len(r) for r in rows)
+    idx = torch.full((len(rows), L), fill, dtype=torch.long, device=device)
+    valid = torch.zeros(len(rows), L, dtype=torch.bool, device=device)
+    for b, r in enumerate(rows):
+        idx[b, L - len(r) :] = torch.tensor(list(r), dtype=torch.long)
+        valid[b, L - len(r) :] = True
+    return idx, valid
 
 
 def padded_inputs(key_valid: Tensor, n: int, prefix_len: int, n_memory: int = 0) -> tuple[Tensor, Tensor]:
@@ -187,16 +198,12 @@ def stream(
             f"of {model.config.block_size - n_memory} tokens"
         )
     device = model.device
-    valid = torch.zeros(B, L, dtype=torch.bool, device=device)  # (B, L), left padding
-    idx = torch.full((B, L), tok.pad_id, dtype=torch.long, device=device)
-    counted = torch.zeros(B, L, dtype=torch.bool, device=device)
-    for b, prompt in enumerate(prompts):
-        valid[b, L - len(prompt) :] = True
-        idx[b, L - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
-        mask = [True] * len(prompt) if summary_masks is None else list(summary_masks[b])
+    masks = [[True] * len(p) for p in prompts] if summary_masks is None else [list(m) for m in summary_masks]
+    for b, (mask, prompt) in enumerate(zip(masks, prompts, strict=True)):
         if len(mask) != len(prompt):
             raise ValueError(f"summary mask of row {b} has {len(mask)} entries for {len(prompt)} tokens")
-        counted[b, L - len(prompt) :] = torch.tensor(mask, dtype=torch.bool)
+    idx, valid = left_padded(prompts, tok.pad_id, device)  # (B, L)
+    counted = left_padded([[int(m) for m in mask] for mask in masks], 0, device)[0].bool()
     padded = min(lengths) != L
     banned = torch.tensor(tok.banned_ids, dtype=torch.long, device=device)  # never sampled
 

@@ -20,7 +20,7 @@ from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
 from sia.identity.shock import standardise
 from sia.identity.state import Dynamics, IdentityState, self_step, trace_step, welford_step
-from sia.model.generate import padded_inputs
+from sia.model.generate import left_padded, padded_inputs
 from sia.model.transformer import Conditioning, KVCache, ModelOutput
 from sia.personas import PERSONAS
 
@@ -74,16 +74,6 @@ def transcript(
         tokens += tok.reply_tokens(reply)
         spans.append((start, start + len(tok.encode(reply)) + 1))
     return tokens, spans
-
-
-def _pad_left(rows: Sequence[Sequence[int]], fill: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    L = max(len(r) for r in rows)
-    idx = torch.full((len(rows), L), fill, dtype=torch.long, device=device)
-    valid = torch.zeros(len(rows), L, dtype=torch.bool, device=device)
-    for b, r in enumerate(rows):
-        idx[b, L - len(r) :] = torch.tensor(list(r), dtype=torch.long)
-        valid[b, L - len(r) :] = True
-    return idx, valid
 
 
 def forward_padded(
@@ -170,8 +160,8 @@ def write_turn(
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
     device = model.device
-    idx, valid = _pad_left([t.tokens for t in turns], tok.pad_id, device)
-    counted, _ = _pad_left([[int(c) for c in t.counted] for t in turns], 0, device)
+    idx, valid = left_padded([t.tokens for t in turns], tok.pad_id, device)
+    counted, _ = left_padded([[int(c) for c in t.counted] for t in turns], 0, device)
     counted = counted.bool()
     B, L = idx.shape
     prefix = torch.ones(B, model.prefix_len, dtype=torch.bool, device=device)
@@ -211,7 +201,7 @@ def probe_logits(model: LlamaModel, carry: Carry, rows: Sequence[Sequence[int]],
     """Logits (B, tail, V) of the last ``tail`` positions of left-padded ``rows`` read under each row's state (no
     write); read a row's with ``span``."""
     tok = model.tokenizer
-    idx, valid = _pad_left(rows, tok.pad_id, model.device)
+    idx, valid = left_padded(rows, tok.pad_id, model.device)
     prefix = torch.ones(idx.shape[0], model.prefix_len, dtype=torch.bool, device=idx.device)
     cond = carry.condition(model)
     return forward_padded(model, cond, idx, torch.cat([prefix, valid], dim=1), torch.zeros_like(valid), tail=tail).logits
@@ -239,7 +229,7 @@ def score_candidates(
         conts.append([full[cut:] for full in fulls])
     if any(not c for row in conts for c in row):
         raise ValueError("a candidate adds no tokens to its reply prefix")
-    idx, valid = _pad_left(heads, tok.pad_id, device)
+    idx, valid = left_padded(heads, tok.pad_id, device)
     B, L = idx.shape
     longest = max(len(c) for row in conts for c in row)
     key_valid = torch.cat([torch.ones(B, model.prefix_len, dtype=torch.bool, device=device), valid], dim=1)

@@ -16,6 +16,7 @@ from sia.identity.state import Dynamics
 from sia.learn.native.corpus import Episode, Probe
 from sia.learn.native.episodes import EncodedTurn, StateBatch, batch_turns, encode_turn, forward_turn
 from sia.learn.native.play import Play, cat_states, encode_episodes, model_device, play_episodes
+from sia.model.generate import left_padded
 from sia.model.tokenizer import ByteTokenizer
 from sia.model.transformer import Conditioning, LayerConditioning, SIAModel
 
@@ -93,17 +94,6 @@ class _Candidates:
         return cls(tuple(turns), shared, state)
 
 
-def _left_padded(prefixes: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(P, Lp) token ids left-padded with pad_id, and the (P, Lp) mask of real tokens."""
-    width = max(len(p) for p in prefixes)
-    idx = torch.full((len(prefixes), width), pad_id, dtype=torch.long, device=device)
-    valid = torch.zeros(len(prefixes), width, dtype=torch.bool, device=device)
-    for p, prefix in enumerate(prefixes):
-        idx[p, width - len(prefix) :] = torch.tensor(list(prefix), dtype=torch.long)
-        valid[p, width - len(prefix) :] = True
-    return idx, valid
-
-
 def _visible(key_valid: Tensor, n: int) -> Tensor:
     """(B, 1, n, Lk) boolean mask: the last n of Lk keys are this call's queries (causal), earlier keys are
     visible where valid; every query also sees itself, so a padding query never has an empty row."""
@@ -134,7 +124,7 @@ def _score_group(model: SIAModel, group: Sequence[_Candidates]) -> list[tuple[fl
     limit = model.config.block_size - 1
     state = cat_states([g.state for g in group])
     prefixes = [g.turns[0].ids[: g.shared] for g in group]
-    idx, valid = _left_padded(prefixes, tok.pad_id, device)  # (P, Lp)
+    idx, valid = left_padded(prefixes, tok.pad_id, device)  # (P, Lp)
     P, Lp = idx.shape
     rows = [p for p, g in enumerate(group) for _ in g.turns]  # probe of each candidate row
     conts = [t.ids[g.shared :] for g in group for t in g.turns]
