@@ -62,7 +62,7 @@ def reply_scores(
     for conv in held_out:
         for turn in conv.turns:
             prompt, _ = tok.turn_prompt(turn.user, context)
-            reply = [*tok.encode(turn.assistant), *sorted(tok.end_ids)[:1]]
+            reply = [*tok.encode(turn.reply), *sorted(tok.end_ids)[:1]]
             ids = torch.tensor([prompt + reply] * len(states))
             logits = model(ids, cond).logits[:, len(prompt) - 1 : -1].float()  # (S, R, V) predicting the reply
             logp = F.log_softmax(logits, dim=-1)

@@ -17,8 +17,10 @@ DIALOGUE_FILE = Path(__file__).parent / "data" / "dialogue.jsonl"
 
 @dataclass(frozen=True)
 class Exchange:
+    """One turn: what the user says and the reply (the assistant's) a model is trained or evaluated on."""
+
     user: str
-    assistant: str
+    reply: str
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ def load_dialogue(path: str | Path = DIALOGUE_FILE) -> list[Conversation]:
             continue
         try:
             data = json.loads(line)
-            turns = tuple(Exchange(user=str(t["user"]), assistant=str(t["assistant"])) for t in data["turns"])
+            turns = tuple(Exchange(user=str(t["user"]), reply=str(t["assistant"])) for t in data["turns"])
             conversations.append(Conversation(id=str(data["id"]), topic=str(data["topic"]), turns=turns))
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}:{number}: not a conversation ({exc})") from exc

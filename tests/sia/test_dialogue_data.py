@@ -1,16 +1,14 @@
-"""Shape checks for the bundled held-out dialogue corpus (sia/data/dialogue.jsonl)."""
+"""Shape checks for the bundled held-out dialogue corpus (sia/learn/data/dialogue.jsonl)."""
 
 from __future__ import annotations
 
 import json
 import unicodedata
 from functools import cache
-from pathlib import Path
 from typing import Any
 
-import sia
+from sia.learn.dialogue import DIALOGUE_FILE as DIALOGUE_PATH
 
-DIALOGUE_PATH = Path(sia.__file__).parent / "data" / "dialogue.jsonl"
 N_CONVERSATIONS = 60
 MIN_TURNS, MAX_TURNS = 3, 5
 MIN_TOTAL_TURNS = 240

@@ -193,7 +193,7 @@ def dialogue_perplexity(model: LlamaModel, dynamics: Dynamics, conversations: in
     count = 0
     for t in range(max(len(c.turns) for c in convs)):
         rows = [b for b, c in enumerate(convs) if t < len(c.turns)]
-        turns = [render_turn(tok, context, convs[b].turns[t].user, convs[b].turns[t].assistant) for b in rows]
+        turns = [render_turn(tok, context, convs[b].turns[t].user, convs[b].turns[t].reply) for b in rows]
         part, logits, _ = write_turn(model, carry.take(rows), turns, dynamics, grad_tokens=True)
         tail = max(len(x.tokens) - x.reply[0] + 1 for x in turns)
         base = probe_logits(model, Carry.fresh(model, len(rows)), [x.tokens for x in turns], tail=tail)

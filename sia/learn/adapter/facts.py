@@ -20,6 +20,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sia.learn.dialogue import Exchange
+
 __all__ = [
     "CLOSED_KINDS",
     "CLOSED_VALUES",
@@ -27,7 +29,6 @@ __all__ = [
     "OPEN_KINDS",
     "SPLITS",
     "Episode",
-    "Exchange",
     "Fact",
     "Probe",
     "chitchat",
@@ -92,14 +93,6 @@ OPENING_RATE = 0.3  # chance of one chit-chat turn before the statement (when `o
 class Fact:
     kind: str
     value: str
-
-
-@dataclass(frozen=True)
-class Exchange:
-    """One turn: what the user says and the reply the model is trained or evaluated on."""
-
-    user: str
-    reply: str
 
 
 @dataclass(frozen=True)
