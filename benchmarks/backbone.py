@@ -31,10 +31,10 @@ Measured, CPU, ``torch.set_num_threads(--threads)``, float32 and bfloat16 (``mod
    and the peak (``VmHWM``). The files read may sit in the page cache (the GGUF was read before, the converted
    directory was just written), so these are warm-disk figures.
 4. **State size**: ``len(state_to_bytes(state))`` fresh and after the 5 turns.
-5. **Store share**: ``server.runtime.Runtime`` over a fresh SQLite file, persona ``sia`` (default temperature,
+5. **Store share**: ``server.runtime.services.Services`` over a fresh SQLite file, persona ``sia`` (default temperature,
    a fixed seed per turn), replies of exactly ``--tokens`` tokens. Each iteration runs one turn phase by phase
    (``benchmarks.turn.phased_turn``: load = hold + parse, shock = conditioning + prefill + first token,
-   generation, update, persist = serialise + commit) and one real ``runtime.stream_turn`` (its time to first
+   generation, update, persist = serialise + commit) and one real ``Turns.stream_turn`` (its time to first
    token and its total). Store share = (load + persist) / phase sum, median over iterations.
 6. **HTTP**: ``sia serve`` as a real uvicorn subprocess (SQLite, auto-migrate, its model cache a symlink to the
    converted directory, ``SIA_TORCH_THREADS`` = ``--threads``), one untimed warm-up turn, then streamed
@@ -81,7 +81,9 @@ from benchmarks.store import percentiles
 from benchmarks.turn import PHASES, phased_turn
 from server.core.config import Settings
 from server.db import migrate
-from server.runtime import Runtime, Sampling, TurnOutcome
+from server.runtime.inputs import Sampling
+from server.runtime.services import Services
+from server.runtime.turns import TurnOutcome
 from server.store import Store
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
@@ -403,12 +405,12 @@ def run_probe(kind: str, cache: Path, args: argparse.Namespace) -> dict[str, Any
 # --- 5. a turn through the runtime ------------------------------------------------------------------------------------
 
 
-def streamed_turn(runtime: Runtime, user: str, message: str, sampling: Sampling) -> tuple[float, float, int]:
+def streamed_turn(services: Services, user: str, message: str, sampling: Sampling) -> tuple[float, float, int]:
     """(time to first token, total time, reply tokens) of one real turn."""
     t0 = time.perf_counter()
     first: float | None = None
     outcome: TurnOutcome | None = None
-    for item in runtime.stream_turn(PERSONA, user, message, sampling):
+    for item in services.turns.stream_turn(PERSONA, user, message, sampling):
         if isinstance(item, StreamEvent):
             first = first if first is not None else time.perf_counter() - t0
         else:
@@ -418,29 +420,29 @@ def streamed_turn(runtime: Runtime, user: str, message: str, sampling: Sampling)
 
 
 @contextmanager
-def sqlite_runtime(model: LlamaModel, directory: Path) -> Iterator[Runtime]:
-    """``Runtime`` over a fresh, migrated SQLite file with the default personas."""
+def sqlite_services(model: LlamaModel, directory: Path) -> Iterator[Services]:
+    """The services over a fresh, migrated SQLite file with the default personas."""
     settings = Settings(data_dir=directory, database_url=f"sqlite:///{directory / 'bench.db'}")
     migrate.upgrade(settings)
     store = Store(settings)
     try:
-        runtime = Runtime(model, store)
-        runtime.ensure_default_personas()
-        yield runtime
+        services = Services.over(model, store)
+        services.personas.ensure_defaults()
+        yield services
     finally:
         store.close()
 
 
-def run_turns(runtime: Runtime, args: argparse.Namespace) -> dict[str, Any]:
+def run_turns(services: Services, args: argparse.Namespace) -> dict[str, Any]:
     for user in ("phased", "real"):  # create both identities first
-        runtime.turn(PERSONA, user, "Hello.", Sampling(max_tokens=4, seed=0))
+        services.turns.turn(PERSONA, user, "Hello.", Sampling(max_tokens=4, seed=0))
     phases: dict[str, list[float]] = {name: [] for name in PHASES}
     share, model_s, real, ttft = [], [], [], []
     for i in range(1 + args.turns):
         message = f"Tell me something about day {i} of the voyage."
         sampling = Sampling(max_tokens=args.tokens, seed=i)
-        timed, n = phased_turn(runtime, "phased", message, sampling)
-        first, total, m = streamed_turn(runtime, "real", message, sampling)
+        timed, n = phased_turn(services, "phased", message, sampling)
+        first, total, m = streamed_turn(services, "real", message, sampling)
         if n != args.tokens or m != args.tokens:
             raise AssertionError(f"replies of {n} and {m} tokens, not {args.tokens}")
         if i == 0:
@@ -467,8 +469,8 @@ def run_turns(runtime: Runtime, args: argparse.Namespace) -> dict[str, Any]:
 # --- 6. time to first token over HTTP -------------------------------------------------------------------------------
 
 
-def http_ttft(runtime: Runtime, hf_dir: Path, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Streamed chat requests to a real server, each followed by the same turn through ``runtime`` in this process
+def http_ttft(services: Services, hf_dir: Path, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Streamed chat requests to a real server, each followed by the same turn through ``services`` in this process
     (the server is idle meanwhile), so the two times to first token are paired under the same machine load."""
     models = directory / "models"
     models.mkdir(parents=True)
@@ -503,7 +505,7 @@ def http_ttft(runtime: Runtime, hf_dir: Path, directory: Path, args: argparse.Na
                 if first is None:
                     raise AssertionError("the stream carried no token event")
                 total = time.perf_counter() - start
-                in_process = streamed_turn(runtime, "bench", MESSAGES[0], same)[0]
+                in_process = streamed_turn(services, "bench", MESSAGES[0], same)[0]
                 if i > 0:  # the first round is the warm-up (it also creates both identities)
                     firsts.append(first)
                     totals.append(total)
@@ -726,11 +728,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             "self_value_std": SELF_VALUE_STD,
         }
 
-        with sqlite_runtime(model, tmp / "store") as runtime:  # float32, as the service runs
+        with sqlite_services(model, tmp / "store") as services:  # float32, as the service runs
             sys.stdout.write("turns through the runtime...\n")
-            result["turn"] = run_turns(runtime, args)
+            result["turn"] = run_turns(services, args)
             sys.stdout.write("time to first token over HTTP...\n")
-            result["http"] = http_ttft(runtime, hf_dir, tmp / "http", args)
+            result["http"] = http_ttft(services, hf_dir, tmp / "http", args)
 
         prompts = [tok.turn_prompt(m, system)[0] for m in MESSAGES]
         long_prompt = tok.turn_prompt(LONG_TEXT * 8, system)[0][: args.prefill_tokens]

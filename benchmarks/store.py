@@ -10,7 +10,7 @@ bundled model's state size:
 * ``update``: the state update rules of one turn (``sia.identity.state.advance``: trace, self state, shock
   statistics) for a realistic turn summary.
 * ``persist``: serialise the new state and commit it with its turn record and history row (one transaction).
-* ``turn``: a whole ``Runtime.turn`` with the bundled model (64 new tokens, sampled), which includes all of
+* ``turn``: a whole ``Turns.turn`` with the bundled model (64 new tokens, sampled), which includes all of
   the above plus shock measurement and generation.
 
 Reported: p50 / p95 in milliseconds of ``repeats`` timed iterations after 10 warm-up ones, and the store's
@@ -42,8 +42,11 @@ from sqlalchemy.engine import make_url
 
 from server.core.config import Settings
 from server.db import migrate
-from server.runtime import Runtime, Sampling, encode
-from server.store import NewTurn, Store
+from server.records import NewTurn
+from server.runtime.codec import encode
+from server.runtime.inputs import Sampling
+from server.runtime.services import Services
+from server.store import Store
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity.state import Dynamics, TurnSummary, advance, state_from_bytes, state_to_bytes
 
@@ -94,9 +97,9 @@ def run_backend(name: str, url: str, data_dir: Path, args: argparse.Namespace) -
     migrate.upgrade(settings)
     store = Store(settings)
     try:
-        runtime = Runtime(load_checkpoint(NATIVE_CHECKPOINT), store)
-        runtime.ensure_default_personas()
-        config = runtime.config
+        services = Services.over(load_checkpoint(NATIVE_CHECKPOINT), store)
+        services.personas.ensure_defaults()
+        config = services.identities.config
         dynamics = Dynamics.from_config(config)
         g = torch.Generator().manual_seed(0)
 
@@ -110,8 +113,8 @@ def run_backend(name: str, url: str, data_dir: Path, args: argparse.Namespace) -
             keys=unit(config.n_layer, config.n_head, config.qk_dim),
             hidden=torch.randn(config.n_embd, generator=g),
         )
-        runtime.turn("sia", "bench", "Hello there, I am the benchmark.", Sampling(max_tokens=8, seed=0))
-        blob_bytes = len(runtime.export_state("sia", "bench"))
+        services.turns.turn("sia", "bench", "Hello there, I am the benchmark.", Sampling(max_tokens=8, seed=0))
+        blob_bytes = len(services.identities.export_state("sia", "bench")[1])
         record = NewTurn("message", "reply", "stop", 0.1, 2.0, 40, 64, 100.0)
         phases: dict[str, list[float]] = {"load": [], "update": [], "persist": []}
         with torch.inference_mode():
@@ -120,7 +123,7 @@ def run_backend(name: str, url: str, data_dir: Path, args: argparse.Namespace) -
                 lease = store.acquire("sia", "bench")
                 state = state_from_bytes(lease.state, config)
                 t1 = time.perf_counter()
-                new_state = advance(state, summary, shock=0.5, nll=2.0, g=runtime.model.self_update, dynamics=dynamics)
+                new_state = advance(state, summary, shock=0.5, nll=2.0, g=services.turns.model.self_update, dynamics=dynamics)
                 t2 = time.perf_counter()
                 store.commit(lease, encode(new_state), reason="turn", turn=record)
                 t3 = time.perf_counter()
@@ -131,7 +134,9 @@ def run_backend(name: str, url: str, data_dir: Path, args: argparse.Namespace) -
         turns = []
         for i in range(args.turns + 2):
             t0 = time.perf_counter()
-            runtime.turn("sia", "turns", f"Tell me something about day {i}.", Sampling(max_tokens=64, temperature=0.8, seed=i))
+            services.turns.turn(
+                "sia", "turns", f"Tell me something about day {i}.", Sampling(max_tokens=64, temperature=0.8, seed=i)
+            )
             if i >= 2:
                 turns.append(time.perf_counter() - t0)
         result: dict[str, Any] = {"backend": name, "state_bytes": blob_bytes, "serialise_bytes": len(state_to_bytes(state))}

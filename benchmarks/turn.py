@@ -2,7 +2,7 @@
 
 Run: ``python -m benchmarks.turn [--quick] [--lengths 16 64 256] [--repeats 40] [--threads 1] [--out PATH]``.
 
-Setup: a fresh SQLite file (migrated, default personas created), ``server.runtime.Runtime`` over the bundled
+Setup: a fresh SQLite file (migrated, default personas created), ``server.runtime.services.Services`` over the bundled
 model, persona ``sia`` (sampling at its default temperature, a fixed seed per turn). The bundled model ends
 its replies after a few dozen tokens, so the model gets a bias of -1e4 on the ``<|end|>`` logit
 (``benchmarks.generation.without_end``) and every reply has exactly the requested number of tokens.
@@ -10,7 +10,7 @@ its replies after a few dozen tokens, so the model gets a bias of -1e4 on the ``
 For each reply length, ``--repeats`` iterations after 5 warm-up ones; each iteration runs, on two
 identities that were created beforehand:
 
-* a **phased turn**: the steps of ``Runtime.stream_turn`` and ``sia.identity.turn.stream_turns``, called directly in
+* a **phased turn**: the steps of ``Turns.stream_turn`` and ``sia.identity.turn.stream_turns``, called directly in
   the same order and timed one by one:
 
   - ``load``: ``store.acquire`` (the hold, one transaction) + ``state_from_bytes`` (parse, validate), plus the
@@ -21,7 +21,7 @@ identities that were created beforehand:
   - ``update``: ``summarize`` the turn statistics + ``sia.identity.state.advance``;
   - ``persist``: ``encode`` (serialise) + ``store.commit`` (state, turn record, history row; one transaction);
 
-* a **real turn**: ``runtime.turn(...)`` on the other identity, timed as a whole, as a check that the phases
+* a **real turn**: ``services.turns.turn(...)`` on the other identity, timed as a whole, as a check that the phases
   add up to a turn (``phase sum / real turn``, p50 over p50).
 
 Reported per length and phase: p50 / p95 in ms, and the median over iterations of the share of the phased
@@ -49,11 +49,14 @@ from benchmarks.generation import machine_info, without_end
 from benchmarks.store import percentiles
 from server.core.config import Settings
 from server.db import migrate
-from server.runtime import Runtime, Sampling, encode
-from server.store import NewTurn, PersonaRecord, Store
+from server.records import NewTurn
+from server.runtime.codec import encode
+from server.runtime.inputs import Sampling
+from server.runtime.services import Services
+from server.store import Store
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity.shock import standardised_shock
-from sia.identity.state import Dynamics, advance, state_from_bytes
+from sia.identity.state import advance, state_from_bytes
 from sia.model.generate import Generation, StreamEvent, stream
 from sia.model.tokenizer import ByteTokenizer
 from sia.model.transformer import TurnStats
@@ -77,26 +80,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def dynamics_of(runtime: Runtime, persona: PersonaRecord) -> Dynamics:
-    """The persona's rates with the model's defaults filled in (as the runtime does)."""
-    base = Dynamics.from_config(runtime.config)
-    return Dynamics(
-        alpha=base.alpha if persona.alpha is None else persona.alpha,
-        decay=base.decay if persona.decay is None else persona.decay,
-        eta=base.eta if persona.eta is None else persona.eta,
-    )
-
-
-def phased_turn(runtime: Runtime, user: str, message: str, sampling: Sampling) -> tuple[dict[str, float], int]:
+def phased_turn(services: Services, user: str, message: str, sampling: Sampling) -> tuple[dict[str, float], int]:
     """One turn with each phase timed; returns seconds per phase and the reply's token count."""
-    store, model, tok = runtime.store, runtime.model, runtime.tokenizer
+    store, model, tok, config = services.store, services.turns.model, services.turns.tokenizer, services.identities.config
     t0 = time.perf_counter()
     lease = store.acquire(PERSONA, user)
     record = lease.persona_record
-    params = runtime.sampling_params(record, sampling)
-    dynamics = dynamics_of(runtime, record)
+    params = services.personas.sampling_params(record, sampling)
+    dynamics = services.personas.dynamics(record)
     context = tuple(tok.system_prompt(record.preamble))
-    state = state_from_bytes(lease.state, runtime.config)
+    state = state_from_bytes(lease.state, config)
     t1 = time.perf_counter()
 
     prompt, (start, end) = tok.turn_prompt(message, context)
@@ -116,7 +109,7 @@ def phased_turn(runtime: Runtime, user: str, message: str, sampling: Sampling) -
     t3 = time.perf_counter()
     with torch.no_grad():
         nll = float(generation.prompt_nll[span[0] : span[1]].mean())
-        shock = standardised_shock(nll, state.shock, runtime.config)
+        shock = standardised_shock(nll, state.shock, config)
         t4 = time.perf_counter()
         summary = model.summarize(TurnStats.cat([generation.stats])).row(0)
         new_state = advance(state, summary, shock=shock, nll=nll, g=model.self_update, dynamics=dynamics)
@@ -134,7 +127,7 @@ def phased_turn(runtime: Runtime, user: str, message: str, sampling: Sampling) -
     return phases, len(generation.tokens)
 
 
-def run_length(runtime: Runtime, length: int, repeats: int) -> dict[str, Any]:
+def run_length(services: Services, length: int, repeats: int) -> dict[str, Any]:
     phases: dict[str, list[float]] = {name: [] for name in PHASES}
     totals: list[float] = []
     real: list[float] = []
@@ -143,11 +136,11 @@ def run_length(runtime: Runtime, length: int, repeats: int) -> dict[str, Any]:
     for i in range(WARMUP + repeats):
         message = f"Tell me something about day {i}."
         sampling = Sampling(max_tokens=length, seed=i)
-        timed, n = phased_turn(runtime, f"phased-{length}", message, sampling)
+        timed, n = phased_turn(services, f"phased-{length}", message, sampling)
         if n != length:
             raise AssertionError(f"the reply has {n} tokens, not {length}")
         t0 = time.perf_counter()
-        outcome = runtime.turn(PERSONA, f"real-{length}", message, sampling)
+        outcome = services.turns.turn(PERSONA, f"real-{length}", message, sampling)
         elapsed = time.perf_counter() - t0
         if outcome.completion_tokens != length:
             raise AssertionError(f"the real turn's reply has {outcome.completion_tokens} tokens, not {length}")
@@ -203,12 +196,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         migrate.upgrade(settings)
         store = Store(settings)
         try:
-            runtime = Runtime(without_end(load_checkpoint(NATIVE_CHECKPOINT), ByteTokenizer()), store)
-            runtime.ensure_default_personas()
+            services = Services.over(without_end(load_checkpoint(NATIVE_CHECKPOINT), ByteTokenizer()), store)
+            services.personas.ensure_defaults()
             for length in args.lengths:
                 for user in (f"phased-{length}", f"real-{length}"):  # create both identities up front
-                    runtime.turn(PERSONA, user, "Hello.", Sampling(max_tokens=4, seed=0))
-                rows.append(run_length(runtime, length, args.repeats))
+                    services.turns.turn(PERSONA, user, "Hello.", Sampling(max_tokens=4, seed=0))
+                rows.append(run_length(services, length, args.repeats))
         finally:
             store.close()
     info["loadavg_end"] = list(os.getloadavg())

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from sia import cli as library_cli
 
 if TYPE_CHECKING:
-    from server.auth import KeyRing
+    from server.runtime.keys import KeyRing
 
 log = logging.getLogger("sia")
 
@@ -19,20 +19,22 @@ log = logging.getLogger("sia")
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from server.core.config import Settings
     from server.db import migrate
+    from server.db.engine import safe_url
 
     settings = Settings()
     migrate.upgrade(settings, args.revision)
-    log.info("database %s is at revision %s", _safe_url(settings.url), migrate.current_revision(settings))
+    log.info("database %s is at revision %s", safe_url(settings.url), migrate.current_revision(settings))
     return 0
 
 
 def cmd_db_downgrade(args: argparse.Namespace) -> int:
     from server.core.config import Settings
     from server.db import migrate
+    from server.db.engine import safe_url
 
     settings = Settings()
     migrate.downgrade(settings, args.revision)
-    log.info("database %s is at revision %s", _safe_url(settings.url), migrate.current_revision(settings))
+    log.info("database %s is at revision %s", safe_url(settings.url), migrate.current_revision(settings))
     return 0
 
 
@@ -58,9 +60,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from server.auth import KeyRing
     from server.db import migrate
     from server.main import create_app
+    from server.runtime.keys import KeyRing
     from server.store import Store
 
     if settings.auto_migrate and settings.url.startswith("sqlite"):
@@ -109,28 +111,31 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 
 
 def _key_ring() -> KeyRing:
-    from server.auth import KeyRing
     from server.core.config import Settings
+    from server.runtime.keys import KeyRing
     from server.store import Store
 
     return KeyRing(Store(Settings()))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    """With --user: a conversation with a stored identity (the runtime); without: the library's file-backed chat."""
+    """With --user: a conversation with a stored identity (the runtime's turns); without: the library's file-backed chat."""
     if args.user is None:
         return int(library_cli.cmd_chat(args))
     from server.core.config import Settings
     from server.db import migrate
-    from server.runtime import Runtime, Sampling, TurnOutcome
+    from server.runtime.inputs import Sampling
+    from server.runtime.services import Services
+    from server.runtime.turns import TurnOutcome
     from server.store import Store
     from sia.checkpoint import load_model
 
     settings = Settings()
     if settings.auto_migrate and settings.url.startswith("sqlite"):
         migrate.upgrade(settings)
-    runtime = Runtime(load_model(args.checkpoint or settings.checkpoint, cache_dir=settings.model_cache), Store(settings))
-    runtime.ensure_default_personas()
+    model = load_model(args.checkpoint or settings.checkpoint, cache_dir=settings.model_cache)
+    services = Services.over(model, Store(settings))
+    services.personas.ensure_defaults()
     sampling = Sampling(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -144,7 +149,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         message = line.rstrip("\n")
         if not message:
             break
-        for item in runtime.stream_turn(args.persona, args.user, message, sampling):
+        for item in services.turns.stream_turn(args.persona, args.user, message, sampling):
             if isinstance(item, TurnOutcome):
                 sys.stdout.write("\n")
                 log.info("turn %d: shock %.3f, state version %d", item.turn, item.shock, item.state_version)
@@ -152,12 +157,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 sys.stdout.write(item.text)
                 sys.stdout.flush()
     return 0
-
-
-def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

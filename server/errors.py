@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["BusyError", "ConflictError", "CorruptStateError", "NotFoundError", "StoreError"]
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+__all__ = ["DATABASE_UNAVAILABLE", "BusyError", "ConflictError", "CorruptStateError", "NotFoundError", "StoreError"]
+
+# what the database driver raises when the database cannot be reached (HTTP 503); the service names these
+# classes here so that nothing above the store imports SQLAlchemy
+DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
 
 
 class StoreError(Exception):

@@ -1,4 +1,5 @@
-"""The FastAPI application: ``create_app(settings)``; the model and the store are loaded once, in the lifespan."""
+"""The FastAPI application: ``create_app(settings)``; the model, the store and the services over them are built
+once, in the lifespan."""
 
 from __future__ import annotations
 
@@ -13,12 +14,10 @@ from fastapi.middleware.cors import CORSMiddleware
 from server.api.errors import install_error_handlers
 from server.api.middleware import RequestContext
 from server.api.routes import admin, chat, health, openai
-from server.auth import KeyRing
 from server.core.config import Settings, get_settings
-from server.db import migrate
 from server.observability import Metrics
-from server.runtime import Runtime
-from server.serving import TurnService
+from server.runtime.services import Services
+from server.runtime.serving import TurnService
 from server.store import Store
 from sia.checkpoint import load_model
 from sia.model.transformer import IdentityModel
@@ -36,29 +35,25 @@ def create_app(settings: Settings | None = None, *, model: IdentityModel | None 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         torch.set_num_threads(settings.torch_threads)
-        store = Store(settings)
         loaded = model or load_model(settings.checkpoint, cache_dir=settings.model_cache)
-        runtime = Runtime(loaded, store)
-        app.state.runtime = runtime
-        app.state.keys = KeyRing(store)
-        app.state.turns = TurnService(runtime, metrics, settings.max_concurrent_turns)
-        app.state.schema_head = migrate.head_revision(settings)
-        app.state.parameters = sum(p.numel() for p in loaded.parameters())
+        services = Services.over(loaded, Store(settings))
+        app.state.services = services
+        app.state.serving = TurnService(services.turns, metrics, settings.max_concurrent_turns)
         try:
-            if migrate.current_revision(settings) == app.state.schema_head:
-                created = runtime.ensure_default_personas()
+            if services.health.at_schema_head():
+                created = services.personas.ensure_defaults()
                 if created:
                     log.info("created the default personas: %s", ", ".join(created))
-                if app.state.keys.dev_mode():
+                if services.keys.dev_mode():
                     log.warning("development mode: no API key exists, so every request is allowed (`sia keys create`)")
             else:
-                log.error("the database is not migrated to %s; /readyz fails until `sia db upgrade`", app.state.schema_head)
+                log.error("the database is not migrated to %s; /readyz fails until `sia db upgrade`", services.health.schema_head)
         except Exception as exc:  # the database may come up later; /readyz reports it meanwhile
             log.error("database unavailable at start-up: %s", str(exc).splitlines()[0])
         try:
             yield
         finally:
-            store.close()
+            services.close()
 
     app = FastAPI(
         title="SIA",

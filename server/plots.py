@@ -27,15 +27,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from torch import Tensor
 
-from server.errors import NotFoundError
-from server.runtime import Runtime
 from sia.identity.state import IdentityState, stabilised_metric
 from sia.model.config import AnyConfig
 
-__all__ = ["HeadSpectrum", "StateSummary", "draw_identity", "head_spectra", "identity_png", "spectral_entropy", "summarise"]
+__all__ = ["StateSummary", "TraceSpectrum", "describe_state", "draw_identity", "head_spectra", "spectral_entropy"]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-MAX_PLOTTED_TURNS = 500  # the shock panel shows the most recent turns only
 
 
 @dataclass(frozen=True)
@@ -45,11 +42,13 @@ class StateSummary:
     turns: int  # the state's own counter
     self_state: list[float]
     self_norm: float  # ||s||_2
-    heads: list[HeadSpectrum]  # layer-major
+    heads: list[TraceSpectrum]  # layer-major
 
 
 @dataclass(frozen=True)
-class HeadSpectrum:
+class TraceSpectrum:
+    """The spectra of one layer and head's trace."""
+
     layer: int
     head: int
     trace_norm: float  # ||T||_F
@@ -75,13 +74,13 @@ def _eigenvalues(state: IdentityState, config: AnyConfig) -> tuple[Tensor, Tenso
     return torch.linalg.eigvalsh(sym), torch.linalg.eigvalsh(metric)
 
 
-def head_spectra(state: IdentityState, config: AnyConfig) -> list[HeadSpectrum]:
-    """One HeadSpectrum per layer and head, layer-major."""
+def head_spectra(state: IdentityState, config: AnyConfig) -> list[TraceSpectrum]:
+    """One TraceSpectrum per layer and head, layer-major."""
     eigs, metric_eigs = _eigenvalues(state, config)
     norms = torch.linalg.matrix_norm(state.trace.double())  # (n_layer, H)
     entropy = spectral_entropy(eigs)  # (n_layer, H)
     return [
-        HeadSpectrum(
+        TraceSpectrum(
             layer=layer,
             head=head,
             trace_norm=float(norms[i, head]),
@@ -94,32 +93,14 @@ def head_spectra(state: IdentityState, config: AnyConfig) -> list[HeadSpectrum]:
     ]
 
 
-def summarise(state: IdentityState, config: AnyConfig) -> StateSummary:
+def describe_state(state: IdentityState, config: AnyConfig) -> StateSummary:
+    """The numbers the admin API reports for ``state``: its counter, its self state and every head's spectra."""
     return StateSummary(
         turns=state.turns,
         self_state=state.self_state.tolist(),
         self_norm=float(torch.linalg.vector_norm(state.self_state.double())),
         heads=head_spectra(state, config),
     )
-
-
-def identity_png(runtime: Runtime, persona: str, user: str) -> bytes:
-    """The identity's figure: spectra of its current trace, and its retained versions and turns over time."""
-    history = sorted(runtime.history(persona, user), key=lambda v: v.version)
-    current_version, current = runtime.state(persona, user)
-    versions: list[tuple[int, IdentityState]] = []
-    for record in history:
-        if record.version < current_version:
-            try:
-                versions.append((record.version, runtime.state(persona, user, record.version)[1]))
-            except NotFoundError:  # pruned by a commit since the history was read
-                continue
-    versions.append((current_version, current))
-    count = runtime.store.get_identity(persona, user).turn_count
-    offset = max(0, count - MAX_PLOTTED_TURNS)
-    turns = runtime.store.turns(persona, user, limit=MAX_PLOTTED_TURNS, offset=offset)
-    shocks = [(t.index, t.shock) for t in turns]
-    return draw_identity(f"{persona} / {user} (version {current_version})", versions, shocks, runtime.config)
 
 
 def draw_identity(

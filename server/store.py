@@ -1,4 +1,4 @@
-"""The identity store: personas, identities and their state history in SQL (SQLite or PostgreSQL).
+"""The identity store: personas, identities, their state history and API keys in SQL (SQLite or PostgreSQL).
 
 Bytes in, bytes out: this module never parses a state blob (the runtime does); it checks each blob's sha256
 on the way out, so a blob damaged at rest raises CorruptStateError instead of reaching the model.
@@ -18,157 +18,43 @@ lock is ever held during generation. A process killed mid-turn leaves a lease th
 from __future__ import annotations
 
 import hashlib
+import hmac
 import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
-from datetime import datetime
+from dataclasses import fields
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy import Engine, delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from server.core.config import Settings
 from server.db.engine import READ_ONLY, make_engine, make_sessionmaker
-from server.db.tables import IdentityRow, PersonaRow, SnapshotRow, StateVersionRow, TurnRow, utcnow
+from server.db.tables import ApiKeyRow, IdentityRow, PersonaRow, SnapshotRow, StateVersionRow, TurnRow, utcnow
 from server.errors import BusyError, ConflictError, CorruptStateError, NotFoundError
+from server.records import (
+    PERSONA_FIELDS,
+    ApiKey,
+    Blob,
+    IdentityRecord,
+    Lease,
+    NewTurn,
+    PersonaRecord,
+    SnapshotRecord,
+    TurnRecord,
+    VersionRecord,
+)
 
-__all__ = [
-    "Blob",
-    "IdentityRecord",
-    "Lease",
-    "NewTurn",
-    "PersonaRecord",
-    "SnapshotRecord",
-    "Store",
-    "TurnRecord",
-    "VersionRecord",
-    "sha256",
-]
+__all__ = ["PRUNE_EVERY", "Store", "sha256"]
 
 PRUNE_EVERY = 8  # history is pruned on every 8th version: one statement fewer in most commits
-
-PERSONA_FIELDS = ("description", "preamble", "alpha", "decay", "eta", "temperature", "top_p", "top_k", "max_tokens")
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Records: plain values handed out of the store (never ORM rows)
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Blob:
-    """A serialised state and the figures kept beside it in columns (for listing without parsing)."""
-
-    data: bytes
-    format_version: int
-    shock_count: int
-    shock_mean: float
-    shock_m2: float
-
-
-@dataclass(frozen=True)
-class PersonaRecord:
-    id: int
-    name: str
-    description: str
-    preamble: str
-    alpha: float | None
-    decay: float | None
-    eta: float | None
-    temperature: float
-    top_p: float | None
-    top_k: int | None
-    max_tokens: int
-    initial_state: bytes | None
-    created_at: datetime
-    updated_at: datetime
-
-
-@dataclass(frozen=True)
-class IdentityRecord:
-    id: int
-    persona: str
-    user_id: str
-    version: int
-    turn_count: int
-    shock_count: int
-    shock_mean: float
-    shock_m2: float
-    state_sha256: str
-    format_version: int
-    busy: bool  # a turn holds it right now
-    created_at: datetime
-    updated_at: datetime
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A turn's hold on one identity, with the state as it was when the hold was taken."""
-
-    identity_id: int
-    persona_record: PersonaRecord  # the persona as it was when the hold was taken
-    user_id: str
-    token: str
-    version: int
-    turn_count: int
-    state: bytes
-
-    @property
-    def persona(self) -> str:
-        return self.persona_record.name
-
-
-@dataclass(frozen=True)
-class NewTurn:
-    message: str
-    reply: str
-    finish_reason: str
-    shock: float
-    nll: float
-    prompt_tokens: int
-    completion_tokens: int
-    latency_ms: float
-
-
-@dataclass(frozen=True)
-class TurnRecord:
-    index: int
-    message: str
-    reply: str
-    finish_reason: str
-    shock: float
-    nll: float
-    prompt_tokens: int
-    completion_tokens: int
-    latency_ms: float
-    version_before: int
-    version_after: int
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class VersionRecord:
-    version: int
-    reason: str
-    turn_index: int | None
-    state_sha256: str
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class SnapshotRecord:
-    name: str
-    version: int
-    state_sha256: str
-    created_at: datetime
 
 
 R = TypeVar("R")
@@ -207,6 +93,14 @@ class Store:
             if "database is locked" in str(exc):
                 raise BusyError("the database stayed locked past its busy timeout; retry") from exc
             raise
+
+    def schema_revision(self) -> str | None:
+        """The migration revision the database is at. Raises whatever the driver raises when the database does
+        not answer, or has no revision table yet."""
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+            revision = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        return None if revision is None else str(revision)
 
     # --- personas --------------------------------------------------------------------------------------
 
@@ -531,6 +425,43 @@ class Store:
             raise NotFoundError(f"identity has no snapshot named {name!r}")
         return row
 
+    # --- API keys (stored as sha256 hashes; the keys themselves never reach the database) ----------------
+
+    def create_api_key(self, *, name: str, role: str, user_id: str | None, key_hash: str, prefix: str) -> ApiKey:
+        with self.transaction() as s:
+            row = ApiKeyRow(name=name, role=role, user_id=user_id, key_hash=key_hash, prefix=prefix)
+            s.add(row)
+            s.flush()
+            return _api_key(row)
+
+    def list_api_keys(self) -> list[ApiKey]:
+        with self.transaction(read_only=True) as s:
+            return [_api_key(r) for r in s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.id))]
+
+    def revoke_api_key(self, key_id: int) -> ApiKey:
+        """Revoke the key (a key already revoked keeps its first revocation time)."""
+        with self.transaction() as s:
+            row = s.get(ApiKeyRow, key_id)
+            if row is None:
+                raise NotFoundError(f"no API key with id {key_id}")
+            if row.revoked_at is None:
+                s.execute(update(ApiKeyRow).where(ApiKeyRow.id == key_id).values(revoked_at=utcnow()))
+                s.refresh(row)
+            return _api_key(row)
+
+    def count_active_api_keys(self) -> int:
+        with self.transaction(read_only=True) as s:
+            count = s.scalar(select(func.count()).select_from(ApiKeyRow).where(ApiKeyRow.revoked_at.is_(None)))
+        return int(count or 0)
+
+    def active_api_key(self, key_hash: str) -> ApiKey | None:
+        """The active key with this hash (the match confirmed in constant time), or None."""
+        with self.transaction(read_only=True) as s:
+            row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.key_hash == key_hash, ApiKeyRow.revoked_at.is_(None)))
+            if row is None or not hmac.compare_digest(row.key_hash, key_hash):
+                return None
+            return _api_key(row)
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Helpers
@@ -565,3 +496,7 @@ def _persona(row: PersonaRow) -> PersonaRecord:
 def _identity(row: IdentityRow, persona: str) -> IdentityRecord:
     busy = row.lease_token is not None and (row.lease_expires or 0.0) >= time.time()
     return _record(IdentityRecord, row, persona=persona, busy=busy)
+
+
+def _api_key(row: ApiKeyRow) -> ApiKey:
+    return _record(ApiKey, row)

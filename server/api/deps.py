@@ -1,4 +1,4 @@
-"""Dependencies routes declare: the settings, the runtime, the turn service, and who the caller is."""
+"""Dependencies routes declare: the settings, the services, the metrics, and who the caller is."""
 
 from __future__ import annotations
 
@@ -7,32 +7,65 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from server.api.errors import ApiError
-from server.auth import KeyRing, Principal
 from server.core.config import Settings
-from server.runtime import Runtime
-from server.serving import TurnService
+from server.observability import Metrics
+from server.runtime.health import Health
+from server.runtime.identities import Identities
+from server.runtime.keys import Principal
+from server.runtime.personas import Personas
+from server.runtime.services import Services
+from server.runtime.serving import TurnService
 
-__all__ = ["AdminDep", "CallerDep", "RuntimeDep", "SettingsDep", "TurnsDep", "acting_user"]
+__all__ = [
+    "AdminDep",
+    "CallerDep",
+    "HealthDep",
+    "IdentitiesDep",
+    "MetricsDep",
+    "PersonasDep",
+    "SettingsDep",
+    "TurnsDep",
+    "acting_user",
+    "require_admin",
+]
 
 
-def get_settings(request: Request) -> Settings:
+def get_app_settings(request: Request) -> Settings:
+    """The settings the app was built with."""
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_runtime(request: Request) -> Runtime:
-    runtime: Runtime = request.app.state.runtime
-    return runtime
+def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
 
 
 def get_turns(request: Request) -> TurnService:
-    turns: TurnService = request.app.state.turns
+    turns: TurnService = request.app.state.serving
     return turns
+
+
+def get_identities(request: Request) -> Identities:
+    return _services(request).identities
+
+
+def get_personas(request: Request) -> Personas:
+    return _services(request).personas
+
+
+def get_health(request: Request) -> Health:
+    return _services(request).health
 
 
 def get_caller(request: Request) -> Principal:
     """The principal of the request's API key (``Authorization: Bearer <key>``); in development mode, anyone."""
-    keys: KeyRing = request.app.state.keys
+    keys = _services(request).keys
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if keys.dev_mode():
@@ -75,8 +108,11 @@ def acting_user(caller: Principal, user: str | None) -> str:
     return user
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 TurnsDep = Annotated[TurnService, Depends(get_turns)]
+IdentitiesDep = Annotated[Identities, Depends(get_identities)]
+PersonasDep = Annotated[Personas, Depends(get_personas)]
+HealthDep = Annotated[Health, Depends(get_health)]
 CallerDep = Annotated[Principal, Depends(get_caller)]
 AdminDep = Annotated[Principal, Depends(require_admin)]

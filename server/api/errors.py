@@ -11,11 +11,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server.errors import BusyError, ConflictError, CorruptStateError, NotFoundError
-from server.serving import ClientGone
+from server.errors import DATABASE_UNAVAILABLE, BusyError, ConflictError, CorruptStateError, NotFoundError
+from server.runtime.serving import ClientGone
 
 __all__ = ["ApiError", "error_body", "install_error_handlers"]
 
@@ -113,8 +112,6 @@ def install_error_handlers(app: FastAPI) -> None:
         log.error("corrupt identity state: %s", exc)
         return _respond(request, 500, str(exc), "api_error", "corrupt_state")
 
-    @app.exception_handler(OperationalError)
-    @app.exception_handler(InterfaceError)
     async def database_down(request: Request, exc: Exception) -> JSONResponse:
         log.error("database unavailable: %s", str(exc).splitlines()[0])
         return _respond(
@@ -125,6 +122,9 @@ def install_error_handlers(app: FastAPI) -> None:
             "database_unavailable",
             headers={"Retry-After": "5"},
         )
+
+    for unavailable in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(unavailable, database_down)
 
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError) -> JSONResponse:

@@ -11,13 +11,18 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.core.config import Settings
 
-__all__ = ["READ_ONLY", "is_sqlite", "make_engine", "make_sessionmaker"]
+__all__ = ["READ_ONLY", "is_sqlite", "make_engine", "make_sessionmaker", "safe_url"]
 
 READ_ONLY = "sia_read_only"  # execution option: this engine's transactions only read
 
 
 def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
+
+
+def safe_url(url: str) -> str:
+    """The URL with its password hidden, for logs."""
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def make_engine(settings: Settings) -> Engine:

@@ -1,4 +1,4 @@
-"""Store and runtime fixtures on SQLite and on the real PostgreSQL (``postgres_url``, in tests/conftest.py)."""
+"""Store and services fixtures on SQLite and on the real PostgreSQL (``postgres_url``, in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import pytest
 
 from server.core.config import Settings
 from server.db import migrate
-from server.runtime import Runtime
+from server.runtime.identities import Identities
+from server.runtime.personas import Personas
+from server.runtime.services import Services
+from server.runtime.turns import Turns
 from server.store import Store
 from tests.conftest import tiny_model
 
@@ -36,7 +39,22 @@ def store(settings: Settings) -> Iterator[Store]:
 
 
 @pytest.fixture
-def runtime(store: Store) -> Runtime:
-    rt = Runtime(tiny_model(), store)
-    rt.ensure_default_personas()
-    return rt
+def services(store: Store) -> Services:
+    built = Services.over(tiny_model(), store)
+    built.personas.ensure_defaults()
+    return built
+
+
+@pytest.fixture
+def personas(services: Services) -> Personas:
+    return services.personas
+
+
+@pytest.fixture
+def identities(services: Services) -> Identities:
+    return services.identities
+
+
+@pytest.fixture
+def turns(services: Services) -> Turns:
+    return services.turns

@@ -5,8 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from server.auth import KeyRing
 from server.core.config import Settings
+from server.runtime.keys import KeyRing
 from server.store import Store
 
 

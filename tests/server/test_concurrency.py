@@ -8,13 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from server.runtime import Runtime
+from server.runtime.services import Services
 from server.store import Store
 
 TURNS, THREADS = 20, 4
 
 
-def test_two_processes_share_one_identity(runtime: Runtime, store: Store, checkpoint_dir: Path) -> None:
+def test_two_processes_share_one_identity(services: Services, store: Store, checkpoint_dir: Path) -> None:
     env = {
         **os.environ,
         "SIA_DATABASE_URL": store.settings.url,
@@ -42,7 +42,7 @@ def test_two_processes_share_one_identity(runtime: Runtime, store: Store, checkp
     assert [t.index for t in turns] == list(range(len(done)))
     assert [(t.version_before, t.version_after) for t in turns] == [(v, v + 1) for v in range(1, 1 + len(done))]
     assert sorted(t.reply for t in turns) == sorted(str(d["reply"]) for d in done)
-    _, state = runtime.state("sia", "shared")
+    _, state = services.identities.state("sia", "shared")
     assert state.turns == len(done) and state.shock.count == len(done)  # no lost update
     history = store.history("sia", "shared")
     assert history[0].version == ident.version and history[0].turn_index == len(done) - 1

@@ -10,7 +10,8 @@ import torch
 
 from server.core.config import Settings
 from server.db import migrate
-from server.runtime import Runtime, Sampling
+from server.runtime.inputs import Sampling
+from server.runtime.services import Services
 from server.store import Store
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity.shock import standardised_shock
@@ -73,19 +74,19 @@ def test_real_turns_through_the_runtime_stay_bounded(bundled: SIAModel, tmp_path
     settings = Settings(data_dir=tmp_path)
     migrate.upgrade(settings)
     store = Store(settings)
-    runtime = Runtime(bundled, store)
-    runtime.ensure_default_personas()
+    services = Services.over(bundled, store)
+    services.personas.ensure_defaults()
     rng = random.Random(1)
     messages = ["Hi there!", "My favourite colour is green.", "I HATE YOU!!!", "What's my name?", "tell me about cats"]
-    config = runtime.config
+    config = services.identities.config
     bound_t = 0.0
     alpha, decay = config.alpha, config.decay
     for i in range(TURNS):
         message = rng.choice(messages) if rng.random() < 0.8 else "".join(chr(rng.randint(33, 0x2FFF)) for _ in range(40))
-        out = runtime.turn("sia", "soak", message, Sampling(max_tokens=8, temperature=1.0, seed=i))
+        out = services.turns.turn("sia", "soak", message, Sampling(max_tokens=8, temperature=1.0, seed=i))
         assert out.turn == i and abs(out.shock) <= config.shock_clip
         bound_t = decay * bound_t + alpha
-    _, state = runtime.state("sia", "soak")
+    _, state = services.identities.state("sia", "soak")
     _check_bounds(state, bound_t, config)
-    assert runtime.store.get_identity("sia", "soak").turn_count == TURNS
+    assert services.store.get_identity("sia", "soak").turn_count == TURNS
     store.close()

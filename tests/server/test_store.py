@@ -8,7 +8,8 @@ from sqlalchemy import update
 
 from server.db.tables import IdentityRow
 from server.errors import BusyError, ConflictError, CorruptStateError, NotFoundError
-from server.store import PRUNE_EVERY, Blob, NewTurn, PersonaRecord, Store, sha256
+from server.records import Blob, NewTurn, PersonaRecord
+from server.store import PRUNE_EVERY, Store, sha256
 
 
 def blob(tag: bytes) -> Blob:

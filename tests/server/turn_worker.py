@@ -13,14 +13,15 @@ import threading
 
 from server.core.config import Settings
 from server.errors import BusyError
-from server.runtime import Runtime, Sampling
+from server.runtime.inputs import Sampling
+from server.runtime.services import Services
 from server.store import Store
 from sia.checkpoint import load_checkpoint
 
 
 def main() -> None:
     checkpoint, persona, user, turns, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-    runtime = Runtime(load_checkpoint(checkpoint), Store(Settings()))
+    services = Services.over(load_checkpoint(checkpoint), Store(Settings()))
     done: list[dict[str, object]] = []
     busy: list[str] = []
     lock = threading.Lock()
@@ -33,7 +34,7 @@ def main() -> None:
             if i is None:
                 return
             try:
-                out = runtime.turn(persona, user, f"message {i}", Sampling(max_tokens=4, temperature=1.0, seed=i))
+                out = services.turns.turn(persona, user, f"message {i}", Sampling(max_tokens=4, temperature=1.0, seed=i))
             except BusyError as exc:
                 with lock:
                     busy.append(str(exc))

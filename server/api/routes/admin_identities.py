@@ -1,14 +1,13 @@
 """/admin/personas/{persona}/identities: inspect identities and operate on their state.
 
 Reads (detail, turns, history, diff, export, plot) hold nothing; changes (import, reset, rollback, clean-up)
-go through the runtime's hold, so they are serial with the identity's turns (409 if it stays busy). The
-counterfactual runs the model on two states and writes nothing.
+go through the identity's hold, so they are serial with the identity's turns (409 if it stays busy). The
+counterfactual runs the model on two states in one inference slot and writes nothing.
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Annotated, Any
 
 import anyio.to_thread
@@ -38,16 +37,14 @@ from server.api.admin_schemas import (
     TurnList,
     Version,
 )
-from server.api.deps import RuntimeDep, SettingsDep, TurnsDep
+from server.api.bodies import OCTET_STREAM_BODY, check_limits
+from server.api.deps import IdentitiesDep, SettingsDep, TurnsDep
 from server.api.errors import ApiError
-from server.api.routes.admin_personas import OCTET_STREAM_BODY
-from server.api.routes.chat import check_limits
 from server.api.schemas import Usage
-from server.plots import identity_png, summarise
-from server.runtime import CounterfactualReply as Reply
-from server.runtime import Runtime
-from server.store import IdentityRecord
-from sia.identity.state import StateFormatError, state_to_bytes
+from server.records import IdentityRecord
+from server.runtime.identities import Identities
+from server.runtime.turns import CounterfactualSide
+from sia.identity.state import StateFormatError
 
 router = APIRouter(prefix="/personas/{persona}/identities")
 
@@ -74,15 +71,15 @@ def summary_fields(record: IdentityRecord) -> dict[str, object]:
 
 
 @router.get("")
-def list_identities(persona: str, runtime: RuntimeDep, limit: Limit = 100, offset: Offset = 0) -> IdentityList:
+def list_identities(persona: str, identities: IdentitiesDep, limit: Limit = 100, offset: Offset = 0) -> IdentityList:
     """The persona's identities ordered by user id (404 for an unknown persona)."""
-    records = runtime.store.list_identities(persona, limit=limit, offset=offset)
+    page = identities.list_identities(persona, limit=limit, offset=offset)
     return IdentityList(
         persona=persona,
-        total=runtime.store.count_identities(persona),
+        total=page.total,
         limit=limit,
         offset=offset,
-        data=[IdentitySummary(**summary_fields(r)) for r in records],
+        data=[IdentitySummary(**summary_fields(r)) for r in page.items],
     )
 
 
@@ -90,16 +87,15 @@ def list_identities(persona: str, runtime: RuntimeDep, limit: Limit = 100, offse
 def get_identity(
     persona: str,
     user: str,
-    runtime: RuntimeDep,
+    identities: IdentitiesDep,
     version: Annotated[int | None, Query(ge=1, le=MAX_INT, description="a retained version instead of the current state")] = None,
 ) -> IdentityDetail:
     """Counters, shock statistics, the self state and the spectra of the trace per layer and head."""
-    record = runtime.store.get_identity(persona, user)
-    state_version, state = runtime.state(persona, user, version)
-    numbers = summarise(state, runtime.config)
+    inspection = identities.inspect(persona, user, version)
+    numbers = inspection.summary
     return IdentityDetail(
-        **summary_fields(record),
-        state_version=state_version,
+        **summary_fields(inspection.record),
+        state_version=inspection.state_version,
         state_turns=numbers.turns,
         self_state=numbers.self_state,
         self_norm=numbers.self_norm,
@@ -108,17 +104,16 @@ def get_identity(
 
 
 @router.get("/{user}/turns")
-def list_turns(persona: str, user: str, runtime: RuntimeDep, limit: Limit = 100, offset: Offset = 0) -> TurnList:
+def list_turns(persona: str, user: str, identities: IdentitiesDep, limit: Limit = 100, offset: Offset = 0) -> TurnList:
     """The identity's turn records, oldest first."""
-    total = runtime.store.get_identity(persona, user).turn_count
-    records = runtime.store.turns(persona, user, limit=limit, offset=offset)
-    return TurnList(total=total, limit=limit, offset=offset, data=[Turn(**vars(t)) for t in records])
+    page = identities.list_turns(persona, user, limit=limit, offset=offset)
+    return TurnList(total=page.total, limit=limit, offset=offset, data=[Turn(**vars(t)) for t in page.items])
 
 
 @router.get("/{user}/plot.png", response_class=Response, responses=PNG)
-def plot(persona: str, user: str, runtime: RuntimeDep) -> Response:
+def plot(persona: str, user: str, identities: IdentitiesDep) -> Response:
     """Eigenvalue heatmap of the current trace, trace norms and self state over the retained versions, shocks."""
-    return Response(identity_png(runtime, persona, user), media_type="image/png", headers={"Cache-Control": "no-store"})
+    return Response(identities.figure(persona, user), media_type="image/png", headers={"Cache-Control": "no-store"})
 
 
 # --- state ---------------------------------------------------------------------------------------------------
@@ -128,13 +123,13 @@ def plot(persona: str, user: str, runtime: RuntimeDep) -> Response:
 def export_state(
     persona: str,
     user: str,
-    runtime: RuntimeDep,
+    identities: IdentitiesDep,
     version: Annotated[int | None, Query(ge=1, le=MAX_INT, description="a retained version instead of the current state")] = None,
 ) -> Response:
     """The state as safetensors bytes; the version travels in the X-SIA-State-Version header."""
-    state_version, state = runtime.state(persona, user, version)
+    state_version, data = identities.export_state(persona, user, version)
     return Response(
-        state_to_bytes(state),
+        data,
         media_type="application/octet-stream",
         headers={
             "X-SIA-State-Version": str(state_version),
@@ -143,84 +138,83 @@ def export_state(
     )
 
 
-def _import(runtime: Runtime, persona: str, user: str, blob: bytes) -> int:
+def _import(identities: Identities, persona: str, user: str, blob: bytes) -> int:
     try:
-        return runtime.import_state(persona, user, blob)
+        return identities.import_state(persona, user, blob)
     except StateFormatError as exc:
         raise ApiError(422, f"body: not a usable identity state for this model: {exc}", code="invalid_state") from exc
 
 
 @router.put("/{user}/state", openapi_extra=OCTET_STREAM_BODY)
-async def import_state(persona: str, user: str, request: Request, runtime: RuntimeDep) -> StateVersion:
+async def import_state(persona: str, user: str, request: Request, identities: IdentitiesDep) -> StateVersion:
     """Replace the state with raw safetensors bytes (validated; 422 if unusable), creating the identity if needed."""
     blob = await request.body()
-    return StateVersion(version=await anyio.to_thread.run_sync(_import, runtime, persona, user, blob))
+    return StateVersion(version=await anyio.to_thread.run_sync(_import, identities, persona, user, blob))
 
 
 @router.post("/{user}/reset")
-def reset(persona: str, user: str, runtime: RuntimeDep, body: ResetRequest | None = None) -> StateVersion:
+def reset(persona: str, user: str, identities: IdentitiesDep, body: ResetRequest | None = None) -> StateVersion:
     """No body: a fresh identity from the persona. {"layers": [...]}: those traces only. {"self_only": true}: s only.
 
     The turn records stay; 400 for a layer index this model does not have.
     """
     body = body or ResetRequest()
-    return StateVersion(version=runtime.reset(persona, user, layers=body.layers, self_only=body.self_only))
+    return StateVersion(version=identities.reset(persona, user, layers=body.layers, self_only=body.self_only))
 
 
 @router.get("/{user}/history")
-def history(persona: str, user: str, runtime: RuntimeDep) -> History:
+def history(persona: str, user: str, identities: IdentitiesDep) -> History:
     """The retained versions, newest first (settings.history_retention of them, plus up to 7 before pruning)."""
-    records = runtime.history(persona, user)
-    current = runtime.store.get_identity(persona, user).version
-    return History(current=current, data=[Version(**vars(v)) for v in records])
+    retained = identities.history(persona, user)
+    return History(current=retained.current, data=[Version(**vars(v)) for v in retained.versions])
 
 
 @router.get("/{user}/diff")
 def diff(
     persona: str,
     user: str,
-    runtime: RuntimeDep,
+    identities: IdentitiesDep,
     a: Annotated[int, Query(ge=1, le=MAX_INT, description="the earlier version")],
     b: Annotated[int | None, Query(ge=1, le=MAX_INT, description="the later version; the current one if left out")] = None,
 ) -> Diff:
     """Per layer and head ||T_b - T_a||_F, and ||s_b - s_a||, between two retained versions."""
-    return Diff(**vars(runtime.diff(persona, user, a, b)))
+    return Diff(**vars(identities.diff(persona, user, a, b)))
 
 
 @router.post("/{user}/rollback")
-def rollback(persona: str, user: str, body: RollbackRequest, runtime: RuntimeDep) -> StateVersion:
+def rollback(persona: str, user: str, body: RollbackRequest, identities: IdentitiesDep) -> StateVersion:
     """Make a retained version or a named snapshot current again, as a new version."""
-    return StateVersion(version=runtime.rollback(persona, user, version=body.version, snapshot=body.snapshot))
+    return StateVersion(version=identities.rollback(persona, user, version=body.version, snapshot=body.snapshot))
 
 
 @router.post("/{user}/snapshots", status_code=status.HTTP_201_CREATED)
-def create_snapshot(persona: str, user: str, body: SnapshotCreate, runtime: RuntimeDep) -> Snapshot:
+def create_snapshot(persona: str, user: str, body: SnapshotCreate, identities: IdentitiesDep) -> Snapshot:
     """Name the current state (or a retained version); kept until deleted. 409 if the name is taken."""
-    return Snapshot(**vars(runtime.store.create_snapshot(persona, user, body.name, body.version)))
+    return Snapshot(**vars(identities.create_snapshot(persona, user, body.name, body.version)))
 
 
 @router.get("/{user}/snapshots")
-def list_snapshots(persona: str, user: str, runtime: RuntimeDep) -> SnapshotList:
-    return SnapshotList(data=[Snapshot(**vars(s)) for s in runtime.store.list_snapshots(persona, user)])
+def list_snapshots(persona: str, user: str, identities: IdentitiesDep) -> SnapshotList:
+    return SnapshotList(data=[Snapshot(**vars(s)) for s in identities.list_snapshots(persona, user)])
 
 
 @router.delete("/{user}/snapshots/{name}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)
-def delete_snapshot(persona: str, user: str, name: str, runtime: RuntimeDep) -> None:
-    runtime.store.delete_snapshot(persona, user, name)
+def delete_snapshot(persona: str, user: str, name: str, identities: IdentitiesDep) -> None:
+    identities.delete_snapshot(persona, user, name)
 
 
 @router.post("/{user}/cleanup")
-def cleanup(persona: str, user: str, runtime: RuntimeDep, body: CleanupRequest | None = None) -> Cleanup:
+def cleanup(persona: str, user: str, identities: IdentitiesDep, body: CleanupRequest | None = None) -> Cleanup:
     """Keep, per layer and head, the fewest singular components of T holding ``energy`` of ||T||_F^2."""
     body = body or CleanupRequest()
-    version, report = runtime.cleanup(persona, user, body.energy)
+    version, report = identities.cleanup(persona, user, body.energy)
     return Cleanup(version=version, ranks=report.ranks.tolist(), energy_kept=report.energy_kept.tolist())
 
 
 # --- counterfactual ------------------------------------------------------------------------------------------
 
 
-def _reply(r: Reply) -> CounterfactualReply:
+def _reply(r: CounterfactualSide) -> CounterfactualReply:
     return CounterfactualReply(
         state_version=r.version,
         reply=r.reply,
@@ -233,15 +227,13 @@ def _reply(r: Reply) -> CounterfactualReply:
 
 @router.post("/{user}/counterfactual")
 async def counterfactual(
-    persona: str, user: str, body: CounterfactualRequest, runtime: RuntimeDep, turns: TurnsDep, settings: SettingsDep
+    persona: str, user: str, body: CounterfactualRequest, turns: TurnsDep, settings: SettingsDep
 ) -> Counterfactual:
     """The reply of the current state beside the reply of the persona's initial state (``"against": "reset"``)
     or of a retained version, with the same seed. Nothing is written: no turn, no new version."""
     check_limits(settings, body.message, body.max_tokens)
-    sampling = body.sampling()
     against = None if body.against == "reset" else body.against.version
-    run = partial(runtime.counterfactual, persona, user, body.message, sampling, against=against)
-    result = await anyio.to_thread.run_sync(run, limiter=turns.limiter)
+    result = await turns.counterfactual(persona, user, body.message, body.sampling(), against=against)
     return Counterfactual(
         seed=result.seed,
         current=_reply(result.current),

@@ -6,20 +6,14 @@ import anyio.to_thread
 from fastapi import APIRouter, Request, Response, status
 
 from server.api.admin_schemas import Persona, PersonaCreate, PersonaList, PersonaUpdate
-from server.api.deps import RuntimeDep
+from server.api.bodies import OCTET_STREAM_BODY
+from server.api.deps import PersonasDep
 from server.api.errors import ApiError
-from server.runtime import Runtime
-from server.store import PERSONA_FIELDS, PersonaRecord
+from server.records import PERSONA_FIELDS, PersonaRecord
+from server.runtime.personas import Personas
 from sia.identity.state import StateFormatError
 
 router = APIRouter(prefix="/personas")
-
-OCTET_STREAM_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-    }
-}
 
 
 def persona_out(record: PersonaRecord) -> Persona:
@@ -30,60 +24,54 @@ def persona_out(record: PersonaRecord) -> Persona:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-def create_persona(body: PersonaCreate, runtime: RuntimeDep) -> Persona:
+def create_persona(body: PersonaCreate, personas: PersonasDep) -> Persona:
     """Create a persona; fields left out take their defaults. 409 if the name is taken."""
-    values = body.model_dump(exclude={"name"}, exclude_none=True)
-    runtime.validate_persona_values(values)
-    return persona_out(runtime.store.create_persona(body.name, **values))
+    return persona_out(personas.create_persona(body.name, **body.model_dump(exclude={"name"}, exclude_none=True)))
 
 
 @router.get("")
-def list_personas(runtime: RuntimeDep) -> PersonaList:
-    return PersonaList(data=[persona_out(p) for p in runtime.store.list_personas()])
+def list_personas(personas: PersonasDep) -> PersonaList:
+    return PersonaList(data=[persona_out(p) for p in personas.list_personas()])
 
 
 @router.get("/{persona}")
-def get_persona(persona: str, runtime: RuntimeDep) -> Persona:
-    return persona_out(runtime.store.get_persona(persona))
+def get_persona(persona: str, personas: PersonasDep) -> Persona:
+    return persona_out(personas.get_persona(persona))
 
 
 @router.patch("/{persona}")
-def update_persona(persona: str, body: PersonaUpdate, runtime: RuntimeDep) -> Persona:
+def update_persona(persona: str, body: PersonaUpdate, personas: PersonasDep) -> Persona:
     """Change the fields sent; the result is validated as a whole before it is stored.
 
     Identities that exist keep their state; new rates and sampling defaults apply from their next turn.
     """
-    changes = body.model_dump(exclude_unset=True)
-    current = runtime.store.get_persona(persona)
-    runtime.validate_persona_values({**{name: getattr(current, name) for name in PERSONA_FIELDS}, **changes})
-    return persona_out(runtime.store.update_persona(persona, **changes))
+    return persona_out(personas.update_persona(persona, **body.model_dump(exclude_unset=True)))
 
 
 @router.delete("/{persona}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_persona(persona: str, runtime: RuntimeDep) -> None:
+def delete_persona(persona: str, personas: PersonasDep) -> None:
     """Delete the persona with its identities, their turns, history and snapshots."""
-    runtime.store.delete_persona(persona)
+    personas.delete_persona(persona)
 
 
-def _set_initial_state(runtime: Runtime, persona: str, blob: bytes) -> PersonaRecord:
+def _set_initial_state(personas: Personas, persona: str, blob: bytes) -> PersonaRecord:
     try:
-        runtime.validate_persona_values({"initial_state": blob})
+        return personas.set_initial_state(persona, blob)
     except StateFormatError as exc:
         raise ApiError(422, f"body: not a usable identity state for this model: {exc}", code="invalid_state") from exc
-    return runtime.store.update_persona(persona, initial_state=blob)
 
 
 @router.put("/{persona}/initial-state", openapi_extra=OCTET_STREAM_BODY)
-async def set_initial_state(persona: str, request: Request, runtime: RuntimeDep) -> Persona:
+async def set_initial_state(persona: str, request: Request, personas: PersonasDep) -> Persona:
     """Raw safetensors bytes (as GET .../state exports them) that new identities of this persona start from.
 
     Validated against the loaded model (422 if unusable); existing identities are not changed.
     """
     blob = await request.body()
-    return persona_out(await anyio.to_thread.run_sync(_set_initial_state, runtime, persona, blob))
+    return persona_out(await anyio.to_thread.run_sync(_set_initial_state, personas, persona, blob))
 
 
 @router.delete("/{persona}/initial-state", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)
-def clear_initial_state(persona: str, runtime: RuntimeDep) -> None:
+def clear_initial_state(persona: str, personas: PersonasDep) -> None:
     """New identities start from the zero state again."""
-    runtime.store.update_persona(persona, initial_state=None)
+    personas.clear_initial_state(persona)

@@ -8,25 +8,14 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from server.api.bodies import check_limits
 from server.api.deps import CallerDep, SettingsDep, TurnsDep, acting_user
-from server.api.errors import ApiError, error_body
+from server.api.errors import error_body
 from server.api.schemas import ERROR_RESPONSES, ChatRequest, ChatResponse, Usage
-from server.core.config import Settings
 from server.errors import StoreError
-from server.runtime import TurnOutcome
+from server.runtime.turns import TurnOutcome
 
 router = APIRouter(prefix="/v1/personas", tags=["chat"])
-
-
-def check_limits(settings: Settings, message: str, max_tokens: int | None) -> None:
-    if len(message) > settings.max_message_chars:
-        raise ApiError(
-            422, f"message: longer than {settings.max_message_chars} characters", code="message_too_long", param="message"
-        )
-    if "\x00" in message:
-        raise ApiError(422, "message: must not contain NUL characters", code="invalid_value", param="message")
-    if max_tokens is not None and max_tokens > settings.max_tokens_cap:
-        raise ApiError(422, f"max_tokens: at most {settings.max_tokens_cap}", code="max_tokens_too_large", param="max_tokens")
 
 
 def chat_response(out: TurnOutcome) -> ChatResponse:

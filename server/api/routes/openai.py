@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from server.api.deps import CallerDep, RuntimeDep, SettingsDep, TurnsDep, acting_user
+from server.api.bodies import check_limits
+from server.api.deps import CallerDep, PersonasDep, SettingsDep, TurnsDep, acting_user
 from server.api.errors import ApiError, error_body
-from server.api.routes.chat import check_limits
 from server.api.schemas import (
     ERROR_RESPONSES,
     AssistantMessage,
@@ -33,7 +33,8 @@ from server.api.schemas import (
     Usage,
 )
 from server.errors import StoreError
-from server.runtime import Sampling, TurnOutcome
+from server.runtime.inputs import Sampling
+from server.runtime.turns import TurnOutcome
 from sia.model.generate import StreamEvent
 from sia.model.tokenizer import Tokenizer
 
@@ -73,10 +74,9 @@ def _request(body: ChatCompletionRequest, caller: CallerDep, settings: SettingsD
 
 
 @router.get("/models", response_model=ModelList, responses=ERROR_RESPONSES)
-async def list_models(caller: CallerDep, runtime: RuntimeDep) -> ModelList:
+async def list_models(caller: CallerDep, personas: PersonasDep) -> ModelList:
     """Every persona, as an OpenAI model."""
-    personas = runtime.store.list_personas()
-    return ModelList(data=[ModelCard(id=p.name, created=int(p.created_at.timestamp())) for p in personas])
+    return ModelList(data=[ModelCard(id=p.name, created=int(p.created_at.timestamp())) for p in personas.list_personas()])
 
 
 @router.post(
@@ -92,7 +92,7 @@ async def chat_completions(
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     want_logprobs = body.logprobs
-    tok = turns.runtime.tokenizer
+    tok = turns.tokenizer
     stream = turns.stream(body.model, user, message, sampling, gone=None if body.stream else request.is_disconnected)
     first = await anext(stream)  # errors before the first token still get their status code
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import pytest
 from fastapi.testclient import TestClient
 
-from server.auth import KeyRing
 from server.core.config import Settings
 from server.db import migrate
 from server.main import create_app
+from server.runtime.keys import KeyRing
 from tests.conftest import tiny_model
 
 
@@ -42,7 +42,7 @@ class Keys:
 @pytest.fixture
 def keys(client: TestClient) -> Keys:
     """Create keys: the service leaves development mode and asks for them from now on."""
-    ring: KeyRing = client.app.state.keys  # type: ignore[attr-defined]
+    ring: KeyRing = client.app.state.services.keys  # type: ignore[attr-defined]
     admin = ring.create("admin", name="ops")[1]
     ana = ring.create("user", user_id="ana", name="ana's app")[1]
     bob = ring.create("user", user_id="bob")[1]

@@ -48,8 +48,8 @@ def test_control_characters_in_user_ids_are_refused(client: TestClient, user: st
     assert r.status_code == 422 and r.json()["error"]["param"] == "user"
     r = client.post("/v1/chat/completions", json={"model": "sia", "user": user, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 422 and r.json()["error"]["param"] == "user"
-    runtime = client.app.state.runtime  # type: ignore[attr-defined]
-    assert runtime.store.count_identities("sia") == 0
+    services = client.app.state.services  # type: ignore[attr-defined]
+    assert services.store.count_identities("sia") == 0
 
 
 def test_a_flood_of_abandoned_requests_does_not_starve_a_normal_one(tmp_path: Path, checkpoint_dir: Path) -> None:

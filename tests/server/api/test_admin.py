@@ -9,7 +9,7 @@ import torch
 from fastapi.testclient import TestClient
 from httpx import Response
 
-from server.runtime import Runtime
+from server.runtime.services import Services
 from sia.identity.state import IdentityState, state_to_bytes
 from tests.conftest import random_state, tiny_config
 from tests.server.api.conftest import Keys, bearer
@@ -19,9 +19,9 @@ ID = "/admin/personas/sia/identities"
 GREEDY = {"max_tokens": 6, "temperature": 0}
 
 
-def runtime_of(client: TestClient) -> Runtime:
-    runtime: Runtime = client.app.state.runtime  # type: ignore[attr-defined]
-    return runtime
+def services_of(client: TestClient) -> Services:
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    return services
 
 
 def ok(r: Response, status: int = 200) -> Any:
@@ -48,7 +48,7 @@ def chat(client: TestClient, user: str, message: str, persona: str = "sia", **ex
 
 
 def import_random(client: TestClient, user: str, seed: int = 1, scale: float = 1.0) -> bytes:
-    blob = state_to_bytes(random_state(runtime_of(client).config, seed=seed, scale=scale))
+    blob = state_to_bytes(random_state(services_of(client).identities.config, seed=seed, scale=scale))
     ok(client.put(f"{ID}/{user}/state", content=blob, headers={"content-type": "application/octet-stream"}))
     return blob
 
@@ -165,9 +165,9 @@ def test_invalid_bodies_are_422_with_the_error_shape(client: TestClient) -> None
 
 
 def test_persona_initial_state(client: TestClient) -> None:
-    runtime = runtime_of(client)
+    services = services_of(client)
     ok(client.post(P, json={"name": "seeded"}), 201)
-    blob = state_to_bytes(random_state(runtime.config, seed=4))
+    blob = state_to_bytes(random_state(services.identities.config, seed=4))
     url = f"{P}/seeded/initial-state"
     assert ok(client.put(url, content=blob))["has_initial_state"] is True
     chat(client, "ana", "Hi!", persona="seeded", max_tokens=2)
@@ -190,14 +190,14 @@ def test_persona_initial_state(client: TestClient) -> None:
     assert ok(client.get(f"{P}/seeded"))["has_initial_state"] is False
     chat(client, "bob", "Hi!", persona="seeded", max_tokens=2)
     fresh = client.get("/admin/personas/seeded/identities/bob/state", params={"version": 1}).content
-    assert fresh == state_to_bytes(IdentityState.fresh(runtime.config))
+    assert fresh == state_to_bytes(IdentityState.fresh(services.identities.config))
 
 
 # --- identities --------------------------------------------------------------------------------------------------
 
 
 def test_identity_list_detail_and_turns(client: TestClient) -> None:
-    runtime = runtime_of(client)
+    services = services_of(client)
     shocks = [chat(client, "ana", m, **GREEDY)["shock"] for m in ("I am furious!!!", "Tell me about cats.", "Sorry.")]
     for user in ("bob", "cy", "dee"):
         chat(client, user, "hello", max_tokens=2)
@@ -211,14 +211,14 @@ def test_identity_list_detail_and_turns(client: TestClient) -> None:
     error(client.get("/admin/personas/nobody/identities"), 404, "not_found")
 
     detail = ok(client.get(f"{ID}/ana"))
-    record = runtime.store.get_identity("sia", "ana")
+    record = services.store.get_identity("sia", "ana")
     assert (detail["version"], detail["state_version"], detail["turns"], detail["state_turns"]) == (4, 4, 3, 3)
     assert detail["shock"]["count"] == 3
     assert detail["shock"]["mean"] == pytest.approx(record.shock_mean)
     assert detail["shock"]["std"] == pytest.approx(math.sqrt(record.shock_m2 / 3))
     assert detail["state_sha256"] == record.state_sha256 and detail["busy"] is False
-    _, state = runtime.state("sia", "ana")
-    cfg = runtime.config
+    _, state = services.identities.state("sia", "ana")
+    cfg = services.identities.config
     assert detail["self_state"] == pytest.approx(state.self_state.tolist())
     assert detail["self_norm"] == pytest.approx(float(state.self_state.double().norm()))
     heads = detail["heads"]
@@ -271,15 +271,18 @@ def test_plot_is_a_png(client: TestClient) -> None:
 
 
 def test_export_import_round_trip_is_bit_exact(client: TestClient) -> None:
-    runtime = runtime_of(client)
-    blob = state_to_bytes(random_state(runtime.config, seed=3))
+    services = services_of(client)
+    blob = state_to_bytes(random_state(services.identities.config, seed=3))
     r = client.put(f"{ID}/bob/state", content=blob, headers={"content-type": "application/octet-stream"})
     assert ok(r) == {"version": 2}  # created at version 1, imported as version 2
     r = client.get(f"{ID}/bob/state")
     assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
     assert r.content == blob and r.headers["x-sia-state-version"] == "2"
     old = client.get(f"{ID}/bob/state", params={"version": 1})
-    assert old.content == state_to_bytes(IdentityState.fresh(runtime.config)) and old.headers["x-sia-state-version"] == "1"
+    assert (
+        old.content == state_to_bytes(IdentityState.fresh(services.identities.config))
+        and old.headers["x-sia-state-version"] == "1"
+    )
     # re-importing an export changes nothing but the version
     assert ok(client.put(f"{ID}/bob/state", content=r.content)) == {"version": 3}
     assert client.get(f"{ID}/bob/state").content == blob
@@ -307,15 +310,15 @@ def test_reset_then_the_same_seed_reproduces_a_fresh_identity(client: TestClient
 
 
 def test_partial_resets(client: TestClient) -> None:
-    runtime = runtime_of(client)
+    services = services_of(client)
     import_random(client, "u", seed=1)
-    _, before = runtime.state("sia", "u")
+    _, before = services.identities.state("sia", "u")
     assert ok(client.post(f"{ID}/u/reset", json={"layers": [1]})) == {"version": 3}
-    _, after = runtime.state("sia", "u")
+    _, after = services.identities.state("sia", "u")
     assert torch.equal(after.trace[0], before.trace[0]) and not after.trace[1].any()
     assert torch.equal(after.self_state, before.self_state)
     assert ok(client.post(f"{ID}/u/reset", json={"self_only": True})) == {"version": 4}
-    _, after_s = runtime.state("sia", "u")
+    _, after_s = services.identities.state("sia", "u")
     assert not after_s.self_state.any() and torch.equal(after_s.trace, after.trace)
     detail = error(client.post(f"{ID}/u/reset", json={"layers": [5]}), 400, "invalid_value")
     assert "layers must be" in detail["message"]
@@ -332,7 +335,7 @@ def test_partial_resets(client: TestClient) -> None:
 
 
 def test_diff_rollback_and_snapshots(client: TestClient) -> None:
-    runtime = runtime_of(client)
+    services = services_of(client)
     first = chat(client, "u", "My dog is called Rex.", **GREEDY)
     snap = ok(client.post(f"{ID}/u/snapshots", json={"name": "after-dog"}), 201)
     assert (snap["name"], snap["version"]) == ("after-dog", 2)
@@ -343,12 +346,12 @@ def test_diff_rollback_and_snapshots(client: TestClient) -> None:
     chat(client, "u", "Sorry about that.", **GREEDY)
 
     d = ok(client.get(f"{ID}/u/diff", params={"a": first["state_version"]}))
-    expected = runtime.diff("sia", "u", 2)
+    expected = services.identities.diff("sia", "u", 2)
     assert (d["a"], d["b"], d["turns"]) == (2, 4, 2) == (expected.a, expected.b, expected.turns)
     assert (d["trace_norm"], d["self_norm"]) == (expected.trace_norm, expected.self_norm)  # JSON floats round-trip exactly
     assert all(x > 0 for row in d["trace_norm"] for x in row)
-    _, sa = runtime.state("sia", "u", 2)
-    _, sb = runtime.state("sia", "u", 4)
+    _, sa = services.identities.state("sia", "u", 2)
+    _, sb = services.identities.state("sia", "u", 4)
     torch.testing.assert_close(
         torch.tensor(d["trace_norm"], dtype=torch.float64), torch.linalg.matrix_norm(sb.trace.double() - sa.trace.double())
     )
@@ -361,7 +364,7 @@ def test_diff_rollback_and_snapshots(client: TestClient) -> None:
     assert client.get(f"{ID}/u/state").content == client.get(f"{ID}/u/state", params={"version": 2}).content
     chat(client, "u", "Again.", **GREEDY)
     assert ok(client.post(f"{ID}/u/rollback", json={"snapshot": "fresh"})) == {"version": 7}
-    assert client.get(f"{ID}/u/state").content == state_to_bytes(IdentityState.fresh(runtime.config))
+    assert client.get(f"{ID}/u/state").content == state_to_bytes(IdentityState.fresh(services.identities.config))
     reasons = [v["reason"] for v in ok(client.get(f"{ID}/u/history"))["data"][:3]]
     assert reasons == ["rollback:fresh", "turn", "rollback:2"]
     error(client.post(f"{ID}/u/rollback", json={"version": 99}), 404, "not_found")
@@ -376,14 +379,14 @@ def test_diff_rollback_and_snapshots(client: TestClient) -> None:
 
 
 def test_cleanup_reports_ranks(client: TestClient) -> None:
-    runtime = runtime_of(client)
+    services = services_of(client)
     import_random(client, "u", seed=2)
     out = ok(client.post(f"{ID}/u/cleanup", json={"energy": 0.5}))
-    d = runtime.config.qk_dim
+    d = services.identities.config.qk_dim
     assert out["version"] == 3
-    assert all(0 < r < d for row in out["ranks"] for r in row) and len(out["ranks"]) == runtime.config.n_layer
+    assert all(0 < r < d for row in out["ranks"] for r in row) and len(out["ranks"]) == services.identities.config.n_layer
     assert all(0.5 <= e <= 1 for row in out["energy_kept"] for e in row)
-    _, cleaned = runtime.state("sia", "u")
+    _, cleaned = services.identities.state("sia", "u")
     ranks = torch.linalg.matrix_rank(cleaned.trace.double(), rtol=1e-6)
     assert ranks.tolist() == out["ranks"]
     full = ok(client.post(f"{ID}/u/cleanup"))  # default energy 0.95 on an already cleaned trace keeps no more
@@ -394,9 +397,9 @@ def test_cleanup_reports_ranks(client: TestClient) -> None:
 
 
 def test_state_changes_of_a_busy_identity_get_409(client: TestClient) -> None:
-    runtime = runtime_of(client)
+    services = services_of(client)
     chat(client, "held", "hello", max_tokens=2)
-    lease = runtime.store.acquire("sia", "held")  # a turn holds the identity
+    lease = services.store.acquire("sia", "held")  # a turn holds the identity
     try:
         assert ok(client.get(f"{ID}", params={"limit": 1}))["data"][0]["busy"] is True
         for path, body in (("reset", None), ("cleanup", {"energy": 0.9})):
@@ -405,7 +408,7 @@ def test_state_changes_of_a_busy_identity_get_409(client: TestClient) -> None:
             assert r.headers["retry-after"] == "1"
         error(client.put(f"{ID}/held/state", content=client.get(f"{ID}/held/state").content), 409, "identity_busy")
     finally:
-        runtime.store.release(lease)
+        services.store.release(lease)
     assert ok(client.get(f"{ID}/held"))["version"] == 2  # nothing was written
 
 
@@ -458,3 +461,30 @@ def test_counterfactual_compares_two_states_and_persists_nothing(client: TestCli
     error(client.post(f"{ID}/nobody/counterfactual", json=body), 404, "not_found")
     error(client.post("/admin/personas/nobody/identities/ana/counterfactual", json=body), 404, "not_found")
     error(client.post(f"{ID}/ana/counterfactual", json={**body, "max_tokens": 10_000}), 422, "max_tokens_too_large")
+
+
+def test_counterfactual_takes_an_inference_slot_and_is_counted_like_a_turn(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = client.app.state.serving  # type: ignore[attr-defined]
+    slots: list[float] = []
+    counterfactual = service.turns.counterfactual
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        slots.append(service.limiter.borrowed_tokens)  # read in the worker thread, while the slot is held
+        return counterfactual(*args, **kwargs)
+
+    monkeypatch.setattr(service.turns, "counterfactual", watched)
+    turn = chat(client, "ana", "hello", max_tokens=2, seed=1)
+    out = ok(client.post(f"{ID}/ana/counterfactual", json={"message": "How are you?", "max_tokens": 3, "seed": 1}))
+    error(client.post(f"{ID}/nobody/counterfactual", json={"message": "hi"}), 404, "not_found")
+    assert slots == [1, 1]
+
+    metrics = client.get("/metrics").text
+    assert 'sia_turns_total{outcome="ok"} 2.0' in metrics  # the turn and the counterfactual
+    assert 'sia_turns_total{outcome="error"} 1.0' in metrics  # the counterfactual of an unknown identity
+    assert "sia_turn_seconds_count 2.0" in metrics
+    assert "sia_shock_count 1.0" in metrics  # only the turn moved a state
+    [completion] = [line for line in metrics.splitlines() if line.startswith('sia_tokens_total{kind="completion"}')]
+    sides = out["current"]["usage"]["completion_tokens"] + out["other"]["usage"]["completion_tokens"]
+    assert float(completion.split()[-1]) == turn["usage"]["completion_tokens"] + sides

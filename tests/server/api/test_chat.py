@@ -102,14 +102,14 @@ def test_limits(client: TestClient) -> None:
 
 
 def test_busy_identity_gets_409(client: TestClient) -> None:
-    runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    services = client.app.state.services  # type: ignore[attr-defined]
     chat(client, "held", "hello", max_tokens=2)
-    lease = runtime.store.acquire("sia", "held")  # another turn holds the identity
+    lease = services.store.acquire("sia", "held")  # another turn holds the identity
     try:
         r = client.post("/v1/personas/sia/chat", json={"user": "held", "message": "hi"})
         assert r.status_code == 409 and r.json()["error"]["code"] == "identity_busy" and r.headers["retry-after"]
     finally:
-        runtime.store.release(lease)
+        services.store.release(lease)
     assert "sia_busy_rejections_total 1.0" in client.get("/metrics").text
 
 
@@ -126,7 +126,7 @@ def test_user_keys_act_only_as_their_user(client: TestClient, keys: Keys) -> Non
     assert r.status_code == 403 and r.json()["error"]["code"] == "wrong_user"
     r = client.post(url, json={"user": "bob", "message": "hi", "max_tokens": 2}, headers=bearer(keys.admin))
     assert r.status_code == 200  # an admin may act as anyone
-    ring = client.app.state.keys  # type: ignore[attr-defined]
+    ring = client.app.state.services.keys  # type: ignore[attr-defined]
     [bob_key] = [k for k in ring.list() if k.user_id == "bob"]
     ring.revoke(bob_key.id)
     assert client.post(url, json={"message": "hi"}, headers=bearer(keys.bob)).status_code == 401

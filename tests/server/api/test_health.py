@@ -13,7 +13,7 @@ def test_health_and_readiness(client: TestClient) -> None:
 
 
 def test_readiness_fails_on_an_unmigrated_database(client: TestClient) -> None:
-    engine = client.app.state.runtime.store.engine  # type: ignore[attr-defined]
+    engine = client.app.state.services.store.engine  # type: ignore[attr-defined]
     with engine.begin() as conn:
         conn.execute(text("UPDATE alembic_version SET version_num = '0001'"))
     r = client.get("/readyz")

@@ -52,8 +52,8 @@ def test_a_user_key_cannot_touch_another_users_identity(client: TestClient, keys
     for path in ("/admin/personas/sia/identities/ana", "/admin/personas/sia/identities/ana/state"):
         assert client.get(path, headers=bearer(keys.bob)).status_code == 403
         assert client.get(path, headers=bearer(keys.ana)).status_code == 403  # not even their own, through /admin
-    runtime = client.app.state.runtime  # type: ignore[attr-defined]
-    assert runtime.store.get_identity("sia", "ana").turn_count == 1  # bob's attempts changed nothing
+    services = client.app.state.services  # type: ignore[attr-defined]
+    assert services.store.get_identity("sia", "ana").turn_count == 1  # bob's attempts changed nothing
 
 
 def _blob(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -62,8 +62,8 @@ def _blob(tensors: dict[str, torch.Tensor]) -> bytes:
 
 @pytest.mark.parametrize("kind", ["corrupt", "truncated", "nan", "inf", "oversized", "wrong_version", "wrong_dtype", "empty"])
 def test_hostile_state_imports_are_refused_and_others_keep_working(client: TestClient, kind: str) -> None:
-    runtime = client.app.state.runtime  # type: ignore[attr-defined]
-    config = runtime.config
+    services = client.app.state.services  # type: ignore[attr-defined]
+    config = services.identities.config
     good = state_to_bytes(random_state(config, seed=4))
     state = random_state(config, seed=4)
     base = {

@@ -1,22 +1,27 @@
-"""The runtime seen from the event loop: turns run in worker threads, never on the loop itself.
+"""Turns seen from the event loop: they run in worker threads, never on the loop itself.
 
-At most ``max_concurrent_turns`` turns compute at once per process (an anyio capacity limiter); a streamed
-turn takes a slot only while it computes its next token, so a slow reader does not hold one. A stream that is
-closed early (the client went away) closes the runtime's generator, which releases the identity unchanged.
+At most ``max_concurrent`` turns and counterfactuals compute at once per process (an anyio capacity limiter);
+a streamed turn takes a slot only while it computes its next token, so a slow reader does not hold one. A
+stream that is closed early (the client went away) closes the turn's generator, which releases the identity
+unchanged. Each turn and each counterfactual is counted in the metrics by its outcome, with its latency and
+its tokens.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+from functools import partial
 
 import anyio
 import anyio.to_thread
 
 from server.errors import BusyError
 from server.observability import Metrics
-from server.runtime import PendingTurn, Runtime, Sampling, TurnOutcome
+from server.runtime.inputs import Sampling
+from server.runtime.turns import CounterfactualOutcome, PendingTurn, TurnOutcome, Turns
 from sia.model.generate import StreamEvent
+from sia.model.tokenizer import Tokenizer
 
 __all__ = ["ClientGone", "Disconnected", "TurnService"]
 
@@ -29,10 +34,15 @@ class ClientGone(Exception):
 
 
 class TurnService:
-    def __init__(self, runtime: Runtime, metrics: Metrics, max_concurrent: int) -> None:
-        self.runtime = runtime
+    def __init__(self, turns: Turns, metrics: Metrics, max_concurrent: int) -> None:
+        self.turns = turns
         self.metrics = metrics
         self.limiter = anyio.CapacityLimiter(max_concurrent)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The loaded model's tokenizer (token texts and bytes for log-probability reports)."""
+        return self.turns.tokenizer
 
     async def turn(
         self, persona: str, user: str, message: str, sampling: Sampling, *, gone: Disconnected | None = None
@@ -46,7 +56,7 @@ class TurnService:
     async def stream(
         self, persona: str, user: str, message: str, sampling: Sampling, *, gone: Disconnected | None = None
     ) -> AsyncGenerator[StreamEvent | TurnOutcome, None]:
-        """The runtime's turn, one item per worker-thread hop; ``gone()`` is asked before each hop.
+        """The turn, one item per worker-thread hop; ``gone()`` is asked before each hop.
 
         Waiting for the identity happens outside the inference slots: a turn waiting for a busy identity must
         not hold a slot the turn that holds the identity needs in order to finish.
@@ -58,7 +68,7 @@ class TurnService:
         try:
             if gone is not None and await gone():
                 raise ClientGone
-            await anyio.to_thread.run_sync(lambda: held.append(self.runtime.begin_turn(persona, user, message, sampling)))
+            await anyio.to_thread.run_sync(lambda: held.append(self.turns.begin_turn(persona, user, message, sampling)))
             gen = held[0].run()
             while True:
                 if gone is not None and await gone():
@@ -69,7 +79,8 @@ class TurnService:
                 assert isinstance(item, StreamEvent | TurnOutcome)
                 if isinstance(item, TurnOutcome):
                     outcome = "ok"
-                    self._record(item, time.perf_counter() - started)
+                    self._record(time.perf_counter() - started, item.prompt_tokens, item.completion_tokens)
+                    self.metrics.shock.observe(item.shock)
                 yield item
         except BusyError:
             outcome = "busy"
@@ -85,11 +96,36 @@ class TurnService:
                     await anyio.to_thread.run_sync(_abandon, gen, held[0])
             self.metrics.turns.labels(outcome=outcome).inc()
 
-    def _record(self, out: TurnOutcome, seconds: float) -> None:
+    async def counterfactual(
+        self, persona: str, user: str, message: str, sampling: Sampling, *, against: int | None = None
+    ) -> CounterfactualOutcome:
+        """The turns' counterfactual in a worker thread, in one inference slot (it holds no identity).
+
+        Counted like a turn: by outcome, with its latency and the tokens of both sides; its shocks are not
+        observed, since no identity's state moves.
+        """
+        started = time.perf_counter()
+        outcome = "abandoned"
+        try:
+            run = partial(self.turns.counterfactual, persona, user, message, sampling, against=against)
+            result = await anyio.to_thread.run_sync(run, limiter=self.limiter)
+            outcome = "ok"
+        except BusyError:
+            outcome = "busy"
+            raise
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            self.metrics.turns.labels(outcome=outcome).inc()
+        sides = (result.current, result.other)
+        self._record(time.perf_counter() - started, sum(s.prompt_tokens for s in sides), sum(s.completion_tokens for s in sides))
+        return result
+
+    def _record(self, seconds: float, prompt_tokens: int, completion_tokens: int) -> None:
         self.metrics.turn_seconds.observe(seconds)
-        self.metrics.tokens.labels(kind="prompt").inc(out.prompt_tokens)
-        self.metrics.tokens.labels(kind="completion").inc(out.completion_tokens)
-        self.metrics.shock.observe(out.shock)
+        self.metrics.tokens.labels(kind="prompt").inc(prompt_tokens)
+        self.metrics.tokens.labels(kind="completion").inc(completion_tokens)
 
 
 def _abandon(gen: Generator[StreamEvent | TurnOutcome, None, None] | None, pending: PendingTurn) -> None:

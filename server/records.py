@@ -1,0 +1,144 @@
+"""Records: the plain values the store hands out and takes in (never ORM rows), shared by the store, the
+runtime services and the routes that shape them into responses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+__all__ = [
+    "PERSONA_FIELDS",
+    "ApiKey",
+    "Blob",
+    "IdentityRecord",
+    "Lease",
+    "NewTurn",
+    "PersonaRecord",
+    "SnapshotRecord",
+    "TurnRecord",
+    "VersionRecord",
+]
+
+# a persona's settable fields (besides its name and its initial state)
+PERSONA_FIELDS = ("description", "preamble", "alpha", "decay", "eta", "temperature", "top_p", "top_k", "max_tokens")
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A serialised state and the figures kept beside it in columns (for listing without parsing)."""
+
+    data: bytes
+    format_version: int
+    shock_count: int
+    shock_mean: float
+    shock_m2: float
+
+
+@dataclass(frozen=True)
+class PersonaRecord:
+    id: int
+    name: str
+    description: str
+    preamble: str
+    alpha: float | None
+    decay: float | None
+    eta: float | None
+    temperature: float
+    top_p: float | None
+    top_k: int | None
+    max_tokens: int
+    initial_state: bytes | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class IdentityRecord:
+    id: int
+    persona: str
+    user_id: str
+    version: int
+    turn_count: int
+    shock_count: int
+    shock_mean: float
+    shock_m2: float
+    state_sha256: str
+    format_version: int
+    busy: bool  # a turn holds it right now
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A turn's hold on one identity, with the state as it was when the hold was taken."""
+
+    identity_id: int
+    persona_record: PersonaRecord  # the persona as it was when the hold was taken
+    user_id: str
+    token: str
+    version: int
+    turn_count: int
+    state: bytes
+
+    @property
+    def persona(self) -> str:
+        return self.persona_record.name
+
+
+@dataclass(frozen=True)
+class NewTurn:
+    message: str
+    reply: str
+    finish_reason: str
+    shock: float
+    nll: float
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    index: int
+    message: str
+    reply: str
+    finish_reason: str
+    shock: float
+    nll: float
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    version_before: int
+    version_after: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    version: int
+    reason: str
+    turn_index: int | None
+    state_sha256: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    name: str
+    version: int
+    state_sha256: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """An API key as listed: never the key itself, nor its hash."""
+
+    id: int
+    name: str
+    role: str
+    user_id: str | None
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None

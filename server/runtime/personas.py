@@ -1,0 +1,132 @@
+"""Personas: the defaults a service starts with, their administration, and what a persona decides for a turn
+(its update rates, its decoding defaults, the state its new identities start from)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.errors import CorruptStateError
+from server.records import PERSONA_FIELDS, Blob, PersonaRecord
+from server.runtime.codec import encode
+from server.runtime.inputs import Sampling
+from server.store import Store
+from sia.identity.state import Dynamics, IdentityState, StateFormatError, state_from_bytes
+from sia.model.generate import SamplingParams
+from sia.model.transformer import IdentityModel
+from sia.personas import DEFAULT_PERSONA, PERSONAS, persona_defaults
+
+__all__ = ["Personas"]
+
+
+class Personas:
+    """The personas of one store, checked against one loaded model. Thread-safe."""
+
+    def __init__(self, model: IdentityModel, store: Store) -> None:
+        self.model = model
+        self.config = model.config
+        self.store = store
+
+    # --- administration --------------------------------------------------------------------------------
+
+    def ensure_defaults(self) -> list[str]:
+        """Create the default personas (``sia`` first) if they are missing, each with the prompt this model reads."""
+        existing = {p.name for p in self.store.list_personas()}
+        created = []
+        for name in sorted(PERSONAS, key=lambda n: (n != DEFAULT_PERSONA, n)):
+            if name not in existing:
+                self.store.create_persona(name, **persona_defaults(self.model, name))
+                created.append(name)
+        return created
+
+    def validate_values(self, values: dict[str, object]) -> None:
+        """Raise ValueError for rates, sampling defaults or an initial state this model cannot use."""
+        base = Dynamics.from_config(self.config)
+        Dynamics(
+            alpha=_float(values.get("alpha"), base.alpha),
+            decay=_float(values.get("decay"), base.decay),
+            eta=_float(values.get("eta"), base.eta),
+        )
+        SamplingParams(
+            max_new_tokens=int(str(values.get("max_tokens", 64))),
+            temperature=_float(values.get("temperature"), 0.8),
+            top_p=None if values.get("top_p") is None else _float(values.get("top_p"), 1.0),
+            top_k=None if values.get("top_k") is None else int(str(values.get("top_k"))),
+        )
+        blob = values.get("initial_state")
+        if blob is not None:
+            if not isinstance(blob, bytes):
+                raise ValueError("initial_state must be bytes (a serialised identity state)")
+            state_from_bytes(blob, self.config)
+
+    def create_persona(self, name: str, **values: Any) -> PersonaRecord:
+        """A new persona; fields left out take their defaults. ValueError if a value is unusable."""
+        self.validate_values(values)
+        return self.store.create_persona(name, **values)
+
+    def list_personas(self) -> list[PersonaRecord]:
+        return self.store.list_personas()
+
+    def get_persona(self, name: str) -> PersonaRecord:
+        return self.store.get_persona(name)
+
+    def update_persona(self, name: str, **changes: Any) -> PersonaRecord:
+        """Change the fields given; the persona that results is validated as a whole before it is stored."""
+        current = self.store.get_persona(name)
+        self.validate_values({**{field: getattr(current, field) for field in PERSONA_FIELDS}, **changes})
+        return self.store.update_persona(name, **changes)
+
+    def delete_persona(self, name: str) -> None:
+        """Delete the persona with its identities, their turns, history and snapshots."""
+        self.store.delete_persona(name)
+
+    def set_initial_state(self, name: str, blob: bytes) -> PersonaRecord:
+        """New identities of the persona start from ``blob`` (StateFormatError, a ValueError, if unusable)."""
+        self.validate_values({"initial_state": blob})
+        return self.store.update_persona(name, initial_state=blob)
+
+    def clear_initial_state(self, name: str) -> PersonaRecord:
+        """New identities start from the zero state again."""
+        return self.store.update_persona(name, initial_state=None)
+
+    # --- what a persona decides for a turn -------------------------------------------------------------
+
+    def dynamics(self, persona: PersonaRecord) -> Dynamics:
+        """The persona's update rates, the model's where the persona sets none."""
+        base = Dynamics.from_config(self.config)
+        return Dynamics(
+            alpha=base.alpha if persona.alpha is None else persona.alpha,
+            decay=base.decay if persona.decay is None else persona.decay,
+            eta=base.eta if persona.eta is None else persona.eta,
+        )
+
+    def sampling_params(self, persona: PersonaRecord, sampling: Sampling) -> SamplingParams:
+        """The request's decoding parameters with the persona's defaults filled in (ValueError if invalid)."""
+        return SamplingParams(
+            max_new_tokens=persona.max_tokens if sampling.max_tokens is None else sampling.max_tokens,
+            temperature=persona.temperature if sampling.temperature is None else sampling.temperature,
+            top_p=persona.top_p if sampling.top_p is None else sampling.top_p,
+            top_k=persona.top_k if sampling.top_k is None else sampling.top_k,
+            seed=sampling.seed,
+            stop=tuple(sampling.stop),
+            top_logprobs=sampling.top_logprobs,
+        )
+
+    def initial_state(self, persona: PersonaRecord) -> IdentityState:
+        """The state a new (or fully reset) identity of the persona starts from."""
+        if persona.initial_state is None:
+            return IdentityState.fresh(self.config)
+        try:
+            return state_from_bytes(persona.initial_state, self.config)
+        except StateFormatError as exc:
+            raise CorruptStateError(f"persona {persona.name!r} has an unusable initial state: {exc}") from exc
+
+    def initial_blob(self, persona: PersonaRecord) -> Blob:
+        return encode(self.initial_state(persona))
+
+
+def _float(value: object, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a number; got {value!r}")
+    return float(value)

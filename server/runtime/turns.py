@@ -1,0 +1,215 @@
+"""The turn: DESIGN §2 with durable state. Used by the HTTP service (through serving.py) and the command line.
+
+hold the identity (store lease) -> load and validate its state -> run the turn (sia.identity.turn: shock,
+generation, summary, update) with no transaction open -> commit the new state, the turn and a history row in
+one transaction. A counterfactual runs the model on two states of an identity and holds and writes nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, replace
+
+from server.records import Lease, NewTurn
+from server.runtime.codec import encode
+from server.runtime.identities import Identities
+from server.runtime.inputs import Sampling, check_message, check_user
+from server.runtime.personas import Personas
+from server.store import Store
+from sia.identity.turn import TurnRequest, TurnResult, stream_turns
+from sia.model.generate import SamplingParams, StreamEvent
+from sia.model.transformer import IdentityModel
+
+__all__ = ["CounterfactualOutcome", "CounterfactualSide", "PendingTurn", "TurnOutcome", "Turns"]
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    reply: str
+    finish_reason: str
+    turn: int  # this turn's index for the identity (0, 1, ...)
+    shock: float
+    nll: float
+    state_version: int  # the identity's version after the turn
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+
+
+@dataclass(frozen=True)
+class CounterfactualSide:
+    """One side of a counterfactual: what a state would answer (nothing of it is stored)."""
+
+    version: int | None  # the state's version; None for the persona's initial state
+    reply: str
+    finish_reason: str
+    shock: float
+    nll: float
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class CounterfactualOutcome:
+    """The same message, decoding parameters and seed answered by two states of one identity."""
+
+    seed: int
+    current: CounterfactualSide
+    other: CounterfactualSide
+
+
+class Turns:
+    """Turns of one loaded model over one store. Thread-safe; turns of one identity are serial, others run in parallel."""
+
+    def __init__(self, model: IdentityModel, store: Store, personas: Personas, identities: Identities) -> None:
+        if not model.stateful:
+            raise ValueError(f"the runtime needs a stateful model; {model.config.attention!r} keeps no identity state")
+        self.model = model.eval()
+        self.tokenizer = model.tokenizer
+        self.store = store
+        self.personas = personas
+        self.identities = identities
+
+    def turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> TurnOutcome:
+        """One whole turn; the identity is created from the persona on its first turn."""
+        for item in self.stream_turn(persona, user, message, sampling):
+            if isinstance(item, TurnOutcome):
+                return item
+        raise AssertionError("a turn stream ended without an outcome")
+
+    def stream_turn(
+        self, persona: str, user: str, message: str, sampling: Sampling | None = None
+    ) -> Generator[StreamEvent | TurnOutcome, None, None]:
+        """Yield StreamEvents as the reply is generated, then the TurnOutcome once the turn is committed.
+
+        Nothing is written unless the generator runs to its end: closing it early (a client that went away)
+        or an exception anywhere leaves the identity exactly as it was.
+        """
+        pending = self.begin_turn(persona, user, message, sampling)
+        try:
+            yield from pending.run()
+        finally:
+            pending.release()  # a no-op once the turn committed
+
+    def begin_turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> PendingTurn:
+        """Hold the identity (waiting up to the busy timeout) and load its state; inference has not started.
+
+        The caller must either run the returned turn to its end or release it. Waiting for the identity is
+        kept apart from generation so a server can wait outside its inference slots (a turn that waits for a
+        busy identity must not occupy a slot that the turn holding the identity needs to finish).
+        """
+        check_user(user)
+        check_message(message)
+        sampling = sampling or Sampling()
+        lease = self.store.acquire(persona, user, create=self.personas.initial_blob)
+        try:
+            record = lease.persona_record
+            request = TurnRequest(
+                state=self.identities.held_state(lease),
+                message=message,
+                dynamics=self.personas.dynamics(record),
+                context=tuple(self.tokenizer.system_prompt(record.preamble)),
+            )
+            return PendingTurn(self, lease, request, self.personas.sampling_params(record, sampling))
+        except BaseException:
+            self.store.release(lease)
+            raise
+
+    def counterfactual(
+        self, persona: str, user: str, message: str, sampling: Sampling | None = None, *, against: int | None = None
+    ) -> CounterfactualOutcome:
+        """What the identity's current state answers to ``message``, beside what another state answers: the
+        retained version ``against``, or (None) the persona's initial state, i.e. the identity after a full reset.
+
+        Both rows decode in one batch with the same parameters and seed (a random one, reported, if the request
+        gives none; rows are independent of their batch). Nothing is held or written: the identity's version,
+        turns and history stay as they were, and a turn running meanwhile is neither blocked nor seen half-done.
+        """
+        check_user(user)
+        check_message(message)
+        sampling = sampling or Sampling()
+        if sampling.seed is None:
+            sampling = replace(sampling, seed=secrets.randbelow(2**63))
+        assert sampling.seed is not None
+        record = self.store.get_persona(persona)
+        params = self.personas.sampling_params(record, sampling)
+        current_version, current = self.identities.state(persona, user)
+        if against is None:
+            other_version, other = None, self.personas.initial_state(record)
+        else:
+            other_version, other = self.identities.state(persona, user, against)
+        dynamics = self.personas.dynamics(record)
+        context = tuple(self.tokenizer.system_prompt(record.preamble))
+        requests = [TurnRequest(state=s, message=message, dynamics=dynamics, context=context) for s in (current, other)]
+        results: list[TurnResult] = []
+        for item in stream_turns(self.model, requests, params, tokenizer=self.tokenizer):
+            if isinstance(item, list):
+                results = item
+        current_side, other_side = (
+            CounterfactualSide(
+                version=v,
+                reply=r.reply,
+                finish_reason=r.finish_reason,
+                shock=r.shock,
+                nll=r.nll,
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=r.completion_tokens,
+            )
+            for v, r in zip((current_version, other_version), results, strict=True)
+        )
+        return CounterfactualOutcome(seed=sampling.seed, current=current_side, other=other_side)
+
+
+class PendingTurn:
+    """A turn whose identity is held: ``run()`` generates, updates and commits; ``release()`` gives up."""
+
+    def __init__(self, turns: Turns, lease: Lease, request: TurnRequest, params: SamplingParams) -> None:
+        self.turns, self.lease, self.request, self.params = turns, lease, request, params
+        self._finished = False
+
+    def run(self) -> Generator[StreamEvent | TurnOutcome, None, None]:
+        """StreamEvents, then the TurnOutcome after the commit; closing it early releases the identity."""
+        turns, lease = self.turns, self.lease
+        try:
+            started = time.perf_counter()
+            result: TurnResult | None = None
+            for item in stream_turns(turns.model, [self.request], self.params, tokenizer=turns.tokenizer):
+                if isinstance(item, StreamEvent):
+                    yield item
+                else:
+                    result = item[0]
+            assert result is not None
+            latency_ms = (time.perf_counter() - started) * 1000
+            turn = NewTurn(
+                message=self.request.message,
+                reply=result.reply,
+                finish_reason=result.finish_reason,
+                shock=result.shock,
+                nll=result.nll,
+                prompt_tokens=result.prompt_tokens,
+                completion_tokens=result.completion_tokens,
+                latency_ms=latency_ms,
+            )
+            version = turns.store.commit(lease, encode(result.state), reason="turn", turn=turn)
+            self._finished = True
+        finally:
+            self.release()
+        yield TurnOutcome(
+            reply=result.reply,
+            finish_reason=result.finish_reason,
+            turn=lease.turn_count,
+            shock=result.shock,
+            nll=result.nll,
+            state_version=version,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            latency_ms=latency_ms,
+        )
+
+    def release(self) -> None:
+        """Let go of the identity, writing nothing; idempotent, and a no-op after the commit."""
+        if not self._finished:
+            self._finished = True
+            self.turns.store.release(self.lease)
