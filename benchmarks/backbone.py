@@ -83,7 +83,6 @@ from server.core.config import Settings
 from server.db import migrate
 from server.runtime.inputs import Sampling
 from server.runtime.services import Services
-from server.runtime.turns import TurnOutcome
 from server.store import Store
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
@@ -91,7 +90,7 @@ from sia.backbones.weights import bundled_gguf, file_sha256, read_hf, resolve_ba
 from sia.checkpoint import load_model
 from sia.identity.state import Dynamics, IdentityState, state_to_bytes
 from sia.identity.turn import TurnRequest, run_turn
-from sia.model.generate import Generation, SamplingParams, StreamEvent, stream
+from sia.model.generate import SamplingParams, stream
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "backbone.json"
 PERSONA = "sia"
@@ -223,13 +222,9 @@ def sia_decode(model: LlamaModel, prompts: list[list[int]], states: list[Identit
     t0 = time.perf_counter()
     cond = model.condition_states(states)
     params = SamplingParams(max_new_tokens=n, temperature=0.0)
-    times: list[float] = []
-    gens: list[Generation] = []
-    for item in stream(model, prompts, cond, params):
-        if isinstance(item, StreamEvent):
-            times.append(time.perf_counter())
-        else:
-            gens = item
+    decoding = stream(model, prompts, cond, params)
+    times = [time.perf_counter() for _ in decoding]
+    gens = decoding.result
     tokens = [g.tokens for g in gens]
     total = sum(len(t) for t in tokens)
     return Decode(times[0] - t0, times[-1] - times[0], total - len(prompts), max(map(len, tokens)) - 1, tokens)
@@ -408,14 +403,10 @@ def run_probe(kind: str, cache: Path, args: argparse.Namespace) -> dict[str, Any
 def streamed_turn(services: Services, user: str, message: str, sampling: Sampling) -> tuple[float, float, int]:
     """(time to first token, total time, reply tokens) of one real turn."""
     t0 = time.perf_counter()
-    first: float | None = None
-    outcome: TurnOutcome | None = None
-    for item in services.turns.stream_turn(PERSONA, user, message, sampling):
-        if isinstance(item, StreamEvent):
-            first = first if first is not None else time.perf_counter() - t0
-        else:
-            outcome = item
-    assert first is not None and outcome is not None
+    turn = services.turns.stream_turn(PERSONA, user, message, sampling)
+    next(turn)
+    first = time.perf_counter() - t0
+    outcome = turn.finish()
     return first, time.perf_counter() - t0, outcome.completion_tokens
 
 

@@ -57,7 +57,7 @@ from server.store import Store
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity.shock import standardised_shock
 from sia.identity.state import advance, state_from_bytes
-from sia.model.generate import Generation, StreamEvent, stream
+from sia.model.generate import stream
 from sia.model.tokenizer import ByteTokenizer
 from sia.model.transformer import TurnStats
 
@@ -98,14 +98,9 @@ def phased_turn(services: Services, user: str, message: str, sampling: Sampling)
     with torch.no_grad():
         cond = model.condition_states([state])
     events = stream(model, [prompt], cond, params, tokenizer=tok, summary_masks=[mask])
-    first = next(events)
-    assert isinstance(first, StreamEvent)
+    next(events)
     t2 = time.perf_counter()
-    generation: Generation | None = None
-    for item in events:
-        if isinstance(item, list):
-            generation = item[0]
-    assert generation is not None
+    generation = events.finish()[0]
     t3 = time.perf_counter()
     with torch.no_grad():
         nll = float(generation.prompt_nll[span[0] : span[1]].mean())

@@ -126,7 +126,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from server.db import migrate
     from server.runtime.inputs import Sampling
     from server.runtime.services import Services
-    from server.runtime.turns import TurnOutcome
     from server.store import Store
     from sia.checkpoint import load_model
 
@@ -149,13 +148,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
         message = line.rstrip("\n")
         if not message:
             break
-        for item in services.turns.stream_turn(args.persona, args.user, message, sampling):
-            if isinstance(item, TurnOutcome):
-                sys.stdout.write("\n")
-                log.info("turn %d: shock %.3f, state version %d", item.turn, item.shock, item.state_version)
-            else:
-                sys.stdout.write(item.text)
-                sys.stdout.flush()
+        turn = services.turns.stream_turn(args.persona, args.user, message, sampling)
+        for event in turn:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        out = turn.result
+        log.info("turn %d: shock %.3f, state version %d", out.turn, out.shock, out.state_version)
     return 0
 
 

@@ -14,7 +14,7 @@ from sia.checkpoint import DEFAULT_CACHE, load_model
 from sia.identity.state import Dynamics, IdentityState, state_from_bytes, state_to_bytes
 from sia.identity.turn import TurnRequest, TurnResult, stream_turns
 from sia.model.config import read_json_object
-from sia.model.generate import SamplingParams, StreamEvent
+from sia.model.generate import SamplingParams
 from sia.model.transformer import IdentityModel
 from sia.personas import PERSONAS, persona_defaults, persona_prompt
 
@@ -51,14 +51,12 @@ def _save_state(path: Path | None, state: IdentityState) -> None:
 def _turn(model: IdentityModel, state: IdentityState, message: str, params: SamplingParams, persona: str) -> TurnResult:
     context = tuple(model.tokenizer.system_prompt(persona_prompt(model, persona)))
     request = TurnRequest(state=state, message=message, dynamics=Dynamics.from_config(model.config), context=context)
-    for item in stream_turns(model, [request], params):
-        if isinstance(item, StreamEvent):
-            sys.stdout.write(item.text)
-            sys.stdout.flush()
-        else:
-            sys.stdout.write("\n")
-            return item[0]
-    raise AssertionError("turn produced no result")
+    turn = stream_turns(model, [request], params)
+    for event in turn:
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return turn.result[0]
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

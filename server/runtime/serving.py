@@ -10,7 +10,7 @@ its tokens.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from functools import partial
 
 import anyio
@@ -20,10 +20,10 @@ from server.errors import BusyError
 from server.observability import Metrics
 from server.runtime.inputs import Sampling
 from server.runtime.turns import CounterfactualOutcome, PendingTurn, TurnOutcome, Turns
-from sia.model.generate import StreamEvent
+from sia.model.generate import Stream, StreamEvent
 from sia.model.tokenizer import Tokenizer
 
-__all__ = ["ClientGone", "Disconnected", "TurnService"]
+__all__ = ["ClientGone", "Disconnected", "TurnService", "TurnStream"]
 
 _END = object()
 Disconnected = Callable[[], Awaitable[bool]]
@@ -31,6 +31,30 @@ Disconnected = Callable[[], Awaitable[bool]]
 
 class ClientGone(Exception):
     """The client disconnected before its turn completed; the turn was abandoned and nothing was kept."""
+
+
+class TurnStream:
+    """A turn seen from the event loop: its StreamEvents as they come (``async for``), then ``outcome``, the
+    committed turn. ``aclose()`` abandons it (the identity is released, nothing is written)."""
+
+    def __init__(self, events: Callable[[list[TurnOutcome]], AsyncGenerator[StreamEvent, None]]) -> None:
+        self._ended: list[TurnOutcome] = []
+        self._events = events(self._ended)
+
+    def __aiter__(self) -> TurnStream:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        return await anext(self._events)
+
+    @property
+    def outcome(self) -> TurnOutcome:
+        if not self._ended:
+            raise RuntimeError("the turn has not ended: read its events first")
+        return self._ended[0]
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
 
 
 class TurnService:
@@ -48,23 +72,29 @@ class TurnService:
         self, persona: str, user: str, message: str, sampling: Sampling, *, gone: Disconnected | None = None
     ) -> TurnOutcome:
         """A whole turn. With ``gone``, a client that disconnects before the end abandons it (nothing is kept)."""
-        async for item in self.stream(persona, user, message, sampling, gone=gone):
-            if isinstance(item, TurnOutcome):
-                return item
-        raise AssertionError("a turn ended without an outcome")
+        turn = self.stream(persona, user, message, sampling, gone=gone)
+        async for _ in turn:
+            pass
+        return turn.outcome
 
-    async def stream(
+    def stream(
         self, persona: str, user: str, message: str, sampling: Sampling, *, gone: Disconnected | None = None
-    ) -> AsyncGenerator[StreamEvent | TurnOutcome, None]:
-        """The turn, one item per worker-thread hop; ``gone()`` is asked before each hop.
+    ) -> TurnStream:
+        """The turn, one event per worker-thread hop; ``gone()`` is asked before each hop. Nothing starts
+        before the first event is asked for.
 
         Waiting for the identity happens outside the inference slots: a turn waiting for a busy identity must
         not hold a slot the turn that holds the identity needs in order to finish.
         """
+        return TurnStream(partial(self._events, persona, user, message, sampling, gone))
+
+    async def _events(
+        self, persona: str, user: str, message: str, sampling: Sampling, gone: Disconnected | None, ended: list[TurnOutcome]
+    ) -> AsyncGenerator[StreamEvent, None]:
         started = time.perf_counter()
         outcome = "abandoned"
         held: list[PendingTurn] = []  # filled in the worker thread, so a cancelled wait still finds its hold
-        gen: Generator[StreamEvent | TurnOutcome, None, None] | None = None
+        gen: Stream[TurnOutcome] | None = None
         try:
             if gone is not None and await gone():
                 raise ClientGone
@@ -76,12 +106,13 @@ class TurnService:
                 item = await anyio.to_thread.run_sync(next, gen, _END, limiter=self.limiter)
                 if item is _END:
                     break
-                assert isinstance(item, StreamEvent | TurnOutcome)
-                if isinstance(item, TurnOutcome):
-                    outcome = "ok"
-                    self._record(time.perf_counter() - started, item.prompt_tokens, item.completion_tokens)
-                    self.metrics.shock.observe(item.shock)
+                assert isinstance(item, StreamEvent)
                 yield item
+            done = gen.result
+            outcome = "ok"
+            self._record(time.perf_counter() - started, done.prompt_tokens, done.completion_tokens)
+            self.metrics.shock.observe(done.shock)
+            ended.append(done)
         except BusyError:
             outcome = "busy"
             raise
@@ -128,7 +159,7 @@ class TurnService:
         self.metrics.tokens.labels(kind="completion").inc(completion_tokens)
 
 
-def _abandon(gen: Generator[StreamEvent | TurnOutcome, None, None] | None, pending: PendingTurn) -> None:
+def _abandon(gen: Stream[TurnOutcome] | None, pending: PendingTurn) -> None:
     """Close the turn's generator (if it started) and let go of the identity; nothing is written."""
     if gen is not None:
         gen.close()

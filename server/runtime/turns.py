@@ -18,8 +18,8 @@ from server.runtime.identities import Identities
 from server.runtime.inputs import Sampling, check_message, check_user
 from server.runtime.personas import Personas
 from server.store import Store
-from sia.identity.turn import TurnRequest, TurnResult, stream_turns
-from sia.model.generate import SamplingParams, StreamEvent
+from sia.identity.turn import TurnRequest, stream_turns
+from sia.model.generate import SamplingParams, Stream, StreamEvent
 from sia.model.transformer import IdentityModel
 
 __all__ = ["CounterfactualOutcome", "CounterfactualSide", "PendingTurn", "TurnOutcome", "Turns"]
@@ -74,24 +74,26 @@ class Turns:
 
     def turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> TurnOutcome:
         """One whole turn; the identity is created from the persona on its first turn."""
-        for item in self.stream_turn(persona, user, message, sampling):
-            if isinstance(item, TurnOutcome):
-                return item
-        raise AssertionError("a turn stream ended without an outcome")
+        return self.stream_turn(persona, user, message, sampling).finish()
 
-    def stream_turn(
-        self, persona: str, user: str, message: str, sampling: Sampling | None = None
-    ) -> Generator[StreamEvent | TurnOutcome, None, None]:
-        """Yield StreamEvents as the reply is generated, then the TurnOutcome once the turn is committed.
+    def stream_turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> Stream[TurnOutcome]:
+        """StreamEvents as the reply is generated; the result is the TurnOutcome, once the turn is committed.
 
-        Nothing is written unless the generator runs to its end: closing it early (a client that went away)
-        or an exception anywhere leaves the identity exactly as it was.
+        Nothing is held before the first event is asked for, and nothing is written unless the stream runs to
+        its end: closing it early (a client that went away) or an exception anywhere leaves the identity
+        exactly as it was.
         """
-        pending = self.begin_turn(persona, user, message, sampling)
-        try:
-            yield from pending.run()
-        finally:
-            pending.release()  # a no-op once the turn committed
+
+        def run() -> Generator[StreamEvent, None, TurnOutcome]:
+            pending = self.begin_turn(persona, user, message, sampling)
+            try:
+                events = pending.run()
+                yield from events
+                return events.result
+            finally:
+                pending.release()  # a no-op once the turn committed
+
+        return Stream(run())
 
     def begin_turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> PendingTurn:
         """Hold the identity (waiting up to the busy timeout) and load its state; inference has not started.
@@ -143,10 +145,7 @@ class Turns:
         dynamics = self.personas.dynamics(record)
         context = tuple(self.tokenizer.system_prompt(record.preamble))
         requests = [TurnRequest(state=s, message=message, dynamics=dynamics, context=context) for s in (current, other)]
-        results: list[TurnResult] = []
-        for item in stream_turns(self.model, requests, params, tokenizer=self.tokenizer):
-            if isinstance(item, list):
-                results = item
+        results = stream_turns(self.model, requests, params, tokenizer=self.tokenizer).finish()
         current_side, other_side = (
             CounterfactualSide(
                 version=v,
@@ -169,18 +168,17 @@ class PendingTurn:
         self.turns, self.lease, self.request, self.params = turns, lease, request, params
         self._finished = False
 
-    def run(self) -> Generator[StreamEvent | TurnOutcome, None, None]:
-        """StreamEvents, then the TurnOutcome after the commit; closing it early releases the identity."""
+    def run(self) -> Stream[TurnOutcome]:
+        """StreamEvents; the result is the TurnOutcome after the commit. Closing it early releases the identity."""
+        return Stream(self._run())
+
+    def _run(self) -> Generator[StreamEvent, None, TurnOutcome]:
         turns, lease = self.turns, self.lease
         try:
             started = time.perf_counter()
-            result: TurnResult | None = None
-            for item in stream_turns(turns.model, [self.request], self.params, tokenizer=turns.tokenizer):
-                if isinstance(item, StreamEvent):
-                    yield item
-                else:
-                    result = item[0]
-            assert result is not None
+            replies = stream_turns(turns.model, [self.request], self.params, tokenizer=turns.tokenizer)
+            yield from replies
+            result = replies.result[0]
             latency_ms = (time.perf_counter() - started) * 1000
             turn = NewTurn(
                 message=self.request.message,
@@ -196,7 +194,7 @@ class PendingTurn:
             self._finished = True
         finally:
             self.release()
-        yield TurnOutcome(
+        return TurnOutcome(
             reply=result.reply,
             finish_reason=result.finish_reason,
             turn=lease.turn_count,

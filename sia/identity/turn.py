@@ -7,14 +7,14 @@ accumulates while decoding, so a turn costs exactly one generation.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState, advance
-from sia.model.generate import Generation, SamplingParams, StreamEvent, stream
+from sia.model.generate import SamplingParams, Stream, StreamEvent, stream
 from sia.model.tokenizer import Tokenizer
 from sia.model.transformer import IdentityModel, TurnStats
 
@@ -42,8 +42,14 @@ class TurnResult:
 
 def stream_turns(
     model: IdentityModel, requests: Sequence[TurnRequest], params: SamplingParams, *, tokenizer: Tokenizer | None = None
-) -> Iterator[StreamEvent | list[TurnResult]]:
-    """Yield StreamEvents while replies are generated, then the list of TurnResults (one per request)."""
+) -> Stream[list[TurnResult]]:
+    """StreamEvents while replies are generated; the result is the list of TurnResults (one per request)."""
+    return Stream(_turns(model, requests, params, tokenizer))
+
+
+def _turns(
+    model: IdentityModel, requests: Sequence[TurnRequest], params: SamplingParams, tokenizer: Tokenizer | None
+) -> Generator[StreamEvent, None, list[TurnResult]]:
     tok = tokenizer or model.tokenizer
     if not requests:
         raise ValueError("need at least one turn request")
@@ -60,12 +66,9 @@ def stream_turns(
         spans.append((start - 1, end - 1))
     with torch.no_grad():
         cond = model.condition_states([r.state for r in requests])
-    generations: list[Generation] = []
-    for item in stream(model, prompts, cond, params, tokenizer=tok, summary_masks=masks):
-        if isinstance(item, list):
-            generations = item
-        else:
-            yield item
+    decoding = stream(model, prompts, cond, params, tokenizer=tok, summary_masks=masks)
+    yield from decoding
+    generations = decoding.result
     results = []
     with torch.no_grad():  # plain tensors out: the new states may later be used where autograd records
         summaries = model.summarize(TurnStats.cat([g.stats for g in generations]))
@@ -75,14 +78,11 @@ def stream_turns(
             shock = standardised_shock(nll, req.state.shock, model.config)
             new_state = advance(req.state, summary, shock=shock, nll=nll, g=model.self_update, dynamics=req.dynamics)
             results.append(TurnResult(gen.text, gen.finish_reason, shock, nll, len(prompt), len(gen.tokens), new_state))
-    yield results
+    return results
 
 
 def run_turn(
     model: IdentityModel, request: TurnRequest, params: SamplingParams, *, tokenizer: Tokenizer | None = None
 ) -> TurnResult:
     """One identity, one turn, no streaming."""
-    for item in stream_turns(model, [request], params, tokenizer=tokenizer):
-        if isinstance(item, list):
-            return item[0]
-    raise AssertionError("stream_turns ended without results")
+    return stream_turns(model, [request], params, tokenizer=tokenizer).finish()[0]

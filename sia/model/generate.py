@@ -9,8 +9,9 @@ does not depend on which other rows share its batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,17 @@ from torch import Tensor
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
 from sia.model.transformer import Conditioning, IdentityModel, KVCache, TurnStats
 
-__all__ = ["Generation", "SamplingParams", "StreamEvent", "generate", "left_padded", "padded_inputs", "sample_next", "stream"]
+__all__ = [
+    "Generation",
+    "SamplingParams",
+    "Stream",
+    "StreamEvent",
+    "generate",
+    "left_padded",
+    "padded_inputs",
+    "sample_next",
+    "stream",
+]
 
 
 MAX_TOP_LOGPROBS = 20
@@ -63,6 +74,46 @@ class StreamEvent:
     text: str
     logprob: float = 0.0  # log-probability of ``token`` under the model (temperature 1, before any filtering)
     top_logprobs: tuple[tuple[int, float], ...] = ()  # the params.top_logprobs most likely tokens, best first
+
+
+R = TypeVar("R")
+
+
+class Stream(Generic[R]):
+    """A streamed computation: iterate it (once) for its StreamEvents as they come; ``result`` once they end.
+
+    Nothing runs until the first event is asked for; ``close()`` abandons the computation (its ``finally``
+    clauses run), and ``finish()`` reads the remaining events and returns the result.
+    """
+
+    def __init__(self, run: Generator[StreamEvent, None, R]) -> None:
+        self._run = run
+        self._done = False
+        self._result: R | None = None
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        return self
+
+    def __next__(self) -> StreamEvent:
+        try:
+            return next(self._run)
+        except StopIteration as end:
+            self._done, self._result = True, end.value
+            raise
+
+    @property
+    def result(self) -> R:
+        if not self._done:
+            raise RuntimeError("the stream has not ended: read its events (or call finish()) first")
+        return self._result  # type: ignore[return-value]
+
+    def finish(self) -> R:
+        for _ in self:
+            pass
+        return self.result
+
+    def close(self) -> None:
+        self._run.close()
 
 
 @dataclass
@@ -166,7 +217,6 @@ class _Row:
         return delta
 
 
-@torch.inference_mode()
 def stream(
     model: IdentityModel,
     prompts: Sequence[Sequence[int]],
@@ -176,12 +226,25 @@ def stream(
     tokenizer: Tokenizer | None = None,
     summary_masks: Sequence[Sequence[bool]] | None = None,
     use_cache: bool = True,
-) -> Iterator[StreamEvent | list[Generation]]:
-    """Yield a StreamEvent per row and step, then, last, the list of finished Generations.
+) -> Stream[list[Generation]]:
+    """A StreamEvent per row and step; the result is the list of finished Generations, one per prompt.
 
     ``summary_masks`` marks, per prompt token, whether it counts towards the turn summary (default: all).
     With ``use_cache=False`` every step recomputes the whole sequence (the slow reference for the cache).
     """
+    return Stream(_decode(model, prompts, cond, params, tokenizer, summary_masks, use_cache))
+
+
+@torch.inference_mode()
+def _decode(
+    model: IdentityModel,
+    prompts: Sequence[Sequence[int]],
+    cond: Conditioning,
+    params: SamplingParams,
+    tokenizer: Tokenizer | None,
+    summary_masks: Sequence[Sequence[bool]] | None,
+    use_cache: bool,
+) -> Generator[StreamEvent, None, list[Generation]]:
     tok = tokenizer or model.tokenizer
     B = len(prompts)
     if cond.batch_size != B:
@@ -267,7 +330,7 @@ def stream(
         assert memory is not None
         stats = stats.written_by(memory)
 
-    yield [
+    return [
         Generation(
             tokens=row.tokens,
             text=row.text,
@@ -290,8 +353,4 @@ def generate(
     use_cache: bool = True,
 ) -> list[Generation]:
     """Run ``stream`` to the end and return one Generation per prompt."""
-    events = stream(model, prompts, cond, params, tokenizer=tokenizer, summary_masks=summary_masks, use_cache=use_cache)
-    for item in events:
-        if isinstance(item, list):
-            return item
-    raise AssertionError("stream ended without its results")
+    return stream(model, prompts, cond, params, tokenizer=tokenizer, summary_masks=summary_masks, use_cache=use_cache).finish()

@@ -179,10 +179,18 @@ def test_abandoned_stream_changes_nothing(identities: Identities, turns: Turns, 
     assert identities.export_state("sia", "u")[1] == before
     ident = store.get_identity("sia", "u")
     assert (ident.turn_count, ident.busy) == (1, False)
-    items = list(turns.stream_turn("sia", "u", "again", GREEDY))
-    outcome = items[-1]
-    assert isinstance(outcome, TurnOutcome) and outcome.turn == 1
-    assert "".join(e.text for e in items[:-1]) == outcome.reply  # type: ignore[union-attr]
+    again = turns.stream_turn("sia", "u", "again", GREEDY)
+    events = list(again)
+    assert again.result.turn == 1
+    assert "".join(e.text for e in events) == again.result.reply
+
+
+def test_a_stream_has_no_result_before_its_end(turns: Turns) -> None:
+    stream = turns.stream_turn("sia", "early", "hello", GREEDY)
+    next(stream)
+    with pytest.raises(RuntimeError, match="has not ended"):
+        stream.result  # noqa: B018
+    assert stream.finish().completion_tokens >= 1
 
 
 @pytest.mark.parametrize("damage", ["garbage", "checksum", "nan", "shape"])

@@ -7,7 +7,7 @@ import torch
 
 from sia.identity.state import IdentityState
 from sia.model.config import ModelConfig
-from sia.model.generate import Generation, SamplingParams, StreamEvent, generate, sample_next, stream
+from sia.model.generate import SamplingParams, generate, sample_next, stream
 from sia.model.tokenizer import ByteTokenizer
 from sia.model.transformer import SIAModel
 from tests.conftest import random_state, sharpen
@@ -65,13 +65,9 @@ def test_different_states_give_different_tokens(model: SIAModel, config: ModelCo
 
 def test_stream_events_concatenate_to_the_text(model: SIAModel, config: ModelConfig) -> None:
     params = SamplingParams(max_new_tokens=40, temperature=1.0, seed=2)
-    events, results = [], None
-    for item in stream(model, PROMPTS[:2], _cond(model, config, 2), params):
-        if isinstance(item, StreamEvent):
-            events.append(item)
-        else:
-            results = item
-    assert results is not None
+    decoding = stream(model, PROMPTS[:2], _cond(model, config, 2), params)
+    events = list(decoding)
+    results = decoding.result
     for row in range(2):
         row_events = [e for e in events if e.row == row]
         assert [e.token for e in row_events] == results[row].tokens
@@ -87,13 +83,9 @@ def test_stop_strings_cut_the_text_and_are_never_streamed(model: SIAModel, confi
     assert len(text) >= 6, "the untrained model produces enough text to cut"
     stop = text[3:5]
     params = SamplingParams(max_new_tokens=48, temperature=0.0, stop=(stop,))
-    streamed = ""
-    result: list[Generation] = []
-    for item in stream(model, PROMPTS[:1], _cond(model, config, 1), params):
-        if isinstance(item, StreamEvent):
-            streamed += item.text
-        else:
-            result = item
+    decoding = stream(model, PROMPTS[:1], _cond(model, config, 1), params)
+    streamed = "".join(event.text for event in decoding)
+    result = decoding.result
     assert result[0].text == text[: text.find(stop)]
     assert streamed == result[0].text and stop not in streamed
     assert result[0].finish_reason == "stop"
@@ -159,7 +151,7 @@ def test_bad_requests_raise(model: SIAModel, config: ModelConfig) -> None:
 
 def test_logprobs_describe_the_distribution_sampled_from(model: SIAModel, config: ModelConfig) -> None:
     params = SamplingParams(max_new_tokens=6, temperature=0.0, top_logprobs=5)
-    events = [e for e in stream(model, PROMPTS[:1], _cond(model, config, 1), params) if isinstance(e, StreamEvent)]
+    events = list(stream(model, PROMPTS[:1], _cond(model, config, 1), params))
     assert len(events) == 6
     for e in events:
         ids = [t for t, _ in e.top_logprobs]

@@ -24,7 +24,7 @@ from sia.learn.adapter import train as adapter_train
 from sia.learn.adapter.train import ReadOut, TrainConfig, build_model, episode_losses, sample_batch, train, unroll_states
 from sia.learn.adapter.unroll import Carry, Rendered, probe_logits, score_candidates, span, write_turn
 from sia.learn.native import train as native_train
-from sia.model.generate import SamplingParams, StreamEvent
+from sia.model.generate import SamplingParams
 from sia.personas import PERSONAS
 
 from .conftest import TinyVocab, write_tiny_gguf
@@ -153,13 +153,9 @@ def test_a_run_resumes_where_it_stopped_and_its_checkpoint_loads_bit_for_bit(
 def served_turn(model: LlamaModel, state: IdentityState, message: str, context: list[int]) -> tuple[list[int], TurnResult]:
     """The service's turn (sia.identity.turn, greedy) and the tokens it generated."""
     request = TurnRequest(state=state, message=message, dynamics=Dynamics.from_config(model.config), context=tuple(context))
-    tokens: list[int] = []
-    for item in stream_turns(model, [request], SamplingParams(max_new_tokens=6, temperature=0.0)):
-        if isinstance(item, StreamEvent):
-            tokens.append(item.token)
-        else:
-            return tokens, item[0]
-    raise AssertionError("the turn gave no result")
+    turn = stream_turns(model, [request], SamplingParams(max_new_tokens=6, temperature=0.0))
+    tokens = [event.token for event in turn]
+    return tokens, turn.result[0]
 
 
 def test_a_turn_written_in_training_is_the_turn_the_service_runs(config: TrainConfig, cache: Path) -> None:

@@ -10,7 +10,7 @@ from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, TurnResult, run_turn, stream_turns
 from sia.model.config import ModelConfig
-from sia.model.generate import SamplingParams, StreamEvent
+from sia.model.generate import SamplingParams
 from sia.model.tokenizer import ByteTokenizer
 from sia.model.transformer import SIAModel
 from tests.conftest import sharpen
@@ -87,12 +87,9 @@ def test_batched_turns_match_single_turns(model: SIAModel, config: ModelConfig) 
     ]
     messages = ["short", "a somewhat longer message"]
     requests = [_request(s, m, config) for s, m in zip(states, messages, strict=True)]
-    events, batched = [], []
-    for item in stream_turns(model, requests, GREEDY):
-        if isinstance(item, StreamEvent):
-            events.append(item)
-        else:
-            batched = item
+    turn = stream_turns(model, requests, GREEDY)
+    events = list(turn)
+    batched = turn.result
     assert {e.row for e in events} == {0, 1}
     for req, got in zip(requests, batched, strict=True):
         solo: TurnResult = run_turn(model, req, GREEDY)

@@ -49,17 +49,15 @@ async def chat(
         return chat_response(await turns.turn(persona, user, body.message, sampling, gone=request.is_disconnected))
 
     stream = turns.stream(persona, user, body.message, sampling)
-    first = await anext(stream)  # errors before the first token (404, 409, ...) still get a status code
+    first = await anext(stream, None)  # errors before the first token (404, 409, ...) still get a status code
 
     async def events() -> AsyncIterator[str]:
-        item = first
+        event = first
         try:
-            while True:
-                if isinstance(item, TurnOutcome):
-                    yield sse("done", chat_response(item).model_dump())
-                    return
-                yield sse("token", {"text": item.text, "token": item.token, "logprob": item.logprob})
-                item = await anext(stream)
+            while event is not None:
+                yield sse("token", {"text": event.text, "token": event.token, "logprob": event.logprob})
+                event = await anext(stream, None)
+            yield sse("done", chat_response(stream.outcome).model_dump())
         except (StoreError, ValueError) as exc:
             yield sse("error", error_body(str(exc), "api_error", type(exc).__name__))
         finally:

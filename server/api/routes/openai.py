@@ -94,16 +94,12 @@ async def chat_completions(
     want_logprobs = body.logprobs
     tok = turns.tokenizer
     stream = turns.stream(body.model, user, message, sampling, gone=None if body.stream else request.is_disconnected)
-    first = await anext(stream)  # errors before the first token still get their status code
+    first = await anext(stream, None)  # errors before the first token still get their status code
 
     if not body.stream:
-        events: list[StreamEvent] = []
-        item = first
-        while not isinstance(item, TurnOutcome):
-            events.append(item)
-            item = await anext(stream)
-        await stream.aclose()
-        return _completion(tok, completion_id, created, body.model, item, events if want_logprobs else None)
+        events = [] if first is None else [first]
+        events += [event async for event in stream]
+        return _completion(tok, completion_id, created, body.model, stream.outcome, events if want_logprobs else None)
 
     include_usage = body.stream_options is not None and body.stream_options.include_usage
 
@@ -130,16 +126,17 @@ async def chat_completions(
         return f"data: {json.dumps(data)}\n\n"
 
     async def chunks() -> AsyncIterator[str]:
-        item = first
+        event = first
         try:
             yield chunk({"role": "assistant", "content": ""})
-            while not isinstance(item, TurnOutcome):
-                if item.text or want_logprobs:
-                    yield chunk({"content": item.text}, logprobs=[_logprob(tok, item)] if want_logprobs else None)
-                item = await anext(stream)
-            yield chunk({}, finish=item.finish_reason)
+            while event is not None:
+                if event.text or want_logprobs:
+                    yield chunk({"content": event.text}, logprobs=[_logprob(tok, event)] if want_logprobs else None)
+                event = await anext(stream, None)
+            out = stream.outcome
+            yield chunk({}, finish=out.finish_reason)
             if include_usage:
-                yield chunk({}, usage=_usage(item), choices=False)
+                yield chunk({}, usage=_usage(out), choices=False)
             yield "data: [DONE]\n\n"
         except (StoreError, ValueError) as exc:
             yield f"data: {json.dumps(error_body(str(exc), 'api_error', type(exc).__name__))}\n\n"
