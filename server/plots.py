@@ -25,12 +25,12 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
-from torch import Tensor
 
-from sia.identity.state import IdentityState, stabilised_metric
+from sia.identity.spectra import spectral_entropy, trace_eigenvalues
+from sia.identity.state import IdentityState
 from sia.model.config import AnyConfig
 
-__all__ = ["StateSummary", "TraceSpectrum", "describe_state", "draw_identity", "head_spectra", "spectral_entropy"]
+__all__ = ["StateSummary", "TraceSpectrum", "describe_state", "draw_identity", "head_spectra"]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -57,26 +57,9 @@ class TraceSpectrum:
     spectral_entropy: float  # of |eig sym(T)| normalised to sum 1, in nats, in [0, ln d]
 
 
-def spectral_entropy(eigenvalues: Tensor) -> Tensor:
-    """(..., d) eigenvalues -> (...) entropy in nats of p = |lambda| / sum |lambda|; 0 where all are 0."""
-    magnitude = eigenvalues.abs().double()
-    total = magnitude.sum(-1, keepdim=True)  # (..., 1)
-    p = magnitude / total.clamp_min(torch.finfo(torch.float64).tiny)
-    terms = torch.where(p > 0, -p * torch.log(p.clamp_min(torch.finfo(torch.float64).tiny)), torch.zeros_like(p))
-    return terms.sum(-1)
-
-
-def _eigenvalues(state: IdentityState, config: AnyConfig) -> tuple[Tensor, Tensor]:
-    """Eigenvalues of sym(T) and of M(T) / c: (trace layers, trace heads, d) each, ascending."""
-    trace = state.trace.double()
-    sym = 0.5 * (trace + trace.transpose(-1, -2))  # (n_layer, H, d, d)
-    metric = stabilised_metric(state.trace, config).double() / config.metric_base
-    return torch.linalg.eigvalsh(sym), torch.linalg.eigvalsh(metric)
-
-
 def head_spectra(state: IdentityState, config: AnyConfig) -> list[TraceSpectrum]:
     """One TraceSpectrum per layer and head, layer-major."""
-    eigs, metric_eigs = _eigenvalues(state, config)
+    eigs, metric_eigs = trace_eigenvalues(state.trace, config)
     norms = torch.linalg.matrix_norm(state.trace.double())  # (n_layer, H)
     entropy = spectral_entropy(eigs)  # (n_layer, H)
     return [
@@ -112,7 +95,7 @@ def draw_identity(
     numbers = [v for v, _ in versions]
     last = versions[-1][1]
     n_layer, n_head, d, _ = config.trace_shape
-    eigs = _eigenvalues(last, config)[0].reshape(n_layer * n_head, d)  # (trace layers * heads, d)
+    eigs = trace_eigenvalues(last.trace, config)[0].reshape(n_layer * n_head, d)  # (trace layers * heads, d)
     norms = torch.stack([torch.linalg.matrix_norm(s.trace.double()) for _, s in versions])  # (V, n_layer, H)
     selves = torch.stack([s.self_state for _, s in versions])  # (V, d_s)
 

@@ -30,6 +30,7 @@ from torch import Tensor
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
 from sia.checkpoint import DEFAULT_CACHE, load_model
+from sia.identity.spectra import trace_eigenvalues
 from sia.identity.state import Dynamics
 from sia.learn.adapter import facts
 from sia.learn.adapter.unroll import (
@@ -298,8 +299,7 @@ def plot_self_state(states: list[Carry], episode: facts.Episode, row: int, path:
 def plot_spectra(model: LlamaModel, carry: Carry, row: int, path: Path) -> None:
     plt = _pyplot()
     trace = carry.trace[row].float().cpu()  # (n_trace, heads, d, d)
-    sym = 0.5 * (trace + trace.transpose(-1, -2))
-    eig = torch.linalg.eigvalsh(sym.double()).flip(-1)[:, 0]  # (n_trace, d) first head, largest first
+    eig = trace_eigenvalues(trace, model.config)[0].flip(-1)[:, 0]  # (n_trace, d) eig sym(T), first head, largest first
     fig, ax = plt.subplots(figsize=(7, 3.5))
     image = ax.imshow(eig.numpy(), aspect="auto", cmap="magma", interpolation="nearest")
     ax.set(xlabel="eigenvalue index (largest first)", ylabel="trace layer", title="trace spectra after an episode")

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sia.identity.state import stabilised_metric
+from sia.identity.spectra import trace_eigenvalues
 from sia.learn.native.attention_maps import probe_attention_maps
 from sia.learn.native.corpus import Episode
 from sia.learn.native.episodes import EncodedTurn
@@ -125,13 +125,6 @@ def _plot_self_state(selves: Tensor, episode: Episode, path: Path) -> None:
     plt.close(fig)
 
 
-def _spectra(traces: Tensor, model: SIAModel) -> tuple[Tensor, Tensor]:
-    """Eigenvalues of sym(T) and of M(T) / c: (turns + 1, n_layer, H, d) each."""
-    sym = 0.5 * (traces + traces.transpose(-1, -2))
-    metric = stabilised_metric(traces, model.config) / model.config.metric_base
-    return torch.linalg.eigvalsh(sym.double()), torch.linalg.eigvalsh(metric.double())
-
-
 def _plot_spectra(trace_eigs: Tensor, metric_eigs: Tensor, rho: float, episode: Episode, path: Path) -> None:
     """Per layer: min/mean/max eigenvalue of sym(T) (top) and of M / c (bottom) for each head, over the turns."""
     plt = _pyplot()
@@ -199,7 +192,7 @@ def plot_all(model: SIAModel, episodes: Sequence[Episode], shocks: Sequence[Sequ
     states = [play.captured[(0, t)] for t in range(len(encoded) + 1)]
     selves = torch.cat([s.self_state for s in states])  # (turns + 1, d_s)
     traces = torch.cat([s.trace for s in states])  # (turns + 1, n_layer, H, d, d)
-    trace_eigs, metric_eigs = _spectra(traces, model)
+    trace_eigs, metric_eigs = trace_eigenvalues(traces, model.config)
     _plot_self_state(selves, episode, out_dir / PLOT_FILES["self_state"])
     _plot_spectra(trace_eigs, metric_eigs, model.config.metric_max_deform, episode, out_dir / PLOT_FILES["trace_spectra"])
 
