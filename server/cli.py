@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sia import cli as library_cli
+from sia import commands as library_commands
 
 if TYPE_CHECKING:
     from server.runtime.keys import KeyRing
@@ -121,7 +121,7 @@ def _key_ring() -> KeyRing:
 def cmd_chat(args: argparse.Namespace) -> int:
     """With --user: a conversation with a stored identity (the runtime's turns); without: the library's file-backed chat."""
     if args.user is None:
-        return int(library_cli.cmd_chat(args))
+        return int(library_commands.cmd_chat(args))
     from server.core.config import Settings
     from server.db import migrate
     from server.runtime.inputs import Sampling
@@ -159,7 +159,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = library_cli.build_parser()
+    parser = library_commands.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert isinstance(sub.choices, dict)
 
@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from server.errors import StoreError
 
     try:
-        return library_cli.main(argv, parser=build_parser())
+        return library_commands.main(argv, parser=build_parser())
     except StoreError as exc:  # unknown persona, busy or corrupt identity, ...: a message, not a traceback
         log.error("%s", exc)
         return 2

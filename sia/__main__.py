@@ -1,3 +1,3 @@
-from sia.cli import main
+from sia.commands import main
 
 raise SystemExit(main())

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
-from sia.cli import main
+from sia.commands import main
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, TurnResult, stream_turns
 from sia.learn.adapter import train as adapter_train

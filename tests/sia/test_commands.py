@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sia.checkpoint import save_checkpoint
-from sia.cli import main
+from sia.commands import main
 from sia.identity.state import state_from_bytes
 from sia.model.transformer import SIAModel
 
