@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
@@ -21,7 +22,16 @@ from sia.commands import main
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, TurnResult, stream_turns
 from sia.learn.adapter import train as adapter_train
-from sia.learn.adapter.train import ReadOut, TrainConfig, build_model, episode_losses, sample_batch, train, unroll_states
+from sia.learn.adapter.train import (
+    READOUT_FILE,
+    ReadOut,
+    TrainConfig,
+    build_model,
+    episode_losses,
+    sample_batch,
+    train,
+    unroll_states,
+)
 from sia.learn.adapter.unroll import Carry, Rendered, probe_logits, score_candidates, span, write_turn
 from sia.learn.native import train as native_train
 from sia.model.generate import SamplingParams
@@ -282,6 +292,9 @@ def test_sia_eval_measures_a_tiny_model_end_to_end(config: TrainConfig, cache: P
     model, ref = build_model(config, cache)
     open_read(model, 1)
     save_llama_checkpoint(model, tmp_path / "ckpt", ref)
+    torch.manual_seed(0)
+    readout = ReadOut(model.config.d_self)  # a training directory keeps its read-out beside the checkpoint
+    save_file(readout.state_dict(), str(tmp_path / "ckpt" / READOUT_FILE))
     history = tmp_path / "history.jsonl"
     record = {
         "step": 1,
@@ -303,6 +316,9 @@ def test_sia_eval_measures_a_tiny_model_end_to_end(config: TrainConfig, cache: P
     assert figures["perplexity"]["tokens"] > 0 and figures["perplexity"]["ratio"] > 0
     assert figures["history_kl"] > 0  # two users' states read differently (the slot values are open)
     assert figures["reset"]["fresh_vs_fresh"] == 0.0
+    assert [f["depth"] for f in figures["retention"]] == [0, 1, 2]  # right after the statement, then each depth
+    assert all(0.0 <= f["readout"] <= 1.0 for f in figures["retention"])
+    assert "Is it still in the state?" in (tmp_path / "eval" / "report.md").read_text()
     assert figures["reset"]["fresh_vs_base"] < 1e-4
     assert {t["name"].split(" ")[0] for t in figures["targets"]} >= {"per", "all", "stateless", "other"}
     for name in ("report.md", "figures.json", "recall.png", "self_state.png", "spectra.png", "training.png"):

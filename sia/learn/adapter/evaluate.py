@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import Tensor
 
 from sia.backbones.chat_tokenizer import ChatTokenizer
@@ -33,6 +34,7 @@ from sia.checkpoint import DEFAULT_CACHE, load_model
 from sia.identity.spectra import trace_eigenvalues
 from sia.identity.state import Dynamics
 from sia.learn.adapter import facts
+from sia.learn.adapter.train import READOUT_FILE, ReadOut, heldout_readout
 from sia.learn.adapter.unroll import (
     Carry,
     persona_contexts,
@@ -229,6 +231,20 @@ def history_kl(model: LlamaModel, final: Carry, pairs: int = 16) -> float:
 
 
 @torch.no_grad()
+def retention(model: LlamaModel, checkpoint: str | Path | None, options: EvalOptions, dynamics: Dynamics) -> list[dict[str, Any]]:
+    """What the training read-out (kept beside a training checkpoint, never shipped) still names from the state
+    0, 1, ... unrelated turns after the statement: whether a miss is the write forgetting or the read not finding
+    it. Empty for a checkpoint without a read-out."""
+    path = None if checkpoint is None else Path(checkpoint) / READOUT_FILE
+    if path is None or not path.is_file():
+        return []
+    readout = ReadOut(model.config.d_self).to(model.device)
+    readout.load_state_dict(load_file(str(path)))
+    n = 2 * options.episodes
+    return [{"depth": d, **heldout_readout(model, readout, n, dynamics, between=d)} for d in (0, *options.depths)]
+
+
+@torch.no_grad()
 def reset_determinism(model: LlamaModel) -> dict[str, float]:
     """A fresh (or reset) state reads nothing: its logits equal the base model's (the injection switched off)."""
     tok = model.tokenizer
@@ -390,6 +406,11 @@ def report(figures: dict[str, Any]) -> str:
         f"- reset determinism: max |Δlogit| fresh vs fresh {r['fresh_vs_fresh']:.2e}, "
         f"fresh vs base model {r['fresh_vs_base']:.2e}"
     ]
+    if figures.get("retention"):
+        lines += ["", "## Is it still in the state? (the training read-out, held-out statements of colour, pet, hobby)", ""]
+        lines += ["| unrelated turns since the statement | " + " | ".join(str(f["depth"]) for f in figures["retention"]) + " |"]
+        lines += ["|---|" + "---|" * len(figures["retention"])]
+        lines += ["| read-out accuracy (chance 16.7 %) | " + " | ".join(_pct(f["readout"]) for f in figures["retention"]) + " |"]
     lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for t in figures["targets"]:
         lines.append(f"| {t['name']} | {t['measured']} | {'yes' if t['met'] else 'no'} |")
@@ -484,6 +505,7 @@ def run_eval(
     figures["perplexity"] = dialogue_perplexity(model, dynamics, options.conversations)
     figures["history_kl"] = history_kl(model, states[-1])
     figures["reset"] = reset_determinism(model)
+    figures["retention"] = retention(model, checkpoint, options, dynamics)
     figures["targets"] = targets(figures, options)
     plot_recall(by_depth, out / "recall.png")
     plot_self_state(states, episodes[0], 0, out / "self_state.png")

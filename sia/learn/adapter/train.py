@@ -383,10 +383,10 @@ def heldout_set(model: LlamaModel, n: int, between: int, seed: int = 1) -> tuple
 
 
 @torch.no_grad()
-def heldout_readout(model: LlamaModel, readout: ReadOut, n: int, dynamics: Dynamics) -> dict[str, float]:
+def heldout_readout(model: LlamaModel, readout: ReadOut, n: int, dynamics: Dynamics, between: int = 0) -> dict[str, float]:
     """The training read-out's accuracy on held-out statements of colour, pet and hobby (values it has seen, wordings
-    it has not), from the state right after the statement turn; chance is 1/6."""
-    episodes = facts.episodes("heldout", n, 2, between=0, kinds=("colour", "pet", "hobby"))
+    it has not), from the state ``between`` unrelated turns after the statement turn; chance is 1/6."""
+    episodes = facts.episodes("heldout", n, 2, between=between, kinds=("colour", "pet", "hobby"))
     contexts = persona_contexts(model, n)
     carry = unroll_states(model, episodes, contexts, dynamics)
     said = [f for e in episodes for f in e.facts]
