@@ -76,7 +76,7 @@ from torch import Tensor, nn
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.generation import END_BIAS, machine_info
-from benchmarks.http import free_port, server_env, serving
+from benchmarks.launch import free_port, serving
 from benchmarks.store import percentiles
 from benchmarks.turn import PHASES, phased_turn
 from server.core.config import Settings
@@ -466,9 +466,10 @@ def http_ttft(services: Services, hf_dir: Path, directory: Path, args: argparse.
     models = directory / "models"
     models.mkdir(parents=True)
     (models / file_sha256(bundled_gguf())).symlink_to(hf_dir, target_is_directory=True)  # no second conversion
+    port = free_port()
     extra = {
         "SIA_DATA_DIR": str(directory),
-        "SIA_PORT": str(free_port()),
+        "SIA_PORT": str(port),
         "SIA_AUTO_MIGRATE": "true",
         "SIA_TORCH_THREADS": str(args.threads),
         "OMP_NUM_THREADS": str(args.threads),
@@ -476,7 +477,7 @@ def http_ttft(services: Services, hf_dir: Path, directory: Path, args: argparse.
     body = {"user": "bench", "message": MESSAGES[0], "stream": True, "max_tokens": HTTP_MAX_TOKENS, "temperature": 0.0}
     same = Sampling(max_tokens=HTTP_MAX_TOKENS, temperature=0.0)
     t0 = time.perf_counter()
-    with serving(server_env(extra), directory / "serve.log") as base:
+    with serving(extra, directory / "serve.log", port=port) as base:
         ready_s = time.perf_counter() - t0
         firsts, totals, local = [], [], []
         with httpx.Client(base_url=base, timeout=120.0) as client:

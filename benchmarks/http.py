@@ -1,6 +1,6 @@
 """Benchmark the HTTP service under concurrent load: a real ``sia serve`` process and concurrent chat clients.
 
-Run: ``python -m benchmarks.http [--quick] [--clients 16] [--duration 30] [--modes own shared] [--out PATH]``.
+Run: ``python -m benchmarks.http [--quick] [--clients 16] [--duration 30] [--modes own shared] [--flood 5] [--out PATH]``.
 
 For each backend (a fresh SQLite file; a fresh database ``sia_bench_<random>`` on the PostgreSQL server at
 ``--postgres``, default ``$SIA_TEST_POSTGRES_URL`` or the local server, migrated with ``sia db upgrade`` and
@@ -16,20 +16,26 @@ and, once ``/readyz`` answers, one untimed warm-up turn is sent. Then, per mode:
 * ``shared``: the same, but the clients share ``--clients // 4`` identities (4 clients per identity), so turns
   of one identity wait for each other's hold on it.
 
+After the modes, ``--flood`` rounds, back to back: 60 clients at once ask for 200-token replies on 8 identities and
+give up after 50 ms (the server abandons their turns), then one normal request (``--max-tokens``, an identity of
+its own) is timed: how long a request takes right after a flood of abandoned ones. Reported: p50 and max of its
+latency, and its errors (target: none). tests/e2e/test_abuse.py asserts what the flood must not change (the normal
+request succeeds; most flood turns are abandoned, not computed); how long it takes is measured here.
+
 Sampling is the persona's default (temperature 0.8, no seed), so replies end at ``<|end|>`` or at
 ``max_tokens``; the mean reply length is reported. Reported per backend and mode: turns/s (successful turns
 over the time from the first request to the last reply), generated tokens/s, p50 / p95 / max client-side
 latency of successful turns, and errors (any non-200 status or transport error, by kind; target: none).
 The clients run in this process and share the machine's CPUs with the server. Results go to ``--out``
-(JSON, with machine info and load average) and a markdown table to stdout.
+(JSON, with machine info and load average) and markdown tables to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,13 +52,14 @@ from typing import Any
 import httpx
 
 from benchmarks.generation import machine_info
+from benchmarks.launch import BIN, free_port, server_env, serving
 from benchmarks.store import LOCAL_POSTGRES, postgres_database
 from server.core.config import Settings
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "http.json"
-BIN = Path(sys.executable).parent
 PERSONA = "sia"
 CLIENTS_PER_IDENTITY = 4
+FLOOD_REQUESTS, FLOOD_IDENTITIES, FLOOD_MAX_TOKENS, FLOOD_GIVE_UP_S = 60, 8, 200, 0.05
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -62,6 +69,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=30.0, help="seconds of load per backend and mode")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--modes", nargs="+", choices=["own", "shared"], default=["own", "shared"])
+    p.add_argument("--flood", type=int, default=5, metavar="ROUNDS", help="rounds of the flood measurement (0: none)")
     p.add_argument("--backends", nargs="+", choices=["sqlite", "postgresql"], default=["sqlite", "postgresql"])
     busy_default = Settings.model_fields["busy_timeout_s"].default
     p.add_argument("--busy-timeout", type=float, default=busy_default, help="SIA_BUSY_TIMEOUT_S of the server")
@@ -69,46 +77,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     if args.quick:
-        args.duration, args.modes = 5.0, ["own"]
+        args.duration, args.modes, args.flood = 5.0, ["own"], 1
     return args
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def server_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIA_")}
-    return {**env, "OMP_NUM_THREADS": "1", **extra}
-
-
-@contextmanager
-def serving(env: dict[str, str], log_path: Path, ready_timeout: float = 120.0) -> Iterator[str]:
-    """Run ``sia serve`` with ``env``; yield its base URL once /readyz answers 200; stop it afterwards."""
-    url = f"http://127.0.0.1:{env['SIA_PORT']}"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen([str(BIN / "sia"), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"sia serve did not become ready:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @dataclass
@@ -186,7 +156,56 @@ def load(url: str, mode: str, backend: str, args: argparse.Namespace) -> dict[st
     }
 
 
-def run_backend(backend: str, url: str | None, tmp: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+def flood(url: str, backend: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``args.flood`` rounds: FLOOD_REQUESTS impatient clients at once, then one normal request, timed."""
+
+    def impatient(i: int) -> None:
+        body = {
+            "user": f"flood-{i % FLOOD_IDENTITIES}",
+            "message": "Tell me a very long story.",
+            "max_tokens": FLOOD_MAX_TOKENS,
+            "temperature": 1.0,
+        }
+        with contextlib.suppress(httpx.HTTPError):  # the client gives up, as intended
+            httpx.post(f"{url}/v1/personas/{PERSONA}/chat", json=body, timeout=FLOOD_GIVE_UP_S)
+
+    latencies: list[float] = []
+    errors: Counter[str] = Counter()
+    with httpx.Client(base_url=url, timeout=120.0) as client:
+        for n in range(args.flood):
+            threads = [threading.Thread(target=impatient, args=(i,), daemon=True) for i in range(FLOOD_REQUESTS)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            t0 = time.perf_counter()
+            try:
+                chat(client, "after-flood", n, args.max_tokens)
+            except httpx.HTTPStatusError as exc:
+                errors[f"HTTP {exc.response.status_code}"] += 1
+            except httpx.HTTPError as exc:
+                errors[type(exc).__name__] += 1
+            else:
+                latencies.append((time.perf_counter() - t0) * 1000)
+    return {
+        "backend": backend,
+        "rounds": args.flood,
+        "flood_requests": FLOOD_REQUESTS,
+        "flood_identities": FLOOD_IDENTITIES,
+        "flood_max_tokens": FLOOD_MAX_TOKENS,
+        "give_up_s": FLOOD_GIVE_UP_S,
+        "latencies_ms": latencies,
+        "p50_ms": statistics.median(latencies) if latencies else None,
+        "max_ms": max(latencies) if latencies else None,
+        "errors": sum(errors.values()),
+        "errors_by_kind": dict(errors),
+    }
+
+
+def run_backend(
+    backend: str, url: str | None, tmp: Path, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The load rows of each mode, and the flood measurement (none when ``--flood 0``)."""
     data_dir = tmp / backend
     data_dir.mkdir()
     port = free_port()
@@ -199,14 +218,17 @@ def run_backend(backend: str, url: str | None, tmp: Path, args: argparse.Namespa
         if upgrade.returncode != 0:
             raise RuntimeError(f"sia db upgrade failed:\n{upgrade.stdout[-2000:]}{upgrade.stderr[-2000:]}")
     rows = []
-    with serving(server_env(extra), tmp / f"{backend}.log") as base:
+    with serving(extra, tmp / f"{backend}.log", port=port) as base:
         with httpx.Client(base_url=base, timeout=120.0) as client:
             chat(client, "warm-up", 0, args.max_tokens)
         for mode in args.modes:
             row = load(base, mode, backend, args)
             sys.stdout.write(f"{backend} {mode}: {row['turns_per_s']:.1f} turns/s, {row['errors']} errors\n")
             rows.append(row)
-    return rows
+        floods = [flood(base, backend, args)] if args.flood > 0 else []
+        for f in floods:
+            sys.stdout.write(f"{backend} flood: a request after it p50 {_ms(f['p50_ms'])}, {f['errors']} errors\n")
+    return rows, floods
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -215,16 +237,29 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-
-        def ms(key: str, r: dict[str, Any] = r) -> str:
-            return "–" if r[key] is None else f"{r[key]:.0f} ms"
-
         lines.append(
             f"| {r['backend']} | {r['mode']} | {r['clients']} / {r['identities']} | {r['turns_per_s']:.1f} | "
-            f"{r['tokens_per_s']:.0f} | {r['mean_reply_tokens']:.1f} | {ms('p50_ms')} | {ms('p95_ms')} | "
-            f"{ms('max_ms')} | {r['errors']} |"
+            f"{r['tokens_per_s']:.0f} | {r['mean_reply_tokens']:.1f} | {_ms(r['p50_ms'])} | {_ms(r['p95_ms'])} | "
+            f"{_ms(r['max_ms'])} | {r['errors']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def flood_table(floods: list[dict[str, Any]]) -> str:
+    lines = [
+        "| backend | rounds | flood: requests / identities, give up after | request after it: p50 | max | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in floods:
+        lines.append(
+            f"| {f['backend']} | {f['rounds']} | {f['flood_requests']} / {f['flood_identities']}, "
+            f"{f['give_up_s'] * 1000:.0f} ms | {_ms(f['p50_ms'])} | {_ms(f['max_ms'])} | {f['errors']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f} ms"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -232,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     defaults = {name: f.default for name, f in Settings.model_fields.items()}  # the server gets no SIA_* variables but ours
     info = machine_info(defaults["torch_threads"])
     rows: list[dict[str, Any]] = []
+    floods: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for backend in args.backends:
@@ -239,13 +275,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             database = postgres_database(args.postgres) if backend == "postgresql" else _no_url()
             try:
                 with database as url:
-                    rows += run_backend(backend, url, Path(tmp), args)
+                    backend_rows, backend_floods = run_backend(backend, url, Path(tmp), args)
+                rows += backend_rows
+                floods += backend_floods
             except Exception as exc:  # an unreachable PostgreSQL server is reported, not fatal
                 if backend == "sqlite":
                     raise
                 skipped[backend] = f"{type(exc).__name__}: {exc}"
     info["loadavg_end"] = list(os.getloadavg())
     sys.stdout.write("\n" + table(rows))
+    if floods:
+        sys.stdout.write("\n" + flood_table(floods))
     for name, why in skipped.items():
         sys.stdout.write(f"\n{name} skipped: {why}\n")
     setup = {
@@ -263,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"machine": info, "setup": setup, "rows": rows, "skipped": skipped}
+    payload = {"machine": info, "setup": setup, "rows": rows, "flood": floods, "skipped": skipped}
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     sys.stdout.write(f"\nwrote {args.out}\n")
 

@@ -1,4 +1,8 @@
-"""Start `sia serve` as a real uvicorn process for tests, and wait until it is ready."""
+"""Start `sia serve` (or another of the project's commands) as a real process and wait until it is ready.
+
+The one launcher of the end-to-end tests (``tests/e2e/``) and of the benchmarks that time a real server
+(``benchmarks/http.py``, the time to first token over HTTP in ``benchmarks/backbone.py``).
+"""
 
 from __future__ import annotations
 
@@ -7,21 +11,27 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 
-BIN = Path(sys.executable).parent
+BIN = Path(sys.executable).parent  # the project's own executables, from this environment
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def server_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment less its SIA_* variables (the server reads only the settings in ``extra``),
+    with one OpenMP thread, then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIA_")}
+    return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
 @dataclass
@@ -32,15 +42,22 @@ class Server:
 
 @contextmanager
 def server_process(
-    env: dict[str, str], log_path: Path, command: Sequence[str] | None = None, *, port: int, ready_timeout: float = 120
-) -> Iterator[str]:
-    """Run ``command`` (default ``sia serve``) with ``env`` on top of this process's; yield its base URL."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SIA_") or k == "SIA_TEST_POSTGRES_URL"}
-    full_env.update({"OMP_NUM_THREADS": "1", **env})
+    env: Mapping[str, str],
+    log_path: Path,
+    command: Sequence[str] | None = None,
+    *,
+    port: int,
+    ready_timeout: float = 120.0,
+) -> Iterator[Server]:
+    """Run ``command`` (default ``sia serve``, listening on ``port``) with ``server_env(env)``, its output in
+    ``log_path``; yield it once ``/readyz`` answers 200; stop it afterwards.
+
+    Raises RuntimeError, with the end of the log, when it exits or is not ready within ``ready_timeout`` s.
+    """
     argv = list(command) if command is not None else ["sia", "serve"]
-    argv[0] = str(BIN / argv[0])  # the project's own executables, from this environment
+    argv[0] = str(BIN / argv[0])
     with log_path.open("w") as log:
-        proc = subprocess.Popen(argv, env=full_env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(argv, env=server_env(env), stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + ready_timeout
     try:
@@ -51,7 +68,7 @@ def server_process(
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"{' '.join(argv)} did not become ready:\n{log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"{' '.join(argv)} did not become ready:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.2)
         yield Server(url, proc)
     finally:
@@ -60,10 +77,11 @@ def server_process(
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
 
 
 @contextmanager
-def serving(env: dict[str, str], log_path: Path, command: Sequence[str] | None = None, *, port: int) -> Iterator[str]:
+def serving(env: Mapping[str, str], log_path: Path, command: Sequence[str] | None = None, *, port: int) -> Iterator[str]:
     """``server_process``, yielding only the base URL."""
     with server_process(env, log_path, command, port=port) as server:
         yield server.url

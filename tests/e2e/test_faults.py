@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import make_url
 
+from benchmarks.launch import free_port, server_process
 from server.core.config import Settings
 from server.db import migrate
 from server.store import Store
-from tests.live import free_port, server_process
 
 
 def test_kill_9_mid_turn_leaves_the_pre_turn_state(tmp_path: Path, checkpoint_dir: Path) -> None:
@@ -52,7 +52,10 @@ def test_kill_9_mid_turn_leaves_the_pre_turn_state(tmp_path: Path, checkpoint_di
         r = httpx.post(f"{server.url}/v1/personas/sia/chat", json={"user": "k", "message": "again", "max_tokens": 4}, timeout=60)
         if r.status_code == 409:  # the dead process's hold has not expired yet
             assert r.json()["error"]["code"] == "identity_busy"
-            time.sleep(3.2)
+            deadline = time.monotonic() + 60
+            while store.get_identity("sia", "k").busy:  # until the 3 s hold expires
+                assert time.monotonic() < deadline, "the dead process's hold never expired"
+                time.sleep(0.1)
             r = httpx.post(
                 f"{server.url}/v1/personas/sia/chat", json={"user": "k", "message": "again", "max_tokens": 4}, timeout=60
             )

@@ -6,6 +6,7 @@ import time
 import pytest
 from sqlalchemy import update
 
+from server.db.engine import is_sqlite
 from server.db.tables import IdentityRow
 from server.errors import BusyError, ConflictError, CorruptStateError, NotFoundError
 from server.records import Blob, NewTurn, PersonaRecord
@@ -68,22 +69,53 @@ def test_identity_is_created_once_and_turns_are_recorded(store: Store) -> None:
     assert store.count_identities("p") == 1
 
 
-def test_lease_makes_waiters_busy_then_lets_them_in(store: Store) -> None:
+class StoreClock:
+    """Stands in for the ``time`` module inside server.store, so that a wait is counted rather than timed.
+
+    ``monotonic`` is the sum of what the store slept (the time its queries took does not count), so a deadline
+    passes only by waiting; each sleep is real, and sets ``waited``. ``time`` (lease expiry) is the real clock.
+    A store that polled without ever sleeping would spin forever on this clock: a hang guard fails it instead.
+    """
+
+    def __init__(self) -> None:
+        self.sleeps: list[float] = []
+        self.waited = threading.Event()
+        self.hang_guard = time.monotonic() + 60
+
+    def monotonic(self) -> float:
+        assert time.monotonic() < self.hang_guard, "the store kept polling without waiting in between"
+        return sum(self.sleeps)
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.waited.set()
+        time.sleep(seconds)
+
+    def time(self) -> float:
+        return time.time()
+
+
+def test_lease_makes_waiters_busy_then_lets_them_in(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     store.create_persona("p")
     lease = store.acquire("p", "u", create=initial)
-    t0 = time.monotonic()
+    clock = StoreClock()
+    monkeypatch.setattr("server.store.time", clock)
     with pytest.raises(BusyError, match="busy"):
         store.acquire("p", "u", timeout=0.2)
-    assert time.monotonic() - t0 >= 0.2
+    assert len(clock.sleeps) >= 2  # it found the identity held, waited and looked again, more than once ...
+    assert sum(clock.sleeps) == pytest.approx(0.2)  # ... until its whole timeout was spent, and no longer
     store.acquire("p", "other", create=initial)  # another identity is not blocked
 
+    clock = StoreClock()
+    monkeypatch.setattr("server.store.time", clock)
     got: list[int] = []
-    waiter = threading.Thread(target=lambda: got.append(store.acquire("p", "u", timeout=5).version))
+    waiter = threading.Thread(target=lambda: got.append(store.acquire("p", "u", timeout=60).version))
     waiter.start()
-    time.sleep(0.1)
+    assert clock.waited.wait(timeout=60)  # the waiter found the identity held and is waiting for it
+    assert got == []
     store.commit(lease, blob(b"x"), reason="turn", turn=TURN)
-    waiter.join()
-    assert got == [2]  # the waiter saw the committed state
+    waiter.join(timeout=60)
+    assert got == [2]  # let in once the holder committed, the waiter saw the committed state
 
 
 def test_release_writes_nothing(store: Store) -> None:
@@ -99,8 +131,12 @@ def test_expired_lease_is_taken_over_and_its_commit_refused(store: Store) -> Non
     store.create_persona("p")
     store.settings.lease_s = 0.05
     stale = store.acquire("p", "u", create=initial)
-    time.sleep(0.1)
-    fresh = store.acquire("p", "u", timeout=1)  # the stale hold expired
+    store.settings.lease_s = 300.0  # the next hold is an ordinary one
+    deadline = time.monotonic() + 30
+    while store.get_identity("p", "u").busy:  # until the stale hold expires
+        assert time.monotonic() < deadline, "the 0.05 s hold never expired"
+        time.sleep(0.01)
+    fresh = store.acquire("p", "u", timeout=1)  # the stale hold is taken over
     store.commit(fresh, blob(b"fresh"), reason="turn", turn=TURN)
     with pytest.raises(ConflictError, match="changed while"):
         store.commit(stale, blob(b"stale"), reason="turn", turn=TURN)
@@ -169,8 +205,13 @@ def test_deleting_a_persona_removes_its_identities(store: Store) -> None:
 
 def test_reads_do_not_wait_for_a_writer(store: Store) -> None:
     store.create_persona("p")
-    with store.transaction() as writer:  # holds SQLite's write lock (BEGIN IMMEDIATE) until the block ends
-        writer.execute(update(IdentityRow).values(turn_count=0))
-        t0 = time.monotonic()
-        assert store.get_persona("p").name == "p"
-        assert time.monotonic() - t0 < 1.0  # a reader waiting for the lock would sit out the 5 s busy timeout
+    impatient = Store(store.settings.model_copy(update={"sqlite_busy_timeout_ms": 0}))  # waiting for a lock: BusyError
+    try:
+        with store.transaction() as writer:  # holds SQLite's write lock (BEGIN IMMEDIATE) until the block ends
+            writer.execute(update(IdentityRow).values(turn_count=0))
+            assert impatient.get_persona("p").name == "p"  # a reader that waited for the lock would raise BusyError
+            if is_sqlite(store.engine):  # the lock is held: a second writer is refused at once
+                with pytest.raises(BusyError, match="locked"), impatient.transaction() as other:
+                    other.execute(update(IdentityRow).values(turn_count=0))
+    finally:
+        impatient.close()

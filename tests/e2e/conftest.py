@@ -1,0 +1,31 @@
+"""End-to-end tests: real `sia serve` processes (started by benchmarks/launch.py) spoken to over HTTP.
+
+What a server did is read from its /metrics, its log or its database, never from how long it took.
+"""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples called ``name`` in the server's /metrics whose labels include ``labels``; 0 if none."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
+
+
+def turn_outcomes(url: str) -> dict[str, float]:
+    """The server's turns so far, by outcome (ok, busy, error, abandoned)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "sia_turns_total"
+    }
