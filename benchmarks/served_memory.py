@@ -26,6 +26,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from server.core.config import Settings
+from server.db import migrate
 from server.main import create_app
 from sia.checkpoint import DEFAULT_CACHE, load_model
 from sia.learn.adapter import facts
@@ -53,6 +54,7 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(data_dir=Path(tmp), checkpoint=args.checkpoint, log_json=False)
+        migrate.upgrade(settings)  # a fresh database, as `sia db upgrade` makes it
         with TestClient(create_app(settings, model=model)) as client:
 
             def say(user: str, message: str) -> str:
