@@ -12,8 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
-import torch
-
 from server.errors import NotFoundError
 from server.plots import StateSummary, describe_state, draw_identity
 from server.records import IdentityRecord, Lease, PersonaRecord, SnapshotRecord, TurnRecord, VersionRecord
@@ -21,7 +19,7 @@ from server.runtime.codec import decode, encode
 from server.runtime.inputs import check_user
 from server.runtime.personas import Personas
 from server.store import Store
-from sia.identity.state import CleanupReport, IdentityState, low_rank_cleanup, state_from_bytes, state_to_bytes
+from sia.identity.state import CleanupReport, IdentityState, distance, low_rank_cleanup, state_from_bytes, state_to_bytes
 from sia.model.config import AnyConfig
 
 __all__ = ["Identities", "Inspection", "Page", "StateDiff", "VersionHistory"]
@@ -123,14 +121,8 @@ class Identities:
         """Per layer and head ||T_b - T_a||_F, and ||s_b - s_a||; b defaults to the current version."""
         va, sa = self.state(persona, user, a)
         vb, sb = self.state(persona, user, b)
-        trace = torch.linalg.matrix_norm(sb.trace.double() - sa.trace.double())  # (n_layer, H)
-        return StateDiff(
-            a=va,
-            b=vb,
-            trace_norm=trace.tolist(),
-            self_norm=float(torch.linalg.vector_norm(sb.self_state.double() - sa.self_state.double())),
-            turns=sb.turns - sa.turns,
-        )
+        trace, self_norm = distance(sa, sb)  # (n_layer, H), float
+        return StateDiff(a=va, b=vb, trace_norm=trace.tolist(), self_norm=self_norm, turns=sb.turns - sa.turns)
 
     def figure(self, persona: str, user: str) -> bytes:
         """The identity's PNG: spectra of its current trace, and its retained versions and turns over time."""

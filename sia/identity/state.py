@@ -35,6 +35,7 @@ __all__ = [
     "StateFormatError",
     "TurnSummary",
     "advance",
+    "distance",
     "low_rank_cleanup",
     "self_step",
     "stabilised_metric",
@@ -279,6 +280,15 @@ def update_shock_stats(stats: ShockStats, nll: float) -> ShockStats:
 class CleanupReport:
     ranks: Tensor  # (n_layer, H) retained rank per head
     energy_kept: Tensor  # (n_layer, H) fraction of squared Frobenius norm kept, 1.0 for a zero trace
+
+
+def distance(a: IdentityState, b: IdentityState) -> tuple[Tensor, float]:
+    """How far ``b`` is from ``a``: per trace layer and head ||T_b - T_a||_F (float64, (n_trace, heads)), and
+    ||s_b - s_a||."""
+    if a.trace.shape != b.trace.shape or a.self_state.shape != b.self_state.shape:
+        raise ValueError(f"states of different shapes: {tuple(a.trace.shape)} vs {tuple(b.trace.shape)}")
+    trace = torch.linalg.matrix_norm(b.trace.double() - a.trace.double())
+    return trace, float(torch.linalg.vector_norm(b.self_state.double() - a.self_state.double()))
 
 
 def low_rank_cleanup(state: IdentityState, energy: float = 0.95) -> tuple[IdentityState, CleanupReport]:

@@ -15,6 +15,7 @@ from sia.identity.state import (
     StateFormatError,
     TurnSummary,
     advance,
+    distance,
     low_rank_cleanup,
     stabilised_metric,
     state_from_bytes,
@@ -224,3 +225,16 @@ def test_missing_key_and_size_cap(config: ModelConfig) -> None:
     other = tiny_config(n_layer=3)
     with pytest.raises(StateFormatError, match="trace has shape"):
         state_from_bytes(state_to_bytes(IdentityState.fresh(other)), config)
+
+
+def test_distance_between_states(config: ModelConfig) -> None:
+    a, b = random_state(config, 0), random_state(config, 1)
+    trace, self_norm = distance(a, b)
+    assert trace.shape == a.trace.shape[:2] and trace.dtype == torch.float64
+    assert float(trace[1, 0]) == pytest.approx(float((b.trace[1, 0].double() - a.trace[1, 0].double()).pow(2).sum().sqrt()))
+    assert self_norm == pytest.approx(float((b.self_state.double() - a.self_state.double()).norm())) and self_norm > 0
+    same_trace, same_self = distance(a, a)
+    assert same_trace.abs().max() == 0 and same_self == 0
+    other = IdentityState.fresh(tiny_config(n_layer=config.n_layer + 1))
+    with pytest.raises(ValueError, match="different shapes"):
+        distance(a, other)
