@@ -8,7 +8,7 @@ The pretrained logits stay; the identity adds to them (docs/attention.md, "Injec
     e_ij = (R_i q_i)·(R_j k_j) / sqrt(d)            the base model, RoPE as it was trained
            - (u_i - w_j)^T M (u_i - w_j)            trace layers only: u, w unit *pre-rotation* query and key
     e_is = (R_i q_i)·k_s / sqrt(d) - u_i^T M u_i + log(|s|^2/d_s) + b
-                                                    the self slot: k_s = W_ks s at position 0, at the metric's origin
+                                                    the self slots: k_s = W_ks s at positions 0..S-1, at the metric's origin
 
 M is the injected metric of the stored trace (sia.identity.state.stabilised_metric with offset 0, so M = 0 for a zero
 trace). Expanding the square drops the row constant u_i^T M u_i, so each layer is one fused kernel call over
@@ -54,8 +54,8 @@ class InjectedLayer:
     """One layer's share of a turn's conditioning, per batch row."""
 
     metric: Tensor | None  # (B, H_kv, d, d) M per key/value head; None in a layer without a trace
-    slot_key: Tensor  # (B, H_kv, 1, w) augmented self-slot key
-    slot_value: Tensor  # (B, H_kv, 1, w)
+    slot_key: Tensor  # (B, H_kv, S, w) augmented self-slot keys, S = config.self_slots
+    slot_value: Tensor  # (B, H_kv, S, w)
 
 
 class RMSNorm(nn.Module):
@@ -88,26 +88,27 @@ class InjectedAttention(nn.Module):
         # kernel width: rotated block, (pre-rotation block,) bias column, zero padding
         self.w = _round8(self.d + (self.d if has_trace else 0) + 1) if self.stateful else self.d
         C, d = config.n_embd, config.head_dim
+        self.S = config.self_slots
         self.q_proj = nn.Linear(C, self.H * d, bias=False)
         self.k_proj = nn.Linear(C, self.H_kv * d, bias=False)
         self.v_proj = nn.Linear(C, self.H_kv * d, bias=False)
         self.o_proj = nn.Linear(self.H * d, C, bias=False)
         if self.stateful:
-            self.self_key = nn.Linear(config.d_self, self.H_kv * d, bias=False)
-            self.self_value = nn.Linear(config.d_self, self.H_kv * d, bias=False)
-            self.slot_bias = nn.Parameter(torch.zeros(self.H_kv))
+            self.self_key = nn.Linear(config.d_self, self.H_kv * self.S * d, bias=False)
+            self.self_value = nn.Linear(config.d_self, self.H_kv * self.S * d, bias=False)
+            self.slot_bias = nn.Parameter(torch.zeros(self.H_kv * self.S))
 
     def condition(self, metric: Tensor | None, s: Tensor) -> InjectedLayer:
         """metric (B, H_kv, d, d) or None, s (B, d_s) -> this layer's InjectedLayer."""
-        B, H_kv, d, w = s.shape[0], self.H_kv, self.d, self.w
+        B, H_kv, S, d, w = s.shape[0], self.H_kv, self.S, self.d, self.w
         energy = s.float().square().mean(-1)  # (B,) |s|^2 / d_s, in [0, 1]
         gate = torch.where(energy > 0, torch.log(energy.clamp_min(1e-30)), torch.full_like(energy, CLOSED_GATE))
-        k_s = self.self_key(s).view(B, H_kv, 1, d)  # (B, H_kv, 1, d)
-        bias = gate.view(B, 1, 1, 1) + self.slot_bias.view(1, H_kv, 1, 1)  # (B, H_kv, 1, 1)
-        mid = d if self.has_trace else 0  # the slot has no pre-rotation key: the metric does not score it
-        zeros = s.new_zeros(B, H_kv, 1, mid), s.new_zeros(B, H_kv, 1, w - d - mid - 1)
-        slot_key = torch.cat([k_s, zeros[0], bias.to(s.dtype), zeros[1]], dim=-1)  # (B, H_kv, 1, w)
-        slot_value = F.pad(self.self_value(s).view(B, H_kv, 1, d), (0, w - d))  # (B, H_kv, 1, w)
+        k_s = self.self_key(s).view(B, H_kv, S, d)  # (B, H_kv, S, d)
+        bias = gate.view(B, 1, 1, 1) + self.slot_bias.view(1, H_kv, S, 1)  # (B, H_kv, S, 1)
+        mid = d if self.has_trace else 0  # the slots have no pre-rotation key: the metric does not score them
+        zeros = s.new_zeros(B, H_kv, S, mid), s.new_zeros(B, H_kv, S, w - d - mid - 1)
+        slot_key = torch.cat([k_s, zeros[0], bias.to(s.dtype), zeros[1]], dim=-1)  # (B, H_kv, S, w)
+        slot_value = F.pad(self.self_value(s).view(B, H_kv, S, d), (0, w - d))  # (B, H_kv, S, w)
         return InjectedLayer(metric, slot_key, slot_value)
 
     def forward(
@@ -148,7 +149,7 @@ class InjectedAttention(nn.Module):
             v_aug = F.pad(v, (0, w - d))
         if cache is None:
             if lc is not None:
-                k_aug = torch.cat([lc.slot_key.to(k_aug.dtype), k_aug], dim=2)  # (B, H_kv, 1+L, w)
+                k_aug = torch.cat([lc.slot_key.to(k_aug.dtype), k_aug], dim=2)  # (B, H_kv, S+L, w)
                 v_aug = torch.cat([lc.slot_value.to(v_aug.dtype), v_aug], dim=2)
         else:
             k_aug, v_aug = cache.extend(layer, k_aug, v_aug)  # (B, H_kv, slot+cached+L, w)
@@ -182,20 +183,21 @@ def injected_attention_reference(
         base = base - torch.einsum("bhijd,bhde,bhije->bhij", diff, metric, diff)
     causal = torch.ones(L, L, dtype=torch.bool).tril()
     base = base.masked_fill(~causal, float("-inf"))
-    k_s = attn.self_key(s).view(B, H_kv, 1, d).repeat_interleave(G, dim=1)  # (B, H, 1, d)
+    S = attn.S
+    k_s = attn.self_key(s).view(B, H_kv, S, d).repeat_interleave(G, dim=1)  # (B, H, S, d)
     energy = s.square().mean(-1)  # (B,)
     gate = torch.where(energy > 0, energy.clamp_min(1e-30).log(), torch.full_like(energy, CLOSED_GATE))
     q_rot = rotate(q, cos, sin)
     slot = (
         q_rot @ k_s.transpose(-1, -2) / math.sqrt(d)
         + gate.view(B, 1, 1, 1)
-        + attn.slot_bias.repeat_interleave(G).view(1, H, 1, 1)
-    )
+        + attn.slot_bias.view(H_kv, S).repeat_interleave(G, dim=0).view(1, H, 1, S)
+    )  # (B, H, L, S)
     if lc.metric is not None:  # the slot sits at the origin of the metric's space: distance u^T M u
         u = F.normalize(q, dim=-1)
         slot = slot - torch.einsum("bhid,bhde,bhie->bhi", u, metric, u).unsqueeze(-1)
-    weights = torch.softmax(torch.cat([slot, base], dim=-1), dim=-1)  # (B, H, L, 1 + L)
-    v_s = attn.self_value(s).view(B, H_kv, 1, d).repeat_interleave(G, dim=1)
+    weights = torch.softmax(torch.cat([slot, base], dim=-1), dim=-1)  # (B, H, L, S + L)
+    v_s = attn.self_value(s).view(B, H_kv, S, d).repeat_interleave(G, dim=1)
     y = weights @ torch.cat([v_s, v], dim=2)  # (B, H, L, d)
     out: Tensor = attn.o_proj(y.transpose(1, 2).reshape(B, L, H * d))
     return out
@@ -356,6 +358,11 @@ class LlamaModel(IdentityModel):
             m = metric[:, slot_of[layer]] if layer in slot_of else None
             layers.append(attn.condition(m, self_state.to(self.wte.weight.dtype)))
         return Conditioning(layers=layers, self_state=self_state)
+
+    @property
+    def prefix_len(self) -> int:
+        """Keys before the first token: the self slots (config.self_slots per key/value head), or none."""
+        return self.config.self_slots if self.stateful else 0
 
     def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
         widths = [attn.w for attn in self.attentions]

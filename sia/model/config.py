@@ -182,6 +182,7 @@ class LlamaConfig(IdentityConfig):
     # --- injection ---
     attention: str = "trace"  # "trace": base logits + metric deformation + self slot; "dot": the base model, no state
     d_self: int = 64
+    self_slots: int = 1  # self-slot key/value pairs per key/value head in every layer, each read from s
     trace_layers: list[int] | None = None  # layers carrying a trace; None: every third layer from 0
     trace_per_head: bool = True  # a trace per key/value head, or one shared by the layer's heads
     state_dtype: str = "float16"  # storage dtype of the trace: float32, float16 or bfloat16
@@ -201,6 +202,8 @@ class LlamaConfig(IdentityConfig):
             raise ValueError(f"rope_theta and norm_eps must be > 0; got {self.rope_theta}, {self.norm_eps}")
         if self.attention not in ATTENTION_VARIANTS:
             raise ValueError(f"attention must be one of {ATTENTION_VARIANTS}; got {self.attention!r}")
+        if not isinstance(self.self_slots, int) or isinstance(self.self_slots, bool) or self.self_slots < 1:
+            raise ValueError(f"self_slots must be an integer >= 1; got {self.self_slots!r}")
         if self.trace_layers is None:
             self.trace_layers = list(range(0, self.n_layer, 3))
         layers = self.trace_layers

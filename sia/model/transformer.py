@@ -71,7 +71,8 @@ class KVCache:
         s = cond.self_state
         B = s.shape[0]
         widths = [width] * len(cond.layers) if isinstance(width, int) else list(width)
-        self.prefix = 0 if cond.layers[0] is None else 1
+        first = cond.layers[0]
+        self.prefix = 0 if first is None else first.slot_key.shape[2]  # the self slots
         self.capacity = max_tokens + self.prefix
         self.length = self.prefix
         dtype = dtype or s.dtype
@@ -79,8 +80,8 @@ class KVCache:
         self.values = [s.new_zeros((B, n_head, self.capacity, w), dtype=dtype) for w in widths]
         for layer, lc in enumerate(cond.layers):
             if lc is not None:
-                self.keys[layer][:, :, :1] = lc.slot_key
-                self.values[layer][:, :, :1] = lc.slot_value
+                self.keys[layer][:, :, : self.prefix] = lc.slot_key
+                self.values[layer][:, :, : self.prefix] = lc.slot_value
 
     @property
     def tokens(self) -> int:

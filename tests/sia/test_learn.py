@@ -345,3 +345,29 @@ def test_the_write_stage_plays_statements_alone_and_trains_the_write_by_the_read
     losses["readout"].backward()  # type: ignore[no-untyped-call]
     grad = model.self_update.proj.weight.grad
     assert grad is not None and float(grad.abs().sum()) > 0
+
+
+def test_a_probe_differentiated_from_the_question_on_reads_the_logits_of_the_full_probe(config: TrainConfig, cache: Path) -> None:
+    """grad_tail runs the system block without recording: the logits are the full forward's, the slots still learn."""
+    model, _ = build_model(replace(config, model={**ADAPTER, "self_slots": 2}), cache)
+    open_read(model, seed=4)
+    tok = model.tokenizer
+    c = model.config
+    assert model.prefix_len == 2
+    fresh = Carry.fresh(model, 2)
+    carry = Carry(torch.rand(2, c.d_self, generator=torch.Generator().manual_seed(5)) * 2 - 1, fresh.trace, fresh.shock)
+    rows = [
+        tok.turn_prompt("What is my favourite colour?", tok.system_prompt("Be brief and kind."))[0] + tok.encode("Blue."),
+        tok.turn_prompt("Who am I?", tok.system_prompt("Be brief."))[0] + tok.encode("Sam."),
+    ]
+    with torch.no_grad():
+        full = probe_logits(model, carry, rows, tail=12)
+    for p in model.parameters():
+        p.grad = None
+    part = probe_logits(model, carry, rows, tail=12, grad_tail=20)
+    torch.testing.assert_close(part, full, atol=1e-5, rtol=1e-5)
+    part.float().logsumexp(-1).sum().backward()  # type: ignore[no-untyped-call]
+    for attn in model.attentions:
+        assert attn.self_value.weight.grad is not None and attn.self_value.weight.grad.abs().max() > 0
+    with pytest.raises(ValueError, match="grad_tail"):
+        probe_logits(model, carry, rows, tail=12, grad_tail=5)

@@ -90,8 +90,9 @@ def test_zero_state_left_padded_batch_equals_transformers(hf_model: LlamaForCaus
             assert gen.tokens[0] == int(logits[-1].argmax())
 
 
-def test_fast_injected_attention_equals_reference(hf_model: LlamaForCausalLM) -> None:
-    model = open_read(build(hf_model))
+@pytest.mark.parametrize("slots", [1, 3])
+def test_fast_injected_attention_equals_reference(hf_model: LlamaForCausalLM, slots: int) -> None:
+    model = open_read(build(hf_model, self_slots=slots))
     state = random_state(model.config, 0)
     s = state.self_state.unsqueeze(0)
     cond = model.condition_states([state])
@@ -119,8 +120,10 @@ def test_metric_acts_before_rotation_so_relative_positions_are_kept(hf_model: Ll
     torch.testing.assert_close(shifted, at_zero, atol=2e-4, rtol=0)
 
 
-def test_cached_decoding_equals_full_recompute(hf_model: LlamaForCausalLM) -> None:
-    model = open_read(build(hf_model))
+@pytest.mark.parametrize("slots", [1, 3])
+def test_cached_decoding_equals_full_recompute(hf_model: LlamaForCausalLM, slots: int) -> None:
+    model = open_read(build(hf_model, self_slots=slots))
+    assert model.prefix_len == slots
     states = [random_state(model.config, 5), IdentityState.fresh(model.config)]
     cond = model.condition_states(states)
     params = SamplingParams(max_new_tokens=6, temperature=0.9, seed=3, top_logprobs=3)
@@ -133,8 +136,9 @@ def test_cached_decoding_equals_full_recompute(hf_model: LlamaForCausalLM) -> No
         torch.testing.assert_close(a.stats.hidden, b.stats.hidden, atol=1e-4, rtol=1e-4)
 
 
-def test_batched_rows_equal_solo_rows(hf_model: LlamaForCausalLM) -> None:
-    model = open_read(build(hf_model))
+@pytest.mark.parametrize("slots", [1, 3])
+def test_batched_rows_equal_solo_rows(hf_model: LlamaForCausalLM, slots: int) -> None:
+    model = open_read(build(hf_model, self_slots=slots))
     states = [random_state(model.config, 6), random_state(model.config, 7), IdentityState.fresh(model.config)]
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14]]
     params = SamplingParams(max_new_tokens=5, temperature=0.0)
@@ -223,6 +227,8 @@ def test_config_checks() -> None:
         LlamaConfig(trace_layers=[0, 30])
     with pytest.raises(ValueError, match="state_dtype"):
         LlamaConfig(state_dtype="int8")
+    with pytest.raises(ValueError, match="self_slots"):
+        LlamaConfig(self_slots=0)
     with pytest.raises(ValueError, match="rope_scaling"):
         LlamaConfig.from_hf({**HF_TINY, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
     with pytest.raises(ValueError, match="lacks 'hidden_size'"):

@@ -288,12 +288,13 @@ def episode_losses(
 def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: TrainConfig) -> Tensor:
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
-    rows, owners, spans = [], [], []
+    rows, owners, spans, asking = [], [], [], []
     for b, ex in enumerate(batch):
         for probe in (ex.episode.probes[j] for j in ex.asked):
             turn = render_turn(tok, ex.context, probe.question, probe.reply)
             head = len(tok.encode(probe.reply_prefix))
             rows.append(turn.tokens)
+            asking.append(len(turn.tokens) - turn.message[0])  # the question and the reply: what is differentiated
             owners.append(b)
             spans.append(
                 (
@@ -303,9 +304,8 @@ def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: 
                     turn.reply[0] + len(tok.encode(f"{probe.reply_prefix} {probe.value}")),
                 )
             )
-    logits = probe_logits(
-        model, carry.take(owners), rows, tail=max(len(r) - sp[0] + 1 for r, sp in zip(rows, spans, strict=True))
-    )
+    tail = max(len(r) - sp[0] + 1 for r, sp in zip(rows, spans, strict=True))
+    logits = probe_logits(model, carry.take(owners), rows, tail=tail, grad_tail=max(tail, *asking))
     total, weight = logits.new_zeros((), dtype=torch.float32), 0.0
     for i, (row, (a, e, va, ve)) in enumerate(zip(rows, spans, strict=True)):
         target = torch.tensor(row[a:e], device=logits.device)

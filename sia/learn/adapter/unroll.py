@@ -197,14 +197,30 @@ def write_turn(
     return Carry(s, trace, new_shock), logits, valid
 
 
-def probe_logits(model: LlamaModel, carry: Carry, rows: Sequence[Sequence[int]], tail: int | None = None) -> Tensor:
+def probe_logits(
+    model: LlamaModel, carry: Carry, rows: Sequence[Sequence[int]], tail: int | None = None, grad_tail: int | None = None
+) -> Tensor:
     """Logits (B, tail, V) of the last ``tail`` positions of left-padded ``rows`` read under each row's state (no
-    write); read a row's with ``span``."""
+    write); read a row's with ``span``.
+
+    With ``grad_tail`` only the last ``grad_tail`` positions are differentiated: the ones before them (the persona's
+    system block) run without recording into a cache, so the state reaches the loss through the slots every later
+    token reads at every layer, not through the system block's hidden states. It halves a probe's backward."""
     tok = model.tokenizer
     idx, valid = left_padded(rows, tok.pad_id, model.device)
     prefix = torch.ones(idx.shape[0], model.prefix_len, dtype=torch.bool, device=idx.device)
+    key_valid, counted = torch.cat([prefix, valid], dim=1), torch.zeros_like(valid)
     cond = carry.condition(model)
-    return forward_padded(model, cond, idx, torch.cat([prefix, valid], dim=1), torch.zeros_like(valid), tail=tail).logits
+    L = idx.shape[1]
+    if grad_tail is None or grad_tail >= L:
+        return forward_padded(model, cond, idx, key_valid, counted, tail=tail).logits
+    if tail is not None and tail > grad_tail:
+        raise ValueError(f"logits for the last {tail} positions need grad_tail >= {tail}; got {grad_tail}")
+    cut = L - grad_tail
+    cache = model.new_cache(cond, L)
+    with torch.no_grad():
+        forward_padded(model, cond, idx[:, :cut], key_valid[:, : model.prefix_len + cut], counted[:, :cut], cache=cache, tail=1)
+    return forward_padded(model, cond, idx[:, cut:], key_valid, counted[:, cut:], cache=cache, tail=tail).logits
 
 
 def score_candidates(
