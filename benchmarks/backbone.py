@@ -81,7 +81,6 @@ from benchmarks.store import percentiles
 from benchmarks.turn import PHASES, phased_turn
 from server.core.config import Settings
 from server.db import migrate
-from server.runtime.inputs import Sampling
 from server.runtime.services import Services
 from server.store import Store
 from sia.backbones.chat_tokenizer import ChatTokenizer
@@ -90,7 +89,7 @@ from sia.backbones.weights import bundled_gguf, file_sha256, read_hf, resolve_ba
 from sia.checkpoint import load_model
 from sia.identity.state import Dynamics, IdentityState, state_to_bytes
 from sia.identity.turn import TurnRequest, run_turn
-from sia.model.generate import SamplingParams, stream
+from sia.model.generate import Sampling, SamplingParams, stream
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "backbone.json"
 PERSONA = "sia"

@@ -44,11 +44,11 @@ from server.core.config import Settings
 from server.db import migrate
 from server.records import NewTurn
 from server.runtime.codec import encode
-from server.runtime.inputs import Sampling
 from server.runtime.services import Services
 from server.store import Store
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity.state import Dynamics, TurnSummary, advance, state_from_bytes, state_to_bytes
+from sia.model.generate import Sampling
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "store.json"
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
@@ -115,7 +115,16 @@ def run_backend(name: str, url: str, data_dir: Path, args: argparse.Namespace) -
         )
         services.turns.turn("sia", "bench", "Hello there, I am the benchmark.", Sampling(max_tokens=8, seed=0))
         blob_bytes = len(services.identities.export_state("sia", "bench")[1])
-        record = NewTurn("message", "reply", "stop", 0.1, 2.0, 40, 64, 100.0)
+        record = NewTurn(
+            reply="reply",
+            finish_reason="stop",
+            shock=0.1,
+            nll=2.0,
+            prompt_tokens=40,
+            completion_tokens=64,
+            message="message",
+            latency_ms=100.0,
+        )
         phases: dict[str, list[float]] = {"load": [], "update": [], "persist": []}
         with torch.inference_mode():
             for i in range(args.repeats + 10):

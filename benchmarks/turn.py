@@ -51,13 +51,12 @@ from server.core.config import Settings
 from server.db import migrate
 from server.records import NewTurn
 from server.runtime.codec import encode
-from server.runtime.inputs import Sampling
 from server.runtime.services import Services
 from server.store import Store
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity.shock import standardised_shock
 from sia.identity.state import advance, state_from_bytes
-from sia.model.generate import stream
+from sia.model.generate import Sampling, stream
 from sia.model.tokenizer import ByteTokenizer
 from sia.model.transformer import TurnStats
 
@@ -109,7 +108,16 @@ def phased_turn(services: Services, user: str, message: str, sampling: Sampling)
         summary = model.summarize(TurnStats.cat([generation.stats])).row(0)
         new_state = advance(state, summary, shock=shock, nll=nll, g=model.self_update, dynamics=dynamics)
     t5 = time.perf_counter()
-    turn = NewTurn(message, generation.text, generation.finish_reason, shock, nll, len(prompt), len(generation.tokens), 0.0)
+    turn = NewTurn(
+        reply=generation.text,
+        finish_reason=generation.finish_reason,
+        shock=shock,
+        nll=nll,
+        prompt_tokens=len(prompt),
+        completion_tokens=len(generation.tokens),
+        message=message,
+        latency_ms=0.0,
+    )
     store.commit(lease, encode(new_state), reason="turn", turn=turn)
     t6 = time.perf_counter()
     phases = {

@@ -124,7 +124,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return int(library_commands.cmd_chat(args))
     from server.core.config import Settings
     from server.db import migrate
-    from server.runtime.inputs import Sampling
     from server.runtime.services import Services
     from server.store import Store
     from sia.checkpoint import load_model
@@ -135,14 +134,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     model = load_model(args.checkpoint or settings.checkpoint, cache_dir=settings.model_cache)
     services = Services.over(model, Store(settings))
     services.personas.ensure_defaults()
-    sampling = Sampling(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        stop=tuple(args.stop),
-    )
+    sampling = library_commands.sampling_choices(args)
     sys.stdout.write(f"Talking to {args.persona!r} as {args.user!r}; an empty line or Ctrl-D ends the conversation.\n")
     for line in sys.stdin:
         message = line.rstrip("\n")

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from sia.identity.turn import TurnReply
+
 __all__ = [
     "PERSONA_FIELDS",
     "ApiKey",
@@ -87,28 +89,18 @@ class Lease:
 
 
 @dataclass(frozen=True)
-class NewTurn:
+class NewTurn(TurnReply):
+    """A turn to store: what the library's turn answered (TurnReply), the message it answered, how long it took."""
+
     message: str
-    reply: str
-    finish_reason: str
-    shock: float
-    nll: float
-    prompt_tokens: int
-    completion_tokens: int
     latency_ms: float
 
 
 @dataclass(frozen=True)
-class TurnRecord:
+class TurnRecord(NewTurn):
+    """A stored turn: its index for the identity, the state versions around it, when it was stored."""
+
     index: int
-    message: str
-    reply: str
-    finish_reason: str
-    shock: float
-    nll: float
-    prompt_tokens: int
-    completion_tokens: int
-    latency_ms: float
     version_before: int
     version_after: int
     created_at: datetime

@@ -14,23 +14,34 @@ from sia.checkpoint import DEFAULT_CACHE, load_model
 from sia.identity.state import Dynamics, IdentityState, state_from_bytes, state_to_bytes
 from sia.identity.turn import TurnRequest, TurnResult, stream_turns
 from sia.model.config import read_json_object
-from sia.model.generate import SamplingParams
+from sia.model.generate import Sampling, SamplingParams
 from sia.model.transformer import IdentityModel
 from sia.personas import PERSONAS, persona_defaults, persona_prompt
 
 log = logging.getLogger("sia")
 
 
+def sampling_choices(args: argparse.Namespace) -> Sampling:
+    """The decoding options given on the command line (``add_turn_options``); None where left to the persona."""
+    return Sampling(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+
+
 def _sampling(args: argparse.Namespace, model: IdentityModel) -> SamplingParams:
     """The options given, the rest from the persona defaults of this kind of model (sia.personas)."""
     defaults = persona_defaults(model, args.persona)
-    return SamplingParams(
-        max_new_tokens=args.max_tokens or int(str(defaults.get("max_tokens", 64))),
-        temperature=args.temperature if args.temperature is not None else float(str(defaults.get("temperature", 0.8))),
-        top_k=args.top_k,
-        top_p=args.top_p if args.top_p is not None else (float(str(defaults["top_p"])) if "top_p" in defaults else 0.95),
-        seed=args.seed,
-        stop=tuple(args.stop),
+    return sampling_choices(args).over(
+        SamplingParams(
+            max_new_tokens=int(str(defaults.get("max_tokens", 64))),
+            temperature=float(str(defaults.get("temperature", 0.8))),
+            top_p=float(str(defaults.get("top_p", 0.95))),
+        )
     )
 
 

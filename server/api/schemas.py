@@ -9,8 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from server.runtime.inputs import Sampling
-from sia.model.generate import MAX_TOP_LOGPROBS
+from sia.model.generate import MAX_TOP_LOGPROBS, Sampling
 
 UserId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$", description="the user's id")]
 

@@ -8,10 +8,9 @@ from typing import Any
 from server.errors import CorruptStateError
 from server.records import PERSONA_FIELDS, Blob, PersonaRecord
 from server.runtime.codec import encode
-from server.runtime.inputs import Sampling
 from server.store import Store
 from sia.identity.state import Dynamics, IdentityState, StateFormatError, state_from_bytes
-from sia.model.generate import SamplingParams
+from sia.model.generate import Sampling, SamplingParams
 from sia.model.transformer import IdentityModel
 from sia.personas import DEFAULT_PERSONA, PERSONAS, persona_defaults
 
@@ -100,16 +99,11 @@ class Personas:
         )
 
     def sampling_params(self, persona: PersonaRecord, sampling: Sampling) -> SamplingParams:
-        """The request's decoding parameters with the persona's defaults filled in (ValueError if invalid)."""
-        return SamplingParams(
-            max_new_tokens=persona.max_tokens if sampling.max_tokens is None else sampling.max_tokens,
-            temperature=persona.temperature if sampling.temperature is None else sampling.temperature,
-            top_p=persona.top_p if sampling.top_p is None else sampling.top_p,
-            top_k=persona.top_k if sampling.top_k is None else sampling.top_k,
-            seed=sampling.seed,
-            stop=tuple(sampling.stop),
-            top_logprobs=sampling.top_logprobs,
+        """The request's decoding choices over the persona's defaults (ValueError if invalid)."""
+        defaults = SamplingParams(
+            max_new_tokens=persona.max_tokens, temperature=persona.temperature, top_p=persona.top_p, top_k=persona.top_k
         )
+        return sampling.over(defaults)
 
     def initial_state(self, persona: PersonaRecord) -> IdentityState:
         """The state a new (or fully reset) identity of the persona starts from."""

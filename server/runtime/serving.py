@@ -18,9 +18,8 @@ import anyio.to_thread
 
 from server.errors import BusyError
 from server.observability import Metrics
-from server.runtime.inputs import Sampling
 from server.runtime.turns import CounterfactualOutcome, PendingTurn, TurnOutcome, Turns
-from sia.model.generate import Stream, StreamEvent
+from sia.model.generate import Sampling, Stream, StreamEvent
 from sia.model.tokenizer import Tokenizer
 
 __all__ = ["ClientGone", "Disconnected", "TurnService", "TurnStream"]

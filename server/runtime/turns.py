@@ -15,40 +15,30 @@ from dataclasses import dataclass, replace
 from server.records import Lease, NewTurn
 from server.runtime.codec import encode
 from server.runtime.identities import Identities
-from server.runtime.inputs import Sampling, check_message, check_user
+from server.runtime.inputs import check_message, check_user
 from server.runtime.personas import Personas
 from server.store import Store
-from sia.identity.turn import TurnRequest, stream_turns
-from sia.model.generate import SamplingParams, Stream, StreamEvent
+from sia.identity.turn import TurnReply, TurnRequest, stream_turns
+from sia.model.generate import Sampling, SamplingParams, Stream, StreamEvent
 from sia.model.transformer import IdentityModel
 
 __all__ = ["CounterfactualOutcome", "CounterfactualSide", "PendingTurn", "TurnOutcome", "Turns"]
 
 
 @dataclass(frozen=True)
-class TurnOutcome:
-    reply: str
-    finish_reason: str
+class TurnOutcome(TurnReply):
+    """A committed turn: the library's TurnReply, this turn's index, the identity's version after it, its latency."""
+
     turn: int  # this turn's index for the identity (0, 1, ...)
-    shock: float
-    nll: float
     state_version: int  # the identity's version after the turn
-    prompt_tokens: int
-    completion_tokens: int
     latency_ms: float
 
 
 @dataclass(frozen=True)
-class CounterfactualSide:
+class CounterfactualSide(TurnReply):
     """One side of a counterfactual: what a state would answer (nothing of it is stored)."""
 
     version: int | None  # the state's version; None for the persona's initial state
-    reply: str
-    finish_reason: str
-    shock: float
-    nll: float
-    prompt_tokens: int
-    completion_tokens: int
 
 
 @dataclass(frozen=True)
@@ -147,15 +137,7 @@ class Turns:
         requests = [TurnRequest(state=s, message=message, dynamics=dynamics, context=context) for s in (current, other)]
         results = stream_turns(self.model, requests, params, tokenizer=self.tokenizer).finish()
         current_side, other_side = (
-            CounterfactualSide(
-                version=v,
-                reply=r.reply,
-                finish_reason=r.finish_reason,
-                shock=r.shock,
-                nll=r.nll,
-                prompt_tokens=r.prompt_tokens,
-                completion_tokens=r.completion_tokens,
-            )
+            CounterfactualSide(**r.reply_fields(), version=v)
             for v, r in zip((current_version, other_version), results, strict=True)
         )
         return CounterfactualOutcome(seed=sampling.seed, current=current_side, other=other_side)
@@ -180,31 +162,12 @@ class PendingTurn:
             yield from replies
             result = replies.result[0]
             latency_ms = (time.perf_counter() - started) * 1000
-            turn = NewTurn(
-                message=self.request.message,
-                reply=result.reply,
-                finish_reason=result.finish_reason,
-                shock=result.shock,
-                nll=result.nll,
-                prompt_tokens=result.prompt_tokens,
-                completion_tokens=result.completion_tokens,
-                latency_ms=latency_ms,
-            )
+            turn = NewTurn(**result.reply_fields(), message=self.request.message, latency_ms=latency_ms)
             version = turns.store.commit(lease, encode(result.state), reason="turn", turn=turn)
             self._finished = True
         finally:
             self.release()
-        return TurnOutcome(
-            reply=result.reply,
-            finish_reason=result.finish_reason,
-            turn=lease.turn_count,
-            shock=result.shock,
-            nll=result.nll,
-            state_version=version,
-            prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens,
-            latency_ms=latency_ms,
-        )
+        return TurnOutcome(**result.reply_fields(), turn=lease.turn_count, state_version=version, latency_ms=latency_ms)
 
     def release(self) -> None:
         """Let go of the identity, writing nothing; idempotent, and a no-op after the commit."""

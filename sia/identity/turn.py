@@ -8,7 +8,8 @@ accumulates while decoding, so a turn costs exactly one generation.
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -18,7 +19,7 @@ from sia.model.generate import SamplingParams, Stream, StreamEvent, stream
 from sia.model.tokenizer import Tokenizer
 from sia.model.transformer import IdentityModel, TurnStats
 
-__all__ = ["TurnRequest", "TurnResult", "run_turn", "stream_turns"]
+__all__ = ["TurnReply", "TurnRequest", "TurnResult", "run_turn", "stream_turns"]
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,24 @@ class TurnRequest:
 
 
 @dataclass(frozen=True)
-class TurnResult:
+class TurnReply:
+    """What a turn answered and what it cost. The one record of a turn's outcome: the service's records of a turn
+    (server.records.NewTurn, TurnRecord; the runtime's TurnOutcome, CounterfactualSide) extend it."""
+
     reply: str
     finish_reason: str
     shock: float  # standardised shock that gated the trace update
     nll: float  # mean token NLL of the message (and the token closing it) under the pre-turn state
     prompt_tokens: int
     completion_tokens: int
+
+    def reply_fields(self) -> dict[str, Any]:
+        """This record's TurnReply fields by name: what a record that extends it is built from."""
+        return {f.name: getattr(self, f.name) for f in fields(TurnReply)}
+
+
+@dataclass(frozen=True)
+class TurnResult(TurnReply):
     state: IdentityState  # the identity after this turn; the input state is untouched
 
 
@@ -77,7 +89,17 @@ def _turns(
             nll = float(gen.prompt_nll[a:b].mean())
             shock = standardised_shock(nll, req.state.shock, model.config)
             new_state = advance(req.state, summary, shock=shock, nll=nll, g=model.self_update, dynamics=req.dynamics)
-            results.append(TurnResult(gen.text, gen.finish_reason, shock, nll, len(prompt), len(gen.tokens), new_state))
+            results.append(
+                TurnResult(
+                    reply=gen.text,
+                    finish_reason=gen.finish_reason,
+                    shock=shock,
+                    nll=nll,
+                    prompt_tokens=len(prompt),
+                    completion_tokens=len(gen.tokens),
+                    state=new_state,
+                )
+            )
     return results
 
 

@@ -22,6 +22,7 @@ from sia.model.transformer import Conditioning, IdentityModel, KVCache, TurnStat
 
 __all__ = [
     "Generation",
+    "Sampling",
     "SamplingParams",
     "Stream",
     "StreamEvent",
@@ -63,6 +64,36 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding choices a caller may make for one turn; None leaves the choice to the defaults (a persona's).
+
+    The fields given are checked when it is made (ValueError), before any identity is held."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    top_logprobs: int = 0  # report this many alternatives with every generated token
+
+    def __post_init__(self) -> None:
+        self.over(SamplingParams())
+
+    def over(self, defaults: SamplingParams) -> SamplingParams:
+        """These choices, ``defaults`` where none is made."""
+        return SamplingParams(
+            max_new_tokens=defaults.max_new_tokens if self.max_tokens is None else self.max_tokens,
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            top_k=defaults.top_k if self.top_k is None else self.top_k,
+            seed=self.seed,
+            stop=tuple(self.stop),
+            top_logprobs=self.top_logprobs,
+        )
 
 
 @dataclass

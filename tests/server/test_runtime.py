@@ -11,11 +11,11 @@ from sqlalchemy import update
 from server.db.tables import IdentityRow
 from server.errors import BusyError, CorruptStateError, NotFoundError
 from server.runtime.identities import Identities
-from server.runtime.inputs import Sampling
 from server.runtime.personas import Personas
 from server.runtime.turns import TurnOutcome, Turns
 from server.store import Store, sha256
 from sia.identity.state import IdentityState, state_from_bytes, state_to_bytes
+from sia.model.generate import Sampling
 from sia.personas import DEFAULT_PERSONA
 from tests.conftest import random_state
 

@@ -10,13 +10,13 @@ import torch
 
 from server.core.config import Settings
 from server.db import migrate
-from server.runtime.inputs import Sampling
 from server.runtime.services import Services
 from server.store import Store
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState, TurnSummary, advance, stabilised_metric, state_from_bytes, state_to_bytes
 from sia.model.config import ModelConfig
+from sia.model.generate import Sampling
 from sia.model.transformer import SIAModel
 
 TURNS = 150  # real turns (the 10 000-turn soak drives the update rules directly)

@@ -13,9 +13,9 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initial
 
 from server.core.config import Settings
 from server.db import migrate
-from server.runtime.inputs import Sampling
 from server.runtime.services import Services
 from server.store import Store
+from sia.model.generate import Sampling
 from tests.conftest import tiny_model
 
 USERS = st.sampled_from(["ana", "bob", "cy"])

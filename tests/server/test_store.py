@@ -21,7 +21,9 @@ def initial(_: PersonaRecord) -> Blob:
     return blob(b"init")
 
 
-TURN = NewTurn("hi", "hello", "stop", 0.5, 2.0, 10, 5, 12.0)
+TURN = NewTurn(
+    reply="hello", finish_reason="stop", shock=0.5, nll=2.0, prompt_tokens=10, completion_tokens=5, message="hi", latency_ms=12.0
+)
 
 
 def test_persona_crud(store: Store) -> None:

@@ -13,10 +13,10 @@ import threading
 
 from server.core.config import Settings
 from server.errors import BusyError
-from server.runtime.inputs import Sampling
 from server.runtime.services import Services
 from server.store import Store
 from sia.checkpoint import load_checkpoint
+from sia.model.generate import Sampling
 
 
 def main() -> None:

@@ -33,9 +33,8 @@ from server.api.schemas import (
     Usage,
 )
 from server.errors import StoreError
-from server.runtime.inputs import Sampling
 from server.runtime.turns import TurnOutcome
-from sia.model.generate import StreamEvent
+from sia.model.generate import Sampling, StreamEvent
 from sia.model.tokenizer import Tokenizer
 
 router = APIRouter(prefix="/v1", tags=["openai"])
