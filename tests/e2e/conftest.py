@@ -5,8 +5,17 @@ What a server did is read from its /metrics, its log or its database, never from
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+
+def local_env(tmp_path: Path, checkpoint_dir: Path, port: int, **settings: str) -> dict[str, str]:
+    """A server's settings on the embedded database under ``tmp_path``, the test checkpoint and ``port``; the other
+    settings as SIA_<NAME>=value (e.g. MAX_TOKENS_CAP="64")."""
+    env = {"SIA_DATA_DIR": str(tmp_path / "data"), "SIA_CHECKPOINT": str(checkpoint_dir), "SIA_PORT": str(port)}
+    return {**env, **{f"SIA_{name}": value for name, value in settings.items()}}
 
 
 def metric(url: str, name: str, **labels: str) -> float:

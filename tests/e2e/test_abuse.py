@@ -10,18 +10,12 @@ from pathlib import Path
 import httpx
 
 from benchmarks.launch import free_port, serving
-from tests.e2e.conftest import metric, turn_outcomes
+from tests.e2e.conftest import local_env, metric, turn_outcomes
 
 
 def test_a_flood_of_abandoned_requests_does_not_starve_a_normal_one(tmp_path: Path, checkpoint_dir: Path) -> None:
     port = free_port()
-    env = {
-        "SIA_DATA_DIR": str(tmp_path / "data"),
-        "SIA_CHECKPOINT": str(checkpoint_dir),
-        "SIA_PORT": str(port),
-        "SIA_MAX_TOKENS_CAP": "200",
-        "SIA_MAX_CONCURRENT_TURNS": "2",
-    }
+    env = local_env(tmp_path, checkpoint_dir, port, MAX_TOKENS_CAP="200", MAX_CONCURRENT_TURNS="2")
     with serving(env, tmp_path / "s.log", port=port) as url:
         seen: Counter[str] = Counter()  # what each flood client saw
         lock = threading.Lock()

@@ -17,18 +17,14 @@ from benchmarks.launch import free_port, server_process
 from server.core.config import Settings
 from server.db import migrate
 from server.store import Store
+from tests.e2e.conftest import local_env
 
 
 def test_kill_9_mid_turn_leaves_the_pre_turn_state(tmp_path: Path, checkpoint_dir: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data")
-    env = {
-        "SIA_DATA_DIR": str(tmp_path / "data"),
-        "SIA_CHECKPOINT": str(checkpoint_dir),
-        "SIA_LEASE_S": "3",
-        "SIA_BUSY_TIMEOUT_S": "0.5",
-    }
+    settings_env = {"LEASE_S": "3", "BUSY_TIMEOUT_S": "0.5"}
     port = free_port()
-    with server_process({**env, "SIA_PORT": str(port)}, tmp_path / "a.log", port=port) as server:
+    with server_process(local_env(tmp_path, checkpoint_dir, port, **settings_env), tmp_path / "a.log", port=port) as server:
         r = httpx.post(f"{server.url}/v1/personas/sia/chat", json={"user": "k", "message": "hello", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200
         store = Store(settings)
@@ -48,7 +44,7 @@ def test_kill_9_mid_turn_leaves_the_pre_turn_state(tmp_path: Path, checkpoint_di
     assert (after.version, after.turn_count, after.busy) == (before.version, before.turn_count, True)  # its hold remains
 
     port = free_port()
-    with server_process({**env, "SIA_PORT": str(port)}, tmp_path / "b.log", port=port) as server:
+    with server_process(local_env(tmp_path, checkpoint_dir, port, **settings_env), tmp_path / "b.log", port=port) as server:
         r = httpx.post(f"{server.url}/v1/personas/sia/chat", json={"user": "k", "message": "again", "max_tokens": 4}, timeout=60)
         if r.status_code == 409:  # the dead process's hold has not expired yet
             assert r.json()["error"]["code"] == "identity_busy"

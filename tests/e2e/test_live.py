@@ -16,7 +16,7 @@ from openai import OpenAI
 from benchmarks.launch import free_port, serving
 from server.core.config import Settings
 from server.store import Store
-from tests.e2e.conftest import metric
+from tests.e2e.conftest import local_env, metric
 
 
 @dataclass
@@ -29,13 +29,7 @@ class Live:
 @pytest.fixture
 def live(tmp_path: Path, checkpoint_dir: Path) -> Iterator[Live]:
     port = free_port()
-    env = {
-        "SIA_DATA_DIR": str(tmp_path / "data"),
-        "SIA_CHECKPOINT": str(checkpoint_dir),
-        "SIA_PORT": str(port),
-        "SIA_BUSY_TIMEOUT_S": "30",
-        "SIA_MAX_TOKENS_CAP": "64",
-    }
+    env = local_env(tmp_path, checkpoint_dir, port, BUSY_TIMEOUT_S="30", MAX_TOKENS_CAP="64")
     log_path = tmp_path / "server.log"
     with serving(env, log_path, port=port) as url:
         yield Live(url, Settings(data_dir=tmp_path / "data"), log_path)
@@ -170,13 +164,7 @@ def test_waiting_for_a_busy_identity_does_not_take_an_inference_slot(tmp_path: P
     """One inference slot, six clients on one held identity: waiting must leave the slot free, for the turns of other
     identities and for the turn that holds theirs."""
     port = free_port()
-    env = {
-        "SIA_DATA_DIR": str(tmp_path / "data"),
-        "SIA_CHECKPOINT": str(checkpoint_dir),
-        "SIA_PORT": str(port),
-        "SIA_MAX_CONCURRENT_TURNS": "1",
-        "SIA_BUSY_TIMEOUT_S": "120",
-    }
+    env = local_env(tmp_path, checkpoint_dir, port, MAX_CONCURRENT_TURNS="1", BUSY_TIMEOUT_S="120")
     statuses: list[int] = []
     lock = threading.Lock()
     with serving(env, tmp_path / "s.log", port=port) as url:
