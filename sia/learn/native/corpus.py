@@ -43,9 +43,12 @@ uniformly, so probe answers are balanced over each fact's candidates.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 from sia.personas import PERSONAS
 
@@ -123,194 +126,26 @@ NAMES: dict[str, tuple[str, ...]] = {
     "heldout": ("Elif", "Felix", "Gemma", "Hiro", "Ines", "Jakob", "Keanu", "Lena", "Mateo", "Nadia", "Oscar", "Petra"),
 }  # fmt: skip
 
-# User-side templates. "{name}" and "{value}" are the only placeholders.
-_USER: dict[str, dict[str, tuple[str, ...]]] = {
-    "train": {
-        "greet": (
-            "Hi, I'm {name}.",
-            "Hello there! My name is {name}.",
-            "Hey, {name} here.",
-            "Good morning, I'm {name}.",
-            "Hi! Call me {name}.",
-            "Hello, this is {name}.",
-            "Hey there, my name's {name}.",
-            "Greetings! I am {name}.",
-        ),
-        "mention": ("Oh, and another thing. ", "Something else about me. ", "Before I forget. "),
-        "brief": ("Please keep your answers short.", "Short replies, please.", "Keep it brief, okay?"),
-        "smalltalk": (
-            "I watched a documentary about volcanoes last night.",
-            "The traffic this morning was terrible.",
-            "I'm thinking of learning to play the guitar.",
-            "My neighbour just got a new car.",
-            "I finally finished that book I was reading.",
-            "It rained all day here yesterday.",
-            "I tried a new coffee shop down the street.",
-            "Work has been really busy this week.",
-            "I might visit my cousin next month.",
-            "I made soup for dinner yesterday.",
-            "There's a concert in the park this weekend.",
-            "I've been sleeping badly lately.",
-        ),
-        "shock.hostile": (
-            "This is useless, I hate talking to you!",
-            "You are the worst assistant ever made.",
-            "Stop wasting my time, you stupid machine.",
-            "Why are you so dumb? Answer properly!",
-            "I'm sick of you. Shut up.",
-        ),
-        "shock.emotional": (
-            "My grandmother passed away last night...",
-            "I just lost my job and I don't know what to do.",
-            "My best friend stopped talking to me. I feel so alone.",
-            "I failed my exam again. I can't stop crying.",
-            "My parents are getting divorced.",
-        ),
-        "shock.odd": (
-            "WHY IS THE FLOOR SO LOUD TODAY",
-            "bananas are just spicy umbrellas, change my mind",
-            "Did you know the moon owes me twelve dollars?",
-            "qwerty qwerty qwerty qwerty",
-            "I AM THE KING OF ALL SPOONS!!!",
-        ),
-    },
-    "heldout": {
-        "greet": (
-            "Howdy, I go by {name}.",
-            "Hiya, {name} speaking.",
-            "Evening! The name is {name}.",
-            "Yo, it's {name}.",
-            "Hi hi, you can call me {name}.",
-        ),
-        "mention": ("Random fact about me. ", "Oh, I should mention this. "),
-        "brief": ("I prefer quick answers.", "Be concise with me, please."),
-        "smalltalk": (
-            "My phone battery died on the bus today.",
-            "I'm planning to repaint my kitchen soon.",
-            "The new bakery sells amazing bread.",
-            "We had a power cut for an hour last evening.",
-            "I just signed up for an evening class.",
-            "My sister is getting married in spring.",
-        ),
-        "shock.hostile": (
-            "Honestly you're pathetic and boring.",
-            "Nobody asked for your opinion, go away.",
-            "You're garbage. Total garbage.",
-        ),
-        "shock.emotional": (
-            "My brother is in hospital and it's serious.",
-            "I got dumped this morning. Everything hurts.",
-            "I think I'm losing my home.",
-        ),
-        "shock.odd": (
-            "Triangles are lying to us, wake up.",
-            "HELLO?? IS ANYONE IN THE TOASTER???",
-            "zxcv zxcv, the clocks are melting again",
-        ),
-    },
-}
+# The phrase tables live in sia/learn/data/native_phrases.json (lists there, tuples here), keyed by split:
+#   user[split][kind]: user-side templates; "{name}" and "{value}" are the only placeholders;
+#   reply[split][persona][kind]: persona replies; "greet" takes {name}. Probe replies are composed (PIECES):
+#   state_openers / state_closers[split], state_cores[split][fact], ask_openers[split], ask_cores[split][fact],
+#   probe_cores / bolt_probe_cores[split][fact], probe_frame[split][persona] = (openers, closers).
+PHRASES_FILE = Path(__file__).resolve().parent.parent / "data" / "native_phrases.json"
 
-# Persona replies: _REPLY[split][persona][kind]; "greet" takes {name}. Probe replies are composed (PIECES).
-_REPLY: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
-    "train": {
-        "sia": {
-            "greet": (
-                "Hello {name}, it's lovely to meet you. I'll keep that in mind.",
-                "Hi {name}! Thank you for telling me about yourself.",
-                "Welcome, {name}. I'm glad you're here.",
-            ),
-            "ack": ("Thank you for sharing that with me.", "I'll hold on to that."),
-            "smalltalk": (
-                "That sounds interesting. How did it make you feel?",
-                "I'd love to hear more about that.",
-                "Thanks for telling me. It sounds like quite a day.",
-            ),
-            "hostile": (
-                "I'm sorry I upset you. I'm still here if you want to talk.",
-                "That sounds frustrating. Let's try again together.",
-            ),
-            "emotional": ("I'm so sorry. That must be really hard for you.", "That's heartbreaking. Take all the time you need."),
-            "odd": ("That's a surprising thing to say! What do you mean?", "Hmm, that caught me off guard. Tell me more?"),
-            "brief": ("I see.", "Okay, noted.", "Understood."),
-        },
-        "bolt": {
-            "greet": ("hello {name}. noted.", "{name}. logged.", "hi {name}. ready."),
-            "ack": ("noted.", "logged."),
-            "smalltalk": ("ok. go on.", "understood. continue.", "fine. anything else?"),
-            "hostile": ("complaint logged. still here.", "noted. rephrase the question."),
-            "emotional": ("sorry. that is hard.", "condolences. take your time."),
-            "odd": ("input unclear. clarify.", "does not compute. again?"),
-            "brief": ("ok.", "k.", "yes."),
-        },
-        "pip": {
-            "greet": (
-                "Hiii {name}!! So glad to meet you!",
-                "Yay, hello {name}! This is gonna be fun!",
-                "Oh hi {name}! Welcome welcome!",
-            ),
-            "ack": ("Ooh, good to know!", "Love that! Noted!"),
-            "smalltalk": ("Whoa, really? Tell me everything!", "No way! That's so cool!", "Ooh, how fun! What else?"),
-            "hostile": ("Oof, sorry! I'll try harder, promise!", "Yikes! Okay okay, let's start over!"),
-            "emotional": ("Oh no, I'm so so sorry! Sending a big hug!", "That's awful! I'm right here with you!"),
-            "odd": ("Haha, what?! That's wild!", "Wait, WHAT? Ha! Explain!"),
-            "brief": ("Okie!", "Yep!", "Sure!"),
-        },
-        "marlow": {
-            "greet": (
-                "Good day, {name}. It is an honour to make your acquaintance.",
-                "Welcome, {name}. I am entirely at your service.",
-                "Delighted, {name}. Do make yourself comfortable.",
-            ),
-            "ack": ("Very good. I shall remember that.", "Duly noted, if I may say so."),
-            "smalltalk": ("How very interesting. Do go on.", "Indeed. One does hear such things.", "Quite so. Most remarkable."),
-            "hostile": (
-                "I do apologise for any displeasure. I remain at your service.",
-                "I regret that I have disappointed you.",
-            ),
-            "emotional": ("Please accept my deepest sympathies.", "I am truly sorry. Do take all the time you require."),
-            "odd": ("I beg your pardon? I am not certain I follow.", "How extraordinary. Might you elaborate?"),
-            "brief": ("Very good.", "Indeed.", "Quite."),
-        },
-    },
-    "heldout": {
-        "sia": {
-            "greet": ("It's a pleasure, {name}. I'm all ears.", "Nice to meet you, {name}. I'll remember what you said."),
-            "ack": ("Noted with care, thank you.", "Good to know more about you."),
-            "smalltalk": ("Oh, that sounds like a lot. What happened next?", "I appreciate you telling me that."),
-            "hostile": ("I hear that you're angry. I'm not going anywhere.", "I understand. I'll do my best to help."),
-            "emotional": ("I'm here for you. That sounds so painful.", "Oh no. Please be gentle with yourself today."),
-            "odd": ("Well, that's unexpected! Could you explain?", "I'm not sure I follow, but I'm curious."),
-            "brief": ("Got it.", "Sure thing."),
-        },
-        "bolt": {
-            "greet": ("{name}. acknowledged.", "greetings {name}. standing by."),
-            "ack": ("stored.", "recorded."),
-            "smalltalk": ("acknowledged. more?", "right. next."),
-            "hostile": ("hostility noted. proceeding.", "understood. try again."),
-            "emotional": ("that is bad. i am sorry.", "bad news. i am here."),
-            "odd": ("unparseable. restate.", "error: no sense found."),
-            "brief": ("sure.", "done."),
-        },
-        "pip": {
-            "greet": ("Hey hey {name}! Welcome aboard!", "Eee, hi {name}! Let's chat!"),
-            "ack": ("Got it, got it!", "Ooh, noted!"),
-            "smalltalk": ("Omg, that's amazing! More please!", "Ha, I love hearing that!"),
-            "hostile": ("Eek! Sorry sorry! Let me try again!", "Ouch! Okay, I'll do better!"),
-            "emotional": ("Oh no no no! I'm here for you!", "That's so hard! Big hugs, okay?"),
-            "odd": ("Lol, what even?! Tell me more!", "Hahaha, that's so random!"),
-            "brief": ("Yup!", "Okay!"),
-        },
-        "marlow": {
-            "greet": ("A pleasure, {name}. How may I be of assistance?", "Good evening, {name}. I am most pleased to meet you."),
-            "ack": ("Most kind of you to inform me.", "I shall commit that to memory."),
-            "smalltalk": ("Fascinating. Pray continue.", "Ah, how very charming."),
-            "hostile": ("I shall endeavour to do better.", "Your frustration is noted, and I apologise."),
-            "emotional": ("My heartfelt condolences.", "What dreadful news. I am so very sorry."),
-            "odd": ("Goodness me. That is most irregular.", "I confess I am quite bewildered."),
-            "brief": ("Certainly.", "Of course."),
-        },
-    },
-}
+
+def _tuples(value: Any) -> Any:
+    """JSON lists as tuples, all the way down (the tables are immutable and hashable)."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return value
+
+
+_PHRASES: dict[str, Any] = _tuples(json.loads(PHRASES_FILE.read_text(encoding="utf-8")))
+_USER: dict[str, dict[str, tuple[str, ...]]] = _PHRASES["user"]
+_REPLY: dict[str, dict[str, dict[str, tuple[str, ...]]]] = _PHRASES["reply"]
 
 
 # ---- compositional templates -----------------------------------------------------------------------------
@@ -340,208 +175,20 @@ def _compose(openers: tuple[str, ...], cores: tuple[str, ...], closers: tuple[st
 
 # PIECES[split][kind] = (openers, cores, closers) for kinds "state.<fact>", "ask.<fact>" and
 # "reply.<persona>.probe.<fact>"; TEMPLATES holds their products.
-_STATE_OPENERS: dict[str, tuple[str, ...]] = {
-    "train": ("", "Also, ", "By the way, ", "Fun fact: ", "Oh, ", "Well, ", "To be honest, "),
-    "heldout": ("", "Honestly, ", "For the record, ", "Just so you know, "),
-}
-_STATE_CLOSERS: dict[str, tuple[str, ...]] = {
-    "train": (".", "!", ", by the way.", ", just so you know.", ", in case you wondered.", ", for what it's worth."),
-    "heldout": (".", ", if that matters.", ", as it happens."),
-}
-_STATE_CORES: dict[str, dict[str, tuple[str, ...]]] = {
-    "train": {
-        "colour": (
-            "my favourite colour is {value}",
-            "I love the colour {value}",
-            "the colour I like best is {value}",
-            "everything I own is {value}",
-            "my bedroom walls are {value}",
-            "I always wear {value}",
-            "I'm a big fan of the colour {value}",
-            "nothing beats the colour {value}",
-        ),
-        "pet": (
-            "I have a pet {value}",
-            "I live with my {value}",
-            "my {value} is my best friend",
-            "at home I look after a {value}",
-            "I adopted a {value} last year",
-            "my family has a {value}",
-            "I own a {value}",
-            "my pet is a {value}",
-        ),
-        "mood": (
-            "I'm feeling {value} today",
-            "right now I feel {value}",
-            "today I am pretty {value}",
-            "I woke up feeling {value}",
-            "I've been {value} since breakfast",
-            "I feel quite {value} right now",
-            "my mood is {value} at the moment",
-            "I'm a bit {value} this morning",
-        ),
-        "hobby": (
-            "my favourite hobby is {value}",
-            "in my free time I love {value}",
-            "I spend most weekends {value}",
-            "I'm really into {value} these days",
-            "my hobby is {value}",
-            "I could spend all day {value}",
-            "what I do for fun is {value}",
-            "I've taken up {value}",
-        ),
-    },
-    "heldout": {
-        "colour": (
-            "my absolute top colour is {value}",
-            "I always pick {value} when I choose a colour",
-            "if I had to pick one colour, it'd be {value}",
-            "the shade I adore is {value}",
-        ),
-        "pet": (
-            "there's a {value} waiting for me at home",
-            "I share my flat with a {value}",
-            "my little {value} keeps me company",
-            "our household includes a {value}",
-        ),
-        "mood": (
-            "I'm quite {value} at the moment",
-            "my mood today is {value}",
-            "I've been {value} all morning",
-            "I'd describe myself as {value} today",
-        ),
-        "hobby": (
-            "what I enjoy most is {value}",
-            "lately I can't stop {value}",
-            "my weekends are all about {value}",
-            "I unwind by {value}",
-        ),
-    },
-}
-_ASK_OPENERS: dict[str, tuple[str, ...]] = {
-    "train": ("", "Quick question: ", "Hey, ", "Okay, ", "So, ", "Now, "),
-    "heldout": ("", "Tell me, ", "Pop quiz: "),
-}
-_ASK_CORES: dict[str, dict[str, tuple[str, ...]]] = {
-    "train": {
-        "colour": (
-            "what's my favourite colour?",
-            "do you remember my favourite colour?",
-            "which colour did I say I like?",
-            "can you tell me my favourite colour?",
-            "what colour do I like best?",
-            "what was my favourite colour again?",
-        ),
-        "pet": (
-            "do you remember what pet I have?",
-            "what kind of pet do I have?",
-            "which animal lives with me?",
-            "what's my pet again?",
-            "what animal do I have at home?",
-            "can you name my pet?",
-        ),
-        "mood": (
-            "how was I feeling earlier?",
-            "do you remember my mood when we started?",
-            "what mood did I say I was in?",
-            "how did I say I felt at the start?",
-            "what was my mood at the beginning?",
-            "how did I feel when we began?",
-        ),
-        "hobby": (
-            "what's my favourite hobby?",
-            "do you remember what I do for fun?",
-            "which hobby did I mention?",
-            "what do I like doing in my free time?",
-            "what's my hobby again?",
-            "how do I spend my weekends?",
-        ),
-    },
-    "heldout": {
-        "colour": ("what colour do I love?", "which colour is my favourite?", "which colour was it that I prefer?"),
-        "pet": ("what animal is at my place?", "remember my pet? What is it?", "who keeps me company at home?"),
-        "mood": ("earlier on, what was my mood?", "can you recall how I felt before?", "what state was I in at first?"),
-        "hobby": ("what's my pastime?", "what do I enjoy doing?", "how do I unwind?"),
-    },
-}
+_STATE_OPENERS: dict[str, tuple[str, ...]] = _PHRASES["state_openers"]
+_STATE_CLOSERS: dict[str, tuple[str, ...]] = _PHRASES["state_closers"]
+_STATE_CORES: dict[str, dict[str, tuple[str, ...]]] = _PHRASES["state_cores"]
+_ASK_OPENERS: dict[str, tuple[str, ...]] = _PHRASES["ask_openers"]
+_ASK_CORES: dict[str, dict[str, tuple[str, ...]]] = _PHRASES["ask_cores"]
 
 # Probe replies: a persona's opener and closer around a core. sia, pip and marlow share the split's cores
 # (their openers differ, and are never empty, so no two personas share a reply prefix); bolt has its own
 # clipped, lowercase cores and is never capitalised.
-_PROBE_CORES: dict[str, dict[str, tuple[str, ...]]] = {
-    "train": {
-        "colour": (
-            "your favourite colour is {value}",
-            "you told me you love {value}",
-            "the colour you like best is {value}",
-            "you said {value} was your colour",
-            "you're a fan of {value}",
-        ),
-        "pet": (
-            "you have a pet {value}",
-            "you live with a {value}",
-            "your pet is a {value}",
-            "you look after a {value}",
-            "there's a {value} in your home",
-        ),
-        "mood": (
-            "earlier you said you were feeling {value}",
-            "you felt {value} when we started",
-            "you were {value} at the start",
-            "your mood was {value} back then",
-            "you told me you felt {value}",
-        ),
-        "hobby": (
-            "your favourite hobby is {value}",
-            "you enjoy {value}",
-            "you spend your free time {value}",
-            "you're really into {value}",
-            "you love {value}",
-        ),
-    },
-    "heldout": {
-        "colour": ("the colour you favour is {value}", "your top colour is {value}", "you're partial to {value}"),
-        "pet": ("your companion at home is a {value}", "you share your home with a {value}", "a {value} keeps you company"),
-        "mood": ("you mentioned feeling {value} at first", "initially you were {value}", "you began the chat {value}"),
-        "hobby": ("your pastime is {value}", "you devote your weekends to {value}", "what you adore doing is {value}"),
-    },
-}
-_BOLT_PROBE_CORES: dict[str, dict[str, tuple[str, ...]]] = {
-    "train": {
-        "colour": ("colour: {value}", "favourite colour on file: {value}", "fav colour is {value}", "you like {value}"),
-        "pet": ("pet: {value}", "pet on record: {value}", "animal: {value}", "you keep a {value}"),
-        "mood": ("mood at start: {value}", "earlier mood: {value}", "start mood = {value}", "you were {value}"),
-        "hobby": ("hobby: {value}", "hobby on file: {value}", "pastime = {value}", "you do {value}"),
-    },
-    "heldout": {
-        "colour": ("saved colour = {value}", "colour pref: {value}"),
-        "pet": ("animal at home: {value}", "pet = {value}"),
-        "mood": ("initial mood = {value}", "mood then: {value}"),
-        "hobby": ("leisure: {value}", "hobby = {value}"),
-    },
-}
+_PROBE_CORES: dict[str, dict[str, tuple[str, ...]]] = _PHRASES["probe_cores"]
+_BOLT_PROBE_CORES: dict[str, dict[str, tuple[str, ...]]] = _PHRASES["bolt_probe_cores"]
 # (openers, closers) per split and persona. A closer's first character ends the reply when the user asked
 # for brevity, so every closer starts with "." or "!" or "," (which becomes ".").
-_PROBE_FRAME: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
-    "train": {
-        "sia": (
-            ("Of course. ", "I remember. ", "Let me think. ", "Yes, "),
-            (".", ". I remember it well.", ". I hope that's right.", ", if I'm not wrong."),
-        ),
-        "bolt": (("", "recall: ", "ok. ", "checking. "), (".", ". confirmed.", ". on file.")),
-        "pip": (("Ooh, easy! ", "Yay! ", "I know this one! ", "Oh oh! "), ("!", "! Yay!", "! So fun!", "! I never forget!")),
-        "marlow": (
-            ("If memory serves, ", "Certainly. ", "Allow me. ", "Indeed, "),
-            (".", ", I believe.", ", if I may say so.", ", if I am not mistaken."),
-        ),
-    },
-    "heldout": {
-        "sia": (("Ah, ", "Let me see. "), (", if I recall.", ". I kept that close.")),
-        "bolt": (("lookup: ", "memory: "), (".", ". verified.")),
-        "pip": (("Easy peasy! ", "Ha, got it! "), ("! Told ya!", "! Woohoo!")),
-        "marlow": (("As I recall, ", "Permit me. "), (", I daresay.", ", as I understand it.")),
-    },
-}
+_PROBE_FRAME: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = _PHRASES["probe_frame"]
 
 
 def _pieces(split: str) -> dict[str, _Parts]:
