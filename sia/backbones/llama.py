@@ -21,9 +21,10 @@ slot's gate at -1e4, whose softmax weight is exactly 0: the logits are the base 
 
 from __future__ import annotations
 
+import copy
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -358,6 +359,14 @@ class LlamaModel(IdentityModel):
             m = metric[:, slot_of[layer]] if layer in slot_of else None
             layers.append(attn.condition(m, self_state.to(self.wte.weight.dtype)))
         return Conditioning(layers=layers, self_state=self_state)
+
+    def base_view(self) -> LlamaModel:
+        """The same weights read as the base model, the identity switched off: a shallow copy (no tensor is copied,
+        this model is untouched) whose config says ``attention="dot"``. For uncached forwards: a cache it made
+        would still have the identity's kernel width."""
+        twin = copy.copy(self)
+        twin.config = replace(self.config, attention="dot")
+        return twin
 
     @property
     def prefix_len(self) -> int:

@@ -107,6 +107,20 @@ def test_fast_injected_attention_equals_reference(hf_model: LlamaForCausalLM, sl
             torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
 
 
+def test_the_base_view_reads_the_same_weights_as_the_base_model(hf_model: LlamaForCausalLM) -> None:
+    model = open_read(build(hf_model))
+    idx = torch.randint(0, 300, (1, 8), generator=torch.Generator().manual_seed(6))
+    state = random_state(model.config, 2)
+    base = model.base_view()
+    with torch.no_grad():
+        expected = hf_model(idx).logits
+        plain = base(idx, base.condition_states([state])).logits  # the base ignores any state
+        deformed = model(idx, model.condition_states([state])).logits
+    torch.testing.assert_close(plain, expected, atol=1e-4, rtol=0)
+    assert (deformed - expected).abs().max() > 1e-2  # this model still reads the state: the view changed nothing
+    assert model.config.attention == "trace" and base.prefix_len == 0 and base.wte is model.wte
+
+
 def test_metric_acts_before_rotation_so_relative_positions_are_kept(hf_model: LlamaForCausalLM) -> None:
     """Shifting every position by the same offset leaves the logits unchanged under a deformed metric (the slot,
     a key at position 0, is closed here: it alone is tied to an absolute position)."""

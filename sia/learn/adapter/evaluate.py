@@ -254,12 +254,7 @@ def reset_determinism(model: LlamaModel) -> dict[str, float]:
     rows = [render_turn(tok, context, x.user, x.reply).tokens for x in talk]
     fresh = probe_logits(model, Carry.fresh(model, len(rows)), rows)
     again = probe_logits(model, Carry.fresh(model, len(rows)), rows)
-    stateful = model.config.attention
-    model.config.attention = "dot"  # the same weights with the identity switched off: the base model
-    try:
-        base = probe_logits(model, Carry.fresh(model, len(rows)), rows)
-    finally:
-        model.config.attention = stateful
+    base = probe_logits(model.base_view(), Carry.fresh(model, len(rows)), rows)  # the same weights, no identity
     return {"fresh_vs_fresh": float((fresh - again).abs().max()), "fresh_vs_base": float((fresh - base).abs().max())}
 
 
