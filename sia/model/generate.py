@@ -22,6 +22,7 @@ from sia.model.transformer import Conditioning, IdentityModel, KVCache, TurnStat
 
 __all__ = [
     "Generation",
+    "ReplyDecoder",
     "Sampling",
     "SamplingParams",
     "Stream",
@@ -212,7 +213,9 @@ def _visible_text(text: str, stops: Sequence[str]) -> int:
     return len(text) - hold
 
 
-class _Row:
+class ReplyDecoder:
+    """One row's reply as it is decoded: its tokens and text, stop strings, finish reason and sampling generator."""
+
     def __init__(self, params: SamplingParams, device: torch.device, tok: Tokenizer) -> None:
         self.tokens: list[int] = []
         self.text = ""
@@ -320,7 +323,7 @@ def _decode(
     last = logits[:, -1]  # (B, V)
     seq, seq_count = idx, counted
 
-    rows = [_Row(params, device, tok) for _ in range(B)]
+    rows = [ReplyDecoder(params, device, tok) for _ in range(B)]
     while True:
         step = torch.full((B, 1), tok.pad_id, dtype=torch.long, device=device)
         alive = torch.zeros(B, 1, dtype=torch.bool, device=device)

@@ -1,0 +1,149 @@
+"""Benchmark continuous batching in the library: N identities decoding together vs one after another.
+
+Run: ``python -m benchmarks.batching [--users 1 2 4 8 16] [--tokens 32] [--threads 1] [--checkpoint DIR] [--out PATH]``.
+
+Setup: the bundled model (or ``--checkpoint``), N distinct identity states (random traces and self states), each
+with its own message under the persona ``sia``'s system prompt, greedy decoding of at most ``--tokens`` tokens.
+
+* **sequential**: ``sia.model.generate.generate`` for one identity after another (what the service does today
+  with one inference slot);
+* **batched**: every identity joins one ``sia.model.batching.DecodeBatch`` (its own prefill), then ``step()``
+  until all have stopped: one forward per step for all rows.
+
+Both produce the same tokens (checked here, row by row). Reported per N: aggregate generated tokens per second,
+the ratio batched / sequential, and the p50 / p95 time to each row's first token when all N arrive at once.
+Results go to ``--out`` (JSON, with machine info) and a markdown table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.generation import machine_info
+from sia.checkpoint import load_model
+from sia.identity.state import IdentityState
+from sia.model.batching import DecodeBatch
+from sia.model.generate import SamplingParams, generate, stream
+from sia.model.transformer import IdentityModel
+from sia.personas import PERSONAS
+
+MESSAGES = [
+    "What is the capital of France?",
+    "Give me a tip for sleeping better.",
+    "How do plants make food?",
+    "Name three colours of the rainbow.",
+    "What is a good name for a cat?",
+    "Why is the sky blue?",
+    "How many legs does a spider have?",
+    "Tell me something about the moon.",
+]
+
+
+def identities(model: IdentityModel, n: int) -> list[IdentityState]:
+    out = []
+    for i in range(n):
+        fresh = IdentityState.fresh(model.config)
+        g = torch.Generator().manual_seed(i)
+        trace = (torch.randn(model.config.trace_shape, generator=g) * 0.05).to(fresh.trace.dtype)
+        out.append(IdentityState(trace=trace, self_state=torch.rand(model.config.d_self, generator=g) - 0.5, turns=5))
+    return out
+
+
+def prompts(model: IdentityModel, n: int) -> list[list[int]]:
+    tok = model.tokenizer
+    system = tok.system_prompt(PERSONAS["sia"].system_prompt)
+    return [tok.turn_prompt(MESSAGES[i % len(MESSAGES)] + f" ({i})", system)[0] for i in range(n)]
+
+
+def sequential(
+    model: IdentityModel, rows: list[list[int]], states: list[IdentityState], params: SamplingParams
+) -> dict[str, Any]:
+    started, first, tokens = time.perf_counter(), [], []
+    for prompt, state in zip(rows, states, strict=True):
+        run = stream(model, [prompt], model.condition_states([state]), params)
+        for i, _ in enumerate(run):
+            if i == 0:
+                first.append(time.perf_counter() - started)
+        tokens.append(run.result[0].tokens)
+    return {"seconds": time.perf_counter() - started, "first": first, "tokens": tokens}
+
+
+def batched(model: IdentityModel, rows: list[list[int]], states: list[IdentityState], params: SamplingParams) -> dict[str, Any]:
+    started = time.perf_counter()
+    batch = DecodeBatch(model)
+    handles = [batch.join(p, model.condition_states([s]), params) for p, s in zip(rows, states, strict=True)]
+    first: dict[int, float] = {}
+    while len(batch):
+        for event in batch.step():
+            first.setdefault(event.row, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "first": [first[h] for h in handles], "tokens": [batch.take(h).tokens for h in handles]}
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--checkpoint", default=None)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/batching.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    info = machine_info(args.threads)
+    model = load_model(args.checkpoint).eval()
+    params = SamplingParams(max_new_tokens=args.tokens, temperature=0.0)
+    warm = prompts(model, 2)
+    generate(model, warm, model.condition_states(identities(model, 2)), params)  # warm-up
+    results = []
+    for n in args.users:
+        rows, states = prompts(model, n), identities(model, n)
+        seq = sequential(model, rows, states, params)
+        bat = batched(model, rows, states, params)
+        same = all(a == b for a, b in zip(seq["tokens"], bat["tokens"], strict=True))
+        total = sum(len(t) for t in seq["tokens"])
+        entry = {
+            "users": n,
+            "tokens": total,
+            "same_tokens": same,
+            "sequential_tok_s": total / seq["seconds"],
+            "batched_tok_s": total / bat["seconds"],
+            "speedup": seq["seconds"] / bat["seconds"],
+            "ttft_p50_s": {"sequential": pct(seq["first"], 50), "batched": pct(bat["first"], 50)},
+            "ttft_p95_s": {"sequential": pct(seq["first"], 95), "batched": pct(bat["first"], 95)},
+        }
+        results.append(entry)
+        sys.stderr.write(json.dumps(entry) + "\n")
+    info["loadavg_end"] = list(os.getloadavg())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report = {"machine": info, "max_new_tokens": args.tokens, "results": results}
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        "| users | tokens | sequential tok/s | batched tok/s | speed-up | TTFT p50 seq / batched (s) "
+        "| TTFT p95 seq / batched (s) | same tokens |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['users']} | {r['tokens']} | {r['sequential_tok_s']:.1f} | {r['batched_tok_s']:.1f} | {r['speedup']:.2f}x "
+            f"| {r['ttft_p50_s']['sequential']:.2f} / {r['ttft_p50_s']['batched']:.2f} "
+            f"| {r['ttft_p95_s']['sequential']:.2f} / {r['ttft_p95_s']['batched']:.2f} | {r['same_tokens']} |"
+        )
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,311 @@
+"""Continuous batching: rows of different identities decode in one forward per step, each with its own state.
+
+A row joins after its own prefill and leaves when it stops (end token, stop string, length) or is cancelled, so a
+batch never waits for its longest reply and a new turn never waits for the batch. What differs between rows is
+kept per row: the conditioning (the metric and the self slots its identity state gives), the KV cache, the
+position, the sampling generator and the stop strings. A row's tokens are the ones ``generate`` gives it alone.
+
+Layout. The batch's KV cache is one tensor per layer, (B, H_kv, prefix + columns, w): the self slots first, then
+token columns shared by all rows. A row's tokens sit right-aligned at the newest columns it has lived through;
+columns before its first token are masked for it (``valid``), and its positions count its own tokens only, so a
+gap is invisible to it. A joining row longer than the batch widens every row to the left; columns no row uses
+any more are dropped.
+
+Notation: B rows, P prefix keys (the self slots), N token columns, V vocabulary, K memory tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, is_dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sia.model.generate import (
+    Generation,
+    ReplyDecoder,
+    SamplingParams,
+    StreamEvent,
+    padded_inputs,
+    sample_next,
+)
+from sia.model.tokenizer import Tokenizer
+from sia.model.transformer import Conditioning, IdentityModel, KVCache, TurnStats
+
+__all__ = ["DecodeBatch", "cat_conditioning", "select_conditioning"]
+
+HEADROOM = 64  # token columns allocated beyond what the batch needs now, so most steps write in place
+
+
+def _select_layer(lc: object, rows: Tensor) -> object:
+    assert is_dataclass(lc) and not isinstance(lc, type)
+    parts = {f.name: getattr(lc, f.name) for f in fields(lc)}
+    return type(lc)(**{k: None if v is None else v[rows] for k, v in parts.items()})
+
+
+def _cat_layer(parts: Sequence[object]) -> object:
+    first = parts[0]
+    assert is_dataclass(first) and not isinstance(first, type)
+    out = {}
+    for f in fields(first):
+        values = [getattr(p, f.name) for p in parts]
+        out[f.name] = None if values[0] is None else torch.cat(values, dim=0)
+    return type(first)(**out)
+
+
+def select_conditioning(cond: Conditioning, rows: Tensor) -> Conditioning:
+    """The given rows (B',) of a Conditioning, in that order; nothing is recomputed."""
+    layers = [None if lc is None else _select_layer(lc, rows) for lc in cond.layers]
+    return Conditioning(layers=layers, self_state=cond.self_state[rows])  # type: ignore[arg-type]
+
+
+def cat_conditioning(conds: Sequence[Conditioning]) -> Conditioning:
+    """Conditionings of the same model stacked along the batch."""
+    layers = [None if lcs[0] is None else _cat_layer(lcs) for lcs in zip(*(c.layers for c in conds), strict=True)]
+    return Conditioning(layers=layers, self_state=torch.cat([c.self_state for c in conds], dim=0))  # type: ignore[arg-type]
+
+
+@dataclass
+class _Member:
+    """One row of the batch."""
+
+    rid: int  # the caller's handle, stable while other rows join and leave
+    params: SamplingParams
+    row: ReplyDecoder  # tokens, text, stop handling, generator
+    prompt_nll: Tensor  # (prompt_len - 1,)
+    stats: TurnStats  # (1 row) sums over counted prompt tokens and every generated token fed back
+    last: Tensor  # (V,) logits of its next token
+
+
+class DecodeBatch:
+    """Rows decoding together; ``join`` a prompt under a one-row Conditioning, ``step`` until rows finish.
+
+    ``step()`` samples one token for every row, yields their StreamEvents (``row`` is the handle ``join``
+    returned) and feeds the tokens of the rows that go on back in one forward. A row that stops is written (its
+    memory tokens, when the model has them), leaves at once, and its Generation is kept for ``take(rid)``.
+    ``cancel(rid)`` drops a row without a result. Not thread-safe: one scheduler drives it.
+    """
+
+    def __init__(self, model: IdentityModel, tokenizer: Tokenizer | None = None) -> None:
+        self.model = model
+        self.tok = tokenizer or model.tokenizer
+        self.n_memory = model.config.memory_tokens if model.stateful else 0
+        self.prefix = model.prefix_len
+        self.members: list[_Member] = []
+        self.cond: Conditioning | None = None  # (B rows)
+        self.cache: KVCache | None = None  # shared length: prefix + token columns in use
+        self.valid = torch.zeros(0, self.prefix, dtype=torch.bool, device=model.device)  # (B, prefix + columns in use)
+        self.done: dict[int, Generation] = {}
+        self._next = 0
+        self._banned = torch.tensor(self.tok.banned_ids, dtype=torch.long, device=model.device)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    @property
+    def rids(self) -> list[int]:
+        return [m.rid for m in self.members]
+
+    # --- joining -------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def join(
+        self, prompt: Sequence[int], cond: Conditioning, params: SamplingParams, summary_mask: Sequence[bool] | None = None
+    ) -> int:
+        """Prefill ``prompt`` alone under ``cond`` (one row) and add it to the batch; returns its handle."""
+        model, device = self.model, self.model.device
+        if cond.batch_size != 1:
+            raise ValueError(f"a row joins with a one-row Conditioning; got {cond.batch_size} rows")
+        n = len(prompt)
+        if n < 1:
+            raise ValueError("a prompt needs at least one token")
+        if n + params.max_new_tokens + self.n_memory > model.config.block_size:
+            raise ValueError(
+                f"prompt ({n} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the model's context "
+                f"of {model.config.block_size - self.n_memory} tokens"
+            )
+        mask = [True] * n if summary_mask is None else list(summary_mask)
+        if len(mask) != n:
+            raise ValueError(f"summary mask has {len(mask)} entries for {n} tokens")
+        idx = torch.tensor([list(prompt)], dtype=torch.long, device=device)
+        key_valid = torch.ones(1, self.prefix + n, dtype=torch.bool, device=device)
+        own = model.new_cache(cond, n + 1 + self.n_memory)
+        positions, _ = padded_inputs(key_valid, n, self.prefix)
+        counted = torch.tensor([mask], dtype=torch.bool, device=device)
+        out = model(idx, cond, cache=own, positions=positions, summary_mask=counted)
+        log_probs = F.log_softmax(out.logits[0, :-1].float(), dim=-1)  # (n-1, V)
+        prompt_nll = -log_probs.gather(-1, idx[0, 1:, None]).squeeze(-1)
+        rid = self._next
+        self._next += 1
+        self.members.append(
+            _Member(rid, params, ReplyDecoder(params, device, self.tok), prompt_nll, out.stats, out.logits[0, -1])
+        )
+        self._admit(own, cond, n)
+        return rid
+
+    def _admit(self, own: KVCache, cond: Conditioning, n: int) -> None:
+        """Put a prefilled one-row cache of n tokens into the batch cache, right-aligned."""
+        P = self.prefix
+        if self.cache is None:  # the first row: an empty batch of its layout
+            self.cache = object.__new__(KVCache)
+            self.cache.prefix, self.cache.length, self.cache.capacity = P, P, P
+            self.cache.keys = [t.new_zeros((0, t.shape[1], P, t.shape[3])) for t in own.keys]
+            self.cache.values = [t.new_zeros((0, t.shape[1], P, t.shape[3])) for t in own.values]
+        columns = self.cache.length - P
+        if n > columns:  # widen every row to the left
+            self._shift(n - columns)
+            columns = n
+        self._reserve(columns + 1 + self.n_memory)
+        start = P + columns - n
+        for layer in range(len(self.cache.keys)):
+            key = self.cache.keys[layer].new_zeros((1, *self.cache.keys[layer].shape[1:]))
+            value = torch.zeros_like(key)
+            key[:, :, :P], value[:, :, :P] = own.keys[layer][:, :, :P], own.values[layer][:, :, :P]
+            key[:, :, start : P + columns] = own.keys[layer][:, :, P : P + n]
+            value[:, :, start : P + columns] = own.values[layer][:, :, P : P + n]
+            self.cache.keys[layer] = torch.cat([self.cache.keys[layer], key], dim=0)
+            self.cache.values[layer] = torch.cat([self.cache.values[layer], value], dim=0)
+        row_valid = self.valid.new_zeros(1, P + columns)
+        row_valid[:, :P], row_valid[:, start:] = True, True
+        self.valid = torch.cat([self.valid, row_valid], dim=0)
+        self.cond = cond if self.cond is None else cat_conditioning([self.cond, cond])
+
+    def _shift(self, k: int) -> None:
+        """Insert k empty token columns before every row's first token (a longer row joins)."""
+        assert self.cache is not None
+        P, used = self.prefix, self.cache.length
+        self.valid = torch.cat([self.valid[:, :P], self.valid.new_zeros(self.valid.shape[0], k), self.valid[:, P:]], dim=1)
+        for store in (self.cache.keys, self.cache.values):
+            for layer, t in enumerate(store):
+                pad = t.new_zeros((*t.shape[:2], k, t.shape[3]))
+                store[layer] = torch.cat([t[:, :, :P], pad, t[:, :, P:used]], dim=2)
+        self.cache.length = self.cache.capacity = used + k
+
+    def _reserve(self, columns: int) -> None:
+        """Room for ``columns`` token columns (growing by HEADROOM more when it must)."""
+        assert self.cache is not None
+        if self.cache.capacity >= self.prefix + columns:
+            return
+        capacity = self.prefix + columns + HEADROOM
+        for store in (self.cache.keys, self.cache.values):
+            for layer, t in enumerate(store):
+                grown = t.new_zeros((*t.shape[:2], capacity, t.shape[3]))
+                grown[:, :, : self.cache.length] = t[:, :, : self.cache.length]
+                store[layer] = grown
+        self.cache.capacity = capacity
+
+    # --- stepping ------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[StreamEvent]:
+        """One token for every row; the rows that stop are written and leave (their Generations go to ``done``)."""
+        if not self.members:
+            return []
+        events: list[StreamEvent] = []
+        going: list[int] = []
+        stopped: list[int] = []
+        for b, m in enumerate(self.members):
+            logits = m.last.index_fill(0, self._banned, float("-inf"))
+            token = sample_next(logits, m.params, m.row.generator)
+            log_p = F.log_softmax(logits.float(), dim=-1)
+            top: tuple[tuple[int, float], ...] = ()
+            if m.params.top_logprobs:
+                values, ids = log_p.topk(m.params.top_logprobs)
+                top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+            delta = m.row.push(token, m.params, self.tok.end_ids)
+            events.append(StreamEvent(row=m.rid, token=token, text=delta, logprob=float(log_p[token]), top_logprobs=top))
+            (going if m.row.finish_reason is None else stopped).append(b)
+        if stopped:
+            self._finish(stopped)
+        if going:
+            self._feed(going)
+        self._keep([b for b in range(len(self.members)) if b in going])
+        return events
+
+    def _feed(self, going: list[int]) -> None:
+        """Run the sampled tokens of the rows that go on through the model, all in one forward."""
+        assert self.cache is not None and self.cond is not None
+        self._reserve(self.cache.length - self.prefix + 1 + self.n_memory)
+        B = len(self.members)
+        tokens = torch.full((B, 1), self.tok.pad_id, dtype=torch.long, device=self.valid.device)
+        alive = torch.zeros(B, 1, dtype=torch.bool, device=self.valid.device)
+        for b in going:
+            tokens[b, 0], alive[b, 0] = self.members[b].row.tokens[-1], True
+        key_valid = torch.cat([self.valid, alive], dim=1)
+        positions, mask = padded_inputs(key_valid, 1, self.prefix)
+        out = self.model(tokens, self.cond, cache=self.cache, positions=positions, attn_mask=mask, summary_mask=alive)
+        self.valid = key_valid
+        for b in going:
+            m = self.members[b]
+            m.stats = m.stats + out.stats.row(b)
+            m.last = out.logits[b, -1]
+
+    def _finish(self, stopped: list[int]) -> None:
+        """The write of the rows that stopped: their last token and the memory tokens, on a copy of their cache."""
+        assert self.cache is not None and self.cond is not None
+        stats = [self.members[b].stats for b in stopped]
+        if self.n_memory:
+            index = torch.tensor(stopped, dtype=torch.long, device=self.valid.device)
+            cache = self.cache.select(index)
+            need = cache.length + 1 + self.n_memory
+            if cache.capacity < need:
+                for store in (cache.keys, cache.values):
+                    for layer, t in enumerate(store):
+                        store[layer] = torch.cat([t, t.new_zeros((*t.shape[:2], need - t.shape[2], t.shape[3]))], dim=2)
+                cache.capacity = need
+            final = torch.tensor([[self.members[b].row.tokens[-1]] for b in stopped], dtype=torch.long, device=index.device)
+            key_valid = torch.cat([self.valid[index], self.valid.new_ones(len(stopped), 1)], dim=1)
+            positions, mask = padded_inputs(key_valid, 1, self.prefix, self.n_memory)
+            cond = select_conditioning(self.cond, index)
+            none = torch.zeros(len(stopped), 1, dtype=torch.bool, device=index.device)
+            out = self.model(final, cond, cache=cache, positions=positions, attn_mask=mask, summary_mask=none, memory=True)
+            assert out.memory is not None
+            stats = [(s + out.stats.row(i)).written_by(out.memory[i : i + 1]) for i, s in enumerate(stats)]
+        for b, s in zip(stopped, stats, strict=True):
+            m = self.members[b]
+            self.done[m.rid] = Generation(
+                tokens=m.row.tokens,
+                text=m.row.text,
+                finish_reason=m.row.finish_reason or "length",
+                prompt_nll=m.prompt_nll,
+                stats=s,
+            )
+
+    # --- leaving -------------------------------------------------------------------------------------------
+
+    def cancel(self, rid: int) -> None:
+        """Drop a row now, with no result (its client is gone); KeyError if it is not in the batch."""
+        rows = self.rids
+        if rid not in rows:
+            raise KeyError(f"row {rid} is not in the batch")
+        self._keep([b for b, r in enumerate(rows) if r != rid])
+
+    def take(self, rid: int) -> Generation:
+        """The Generation of a row that stopped (once); KeyError if it has not."""
+        return self.done.pop(rid)
+
+    def _keep(self, rows: list[int]) -> None:
+        """Only these rows stay; token columns no row uses any more are dropped."""
+        if len(rows) == len(self.members):
+            return
+        self.members = [self.members[b] for b in rows]
+        if not rows:
+            self.cond, self.cache = None, None
+            self.valid = self.valid[:0, : self.prefix]
+            return
+        assert self.cache is not None and self.cond is not None
+        index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
+        self.cond = select_conditioning(self.cond, index)
+        self.valid = self.valid[index]
+        P, used = self.prefix, self.cache.length
+        tokens_valid = self.valid[:, P:used].any(dim=0)
+        first = int(tokens_valid.float().argmax()) if bool(tokens_valid.any()) else used - P  # leading unused columns
+        for store in (self.cache.keys, self.cache.values):
+            for layer, t in enumerate(store):
+                kept = t[index]
+                store[layer] = torch.cat([kept[:, :, :P], kept[:, :, P + first :]], dim=2)
+        self.valid = torch.cat([self.valid[:, :P], self.valid[:, P + first :]], dim=1)
+        self.cache.length -= first
+        self.cache.capacity -= first

@@ -1,0 +1,128 @@
+"""Continuous batching (sia.model.batching): rows of different identities joining at different steps, leaving when they
+stop or are cancelled, each decode exactly as it would alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig as HFLlamaConfig
+from transformers import LlamaForCausalLM
+
+from sia.backbones.llama import LlamaModel
+from sia.identity.state import IdentityState
+from sia.model.batching import DecodeBatch
+from sia.model.config import LlamaConfig
+from sia.model.generate import Generation, SamplingParams, generate
+from sia.model.tokenizer import ByteTokenizer
+from sia.model.transformer import IdentityModel, SIAModel
+from tests.conftest import tiny_config
+
+from .test_llama import HF_TINY, open_read, random_state
+
+
+def llama(memory_tokens: int, slots: int) -> LlamaModel:
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(HFLlamaConfig(**HF_TINY)).eval()
+    config = LlamaConfig.from_hf(HF_TINY, d_self=8, trace_layers=[0, 2], memory_tokens=memory_tokens, self_slots=slots)
+    model = LlamaModel(config, ByteTokenizer()).eval()
+    model.load_base(hf.state_dict())
+    return open_read(model)
+
+
+def native() -> SIAModel:
+    torch.manual_seed(1)
+    return SIAModel(tiny_config(block_size=256)).eval()
+
+
+def states(model: IdentityModel, n: int) -> list[IdentityState]:
+    out = []
+    for i in range(n):
+        state = random_state(model.config, 10 + i) if isinstance(model, LlamaModel) else IdentityState.fresh(model.config)
+        if not isinstance(model, LlamaModel):  # a native state: a random trace and self state of its shapes
+            g = torch.Generator().manual_seed(20 + i)
+            state = IdentityState(
+                trace=(torch.randn(model.config.trace_shape, generator=g) * 0.2).to(state.trace.dtype),
+                self_state=torch.rand(model.config.d_self, generator=g) * 2 - 1,
+                turns=3,
+            )
+        out.append(state)
+    return out
+
+
+def solo(model: IdentityModel, prompt: list[int], state: IdentityState, params: SamplingParams) -> Generation:
+    (gen,) = generate(model, [prompt], model.condition_states([state]), params)
+    return gen
+
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51], [60, 61], [70, 71, 72, 73]]
+PARAMS = [
+    SamplingParams(max_new_tokens=7, temperature=0.0),
+    SamplingParams(max_new_tokens=5, temperature=0.9, seed=3, top_k=20),
+    SamplingParams(max_new_tokens=9, temperature=1.0, seed=4, top_p=0.9),
+    SamplingParams(max_new_tokens=3, temperature=0.0),
+]
+JOIN_AT = [0, 2, 2, 5]  # the step before which each row joins: the longer second row widens the batch
+
+
+@pytest.mark.parametrize(
+    "build", [lambda: llama(0, 1), lambda: llama(2, 2), native], ids=["llama", "llama-memory-slots", "native"]
+)
+def test_rows_joining_at_different_steps_decode_as_they_would_alone(build: object) -> None:
+    model = build()  # type: ignore[operator]
+    identity = states(model, len(PROMPTS))
+    expected = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, PARAMS, strict=True)]
+    batch = DecodeBatch(model)
+    handles: dict[int, int] = {}
+    sizes, texts = [], {i: "" for i in range(len(PROMPTS))}
+    step = 0
+    while len(handles) < len(PROMPTS) or len(batch):
+        for i, at in enumerate(JOIN_AT):
+            if at == step:
+                handles[i] = batch.join(PROMPTS[i], model.condition_states([identity[i]]), PARAMS[i])
+        sizes.append(len(batch))
+        for event in batch.step():
+            texts[next(i for i, h in handles.items() if h == event.row)] += event.text
+        step += 1
+    assert max(sizes) >= 3  # rows really shared steps
+    for i, want in enumerate(expected):
+        got = batch.take(handles[i])
+        assert got.tokens == want.tokens, i
+        assert got.text == want.text == texts[i] and got.finish_reason == want.finish_reason
+        torch.testing.assert_close(got.prompt_nll, want.prompt_nll, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got.stats.hidden, want.stats.hidden, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.stats.layer_inputs, want.stats.layer_inputs, atol=1e-4, rtol=1e-4)
+        assert float(got.stats.count) == float(want.stats.count)
+
+
+def test_a_cancelled_row_leaves_at_once_and_the_others_go_on_unchanged() -> None:
+    model = llama(2, 1)
+    identity = states(model, 3)
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    expected = [solo(model, p, s, params) for p, s in zip(PROMPTS[:3], identity, strict=True)]
+    batch = DecodeBatch(model)
+    rows = [batch.join(p, model.condition_states([s]), params) for p, s in zip(PROMPTS[:3], identity, strict=True)]
+    batch.step()
+    batch.cancel(rows[1])
+    assert len(batch) == 2 and rows[1] not in batch.rids
+    while len(batch):
+        batch.step()
+    for i in (0, 2):
+        assert batch.take(rows[i]).tokens == expected[i].tokens
+    with pytest.raises(KeyError):
+        batch.take(rows[1])  # a cancelled row has no result
+    with pytest.raises(KeyError):
+        batch.cancel(rows[0])  # it has left already
+    assert batch.cache is None and batch.valid.shape[0] == 0  # an empty batch holds no memory
+
+
+def test_bad_joins_are_refused() -> None:
+    model = llama(0, 1)
+    batch = DecodeBatch(model)
+    fresh = IdentityState.fresh(model.config)
+    with pytest.raises(ValueError, match="one-row"):
+        batch.join([1, 2], model.condition_states([fresh, fresh]), SamplingParams())
+    with pytest.raises(ValueError, match="at least one token"):
+        batch.join([], model.condition_states([fresh]), SamplingParams())
+    with pytest.raises(ValueError, match="context"):
+        batch.join([1] * 200, model.condition_states([fresh]), SamplingParams(max_new_tokens=100))
+    assert len(batch) == 0
