@@ -32,7 +32,7 @@ from sia.learn.adapter.train import (
     train,
     unroll_states,
 )
-from sia.learn.adapter.unroll import Carry, Rendered, probe_logits, score_candidates, span, write_turn
+from sia.learn.adapter.unroll import Carry, Rendered, probe_logits, render_turn, score_candidates, span, write_turn
 from sia.learn.native import train as native_train
 from sia.model.generate import SamplingParams
 from sia.personas import PERSONAS
@@ -247,6 +247,7 @@ def test_scoring_candidates_is_scoring_each_reply_in_full(config: TrainConfig, c
         ({"value_weight": -1.0}, "weights"),
         ({"distill_weight": -0.5}, "weights"),
         ({"batch_size": 0}, "batch_size"),
+        ({"read_lr": 0.0}, "read_lr"),
         ({"model": {"memory_tokens": -1}}, "memory_tokens"),
     ],
 )
@@ -371,3 +372,23 @@ def test_a_probe_differentiated_from_the_question_on_reads_the_logits_of_the_ful
         assert attn.self_value.weight.grad is not None and attn.self_value.weight.grad.abs().max() > 0
     with pytest.raises(ValueError, match="grad_tail"):
         probe_logits(model, carry, rows, tail=12, grad_tail=5)
+
+
+@pytest.mark.parametrize("detached", [False, True])
+def test_a_detached_read_trains_the_read_and_not_the_write(config: TrainConfig, cache: Path, detached: bool) -> None:
+    """A loss on a turn's reply reaches the write of the turn before only while the read is not detached."""
+    model, _ = build_model(config, cache)
+    open_read(model, seed=6)
+    tok = model.tokenizer
+    dynamics = Dynamics.from_config(model.config)
+    context = tok.system_prompt(PERSONAS["sia"].system_prompt)
+    first = [render_turn(tok, context, "My pet is a cat.", "Noted.")]
+    second = [render_turn(tok, context, "What do I keep?", "A cat.")]
+    carry, _, _ = write_turn(model, Carry.fresh(model, 1), first, dynamics, grad_tokens=False)
+    _, logits, _ = write_turn(model, carry, second, dynamics, grad_tokens=True, read_detached=detached)
+    model.zero_grad()
+    logits.float().logsumexp(-1).sum().backward()  # type: ignore[no-untyped-call]
+    write = model.self_update.proj.weight.grad
+    read = model.blocks[1].attn.self_value.weight.grad
+    assert read is not None and read.abs().max() > 0  # the read learns either way
+    assert (write is None or float(write.abs().max()) == 0.0) == detached

@@ -148,7 +148,13 @@ class Carry:
 
 
 def write_turn(
-    model: LlamaModel, carry: Carry, turns: Sequence[Rendered], dynamics: Dynamics, *, grad_tokens: bool
+    model: LlamaModel,
+    carry: Carry,
+    turns: Sequence[Rendered],
+    dynamics: Dynamics,
+    *,
+    grad_tokens: bool,
+    read_detached: bool = False,
 ) -> tuple[Carry, Tensor, Tensor]:
     """Run one turn per row and advance each row's state as the service does.
 
@@ -156,6 +162,8 @@ def write_turn(
     ``grad_tokens``) and the validity mask (B, L). Without ``grad_tokens`` the turn's tokens run without
     recording (a stop-gradient on the state's path through them); the memory tokens, which read the turn and
     the slot, and the self update are always differentiable, so the gradient still reaches every turn's write.
+    With ``read_detached`` the slots read a detached copy of the state: a loss on this turn's reply trains the read
+    but not the write, and the state reaches later turns only through the self update.
     """
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
@@ -166,7 +174,7 @@ def write_turn(
     B, L = idx.shape
     prefix = torch.ones(B, model.prefix_len, dtype=torch.bool, device=device)
     key_valid = torch.cat([prefix, valid], dim=1)
-    cond = carry.condition(model)
+    cond = model.condition(carry.trace, carry.self_state.detach() if read_detached else carry.self_state)
     tail = max(len(t.tokens) - t.message[0] + 1 for t in turns)  # logits from the message on
     if grad_tokens:
         out = forward_padded(model, cond, idx, key_valid, counted, memory=True, tail=tail)
