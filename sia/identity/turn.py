@@ -15,11 +15,11 @@ import torch
 
 from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState, advance
-from sia.model.generate import SamplingParams, Stream, StreamEvent, stream
+from sia.model.generate import Generation, SamplingParams, Stream, StreamEvent, stream
 from sia.model.tokenizer import Tokenizer
 from sia.model.transformer import IdentityModel, TurnStats
 
-__all__ = ["TurnReply", "TurnRequest", "TurnResult", "run_turn", "stream_turns"]
+__all__ = ["TurnPrompt", "TurnReply", "TurnRequest", "TurnResult", "conclude_turns", "run_turn", "stream_turns", "turn_prompt"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,50 @@ def stream_turns(
     return Stream(_turns(model, requests, params, tokenizer))
 
 
+@dataclass(frozen=True)
+class TurnPrompt:
+    """What the model reads for one turn request, and what of it the turn summary and the shock read."""
+
+    tokens: list[int]  # context + the message's block + the generation prompt
+    counted: list[bool]  # per token: counts towards the turn summary (the message, not the context)
+    scored: tuple[int, int]  # Generation.prompt_nll[a:b] score the message and the token closing it: the shock's NLL
+
+
+def turn_prompt(tok: Tokenizer, request: TurnRequest) -> TurnPrompt:
+    if not isinstance(request.message, str):
+        raise TypeError(f"message must be str; got {type(request.message).__name__}")
+    prompt, (start, end) = tok.turn_prompt(request.message, request.context)
+    counted = [False] * len(request.context) + [True] * (len(prompt) - len(request.context))
+    return TurnPrompt(prompt, counted, (start - 1, end - 1))  # prompt_nll[j] scores prompt[j + 1]
+
+
+@torch.no_grad()  # plain tensors out: the new states may later be used where autograd records
+def conclude_turns(
+    model: IdentityModel, requests: Sequence[TurnRequest], prompts: Sequence[TurnPrompt], generations: Sequence[Generation]
+) -> list[TurnResult]:
+    """The end of each turn once its reply is generated (alone, in a batch, or joined to a running batch): the
+    shock from the message's NLL, the summary, the new state."""
+    summaries = model.summarize(TurnStats.cat([g.stats for g in generations]))
+    results = []
+    for row, (req, prompt, gen) in enumerate(zip(requests, prompts, generations, strict=True)):
+        a, b = prompt.scored
+        nll = float(gen.prompt_nll[a:b].mean())
+        shock = standardised_shock(nll, req.state.shock, model.config)
+        new_state = advance(req.state, summaries.row(row), shock=shock, nll=nll, g=model.self_update, dynamics=req.dynamics)
+        results.append(
+            TurnResult(
+                reply=gen.text,
+                finish_reason=gen.finish_reason,
+                shock=shock,
+                nll=nll,
+                prompt_tokens=len(prompt.tokens),
+                completion_tokens=len(gen.tokens),
+                state=new_state,
+            )
+        )
+    return results
+
+
 def _turns(
     model: IdentityModel, requests: Sequence[TurnRequest], params: SamplingParams, tokenizer: Tokenizer | None
 ) -> Generator[StreamEvent, None, list[TurnResult]]:
@@ -67,40 +111,12 @@ def _turns(
         raise ValueError("need at least one turn request")
     if not model.stateful:
         raise ValueError(f"turns need a stateful model; the {model.config.attention!r} variant keeps no identity state")
-    prompts, masks, spans = [], [], []
-    for req in requests:
-        if not isinstance(req.message, str):
-            raise TypeError(f"message must be str; got {type(req.message).__name__}")
-        prompt, (start, end) = tok.turn_prompt(req.message, req.context)
-        prompts.append(prompt)
-        masks.append([False] * len(req.context) + [True] * (len(prompt) - len(req.context)))
-        # prompt_nll[j] scores prompt[j + 1], so the message's tokens (and the token closing it) are [start-1, end-1)
-        spans.append((start - 1, end - 1))
+    prompts = [turn_prompt(tok, req) for req in requests]
     with torch.no_grad():
         cond = model.condition_states([r.state for r in requests])
-    decoding = stream(model, prompts, cond, params, tokenizer=tok, summary_masks=masks)
+    decoding = stream(model, [p.tokens for p in prompts], cond, params, tokenizer=tok, summary_masks=[p.counted for p in prompts])
     yield from decoding
-    generations = decoding.result
-    results = []
-    with torch.no_grad():  # plain tensors out: the new states may later be used where autograd records
-        summaries = model.summarize(TurnStats.cat([g.stats for g in generations]))
-        for row, (req, gen, (a, b), prompt) in enumerate(zip(requests, generations, spans, prompts, strict=True)):
-            summary = summaries.row(row)
-            nll = float(gen.prompt_nll[a:b].mean())
-            shock = standardised_shock(nll, req.state.shock, model.config)
-            new_state = advance(req.state, summary, shock=shock, nll=nll, g=model.self_update, dynamics=req.dynamics)
-            results.append(
-                TurnResult(
-                    reply=gen.text,
-                    finish_reason=gen.finish_reason,
-                    shock=shock,
-                    nll=nll,
-                    prompt_tokens=len(prompt),
-                    completion_tokens=len(gen.tokens),
-                    state=new_state,
-                )
-            )
-    return results
+    return conclude_turns(model, requests, prompts, decoding.result)
 
 
 def run_turn(

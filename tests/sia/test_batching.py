@@ -9,7 +9,8 @@ from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
 from sia.backbones.llama import LlamaModel
-from sia.identity.state import IdentityState
+from sia.identity.state import Dynamics, IdentityState
+from sia.identity.turn import TurnRequest, conclude_turns, run_turn, turn_prompt
 from sia.model.batching import DecodeBatch
 from sia.model.config import LlamaConfig
 from sia.model.generate import Generation, SamplingParams, generate
@@ -126,3 +127,30 @@ def test_bad_joins_are_refused() -> None:
     with pytest.raises(ValueError, match="context"):
         batch.join([1] * 200, model.condition_states([fresh]), SamplingParams(max_new_tokens=100))
     assert len(batch) == 0
+
+
+def test_a_turn_decoded_in_a_running_batch_ends_in_the_state_it_reaches_alone() -> None:
+    """turn_prompt -> DecodeBatch -> conclude_turns is run_turn: same reply, shock and new state."""
+    model = llama(2, 2)
+    tok = model.tokenizer
+    identity = states(model, 2)
+    dynamics = Dynamics.from_config(model.config)
+    requests = [
+        TurnRequest(state=identity[0], message="hello there", dynamics=dynamics),
+        TurnRequest(state=identity[1], message="a longer message, joining late", dynamics=dynamics, context=(1, 2, 3)),
+    ]
+    params = SamplingParams(max_new_tokens=6, temperature=0.7, seed=5)
+    alone = [run_turn(model, r, params) for r in requests]
+    batch = DecodeBatch(model)
+    prompts = [turn_prompt(tok, r) for r in requests]
+    first = batch.join(prompts[0].tokens, model.condition_states([identity[0]]), params, prompts[0].counted)
+    batch.step()
+    second = batch.join(prompts[1].tokens, model.condition_states([identity[1]]), params, prompts[1].counted)
+    while len(batch):
+        batch.step()
+    together = conclude_turns(model, requests, prompts, [batch.take(first), batch.take(second)])
+    for got, want in zip(together, alone, strict=True):
+        assert got.reply == want.reply and got.finish_reason == want.finish_reason
+        assert got.shock == pytest.approx(want.shock, abs=1e-5) and got.nll == pytest.approx(want.nll, abs=1e-5)
+        torch.testing.assert_close(got.state.self_state, want.state.self_state, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(got.state.trace.float(), want.state.trace.float(), atol=1e-3, rtol=0)
