@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-__all__ = ["DATABASE_UNAVAILABLE", "BusyError", "ConflictError", "CorruptStateError", "NotFoundError", "StoreError"]
+__all__ = [
+    "DATABASE_UNAVAILABLE",
+    "BusyError",
+    "ConflictError",
+    "CorruptStateError",
+    "NotFoundError",
+    "OverloadedError",
+    "StoreError",
+]
 
 # what the database driver raises when the database cannot be reached (HTTP 503); the service names these
 # classes here so that nothing above the store imports SQLAlchemy
@@ -31,3 +39,8 @@ class BusyError(ConflictError):
 class CorruptStateError(StoreError):
     """A stored state fails its checksum or does not parse; never silently re-initialised (HTTP 500 for that
     identity only; an admin can roll back, import or reset it)."""
+
+
+class OverloadedError(Exception):
+    """The service has as many turns waiting as it queues (``SIA_MAX_QUEUED_TURNS``); nothing was held or
+    written (HTTP 503 with Retry-After: try again shortly)."""

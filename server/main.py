@@ -16,6 +16,7 @@ from server.api.middleware import RequestContext
 from server.api.routes import admin, chat, health, openai
 from server.core.config import Settings, get_settings
 from server.observability import Metrics
+from server.runtime.batcher import Batcher
 from server.runtime.services import Services
 from server.runtime.serving import TurnService
 from server.store import Store
@@ -38,7 +39,17 @@ def create_app(settings: Settings | None = None, *, model: IdentityModel | None 
         loaded = model or load_model(settings.checkpoint, cache_dir=settings.model_cache)
         services = Services.over(loaded, Store(settings))
         app.state.services = services
-        app.state.serving = TurnService(services.turns, metrics, settings.max_concurrent_turns)
+        batcher = None
+        if settings.max_batch:
+            batcher = Batcher(
+                services.turns.model,
+                max_batch=settings.max_batch,
+                max_queue=settings.max_queued_turns,
+                wait_s=settings.batch_wait_ms / 1000,
+                metrics=metrics,
+            ).start()
+        serving = TurnService(services.turns, metrics, settings.max_concurrent_turns, batcher)
+        app.state.serving = serving
         try:
             if services.health.at_schema_head():
                 created = services.personas.ensure_defaults()
@@ -53,6 +64,7 @@ def create_app(settings: Settings | None = None, *, model: IdentityModel | None 
         try:
             yield
         finally:
+            serving.close()
             services.close()
 
     app = FastAPI(

@@ -12,7 +12,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["Metrics", "configure_logging", "request_id"]
 
@@ -73,3 +73,16 @@ class Metrics:
         self.shock = Histogram("sia_shock", "standardised shock of turns", buckets=(-4, -2, -1, 0, 1, 2, 4, 8), registry=r)
         self.errors = Counter("sia_errors", "error responses by type", ["type"], registry=r)
         self.busy = Counter("sia_busy_rejections", "turns refused because their identity stayed busy", registry=r)
+        self.overloaded = Counter("sia_overloaded_rejections", "turns refused because the batch queue was full", registry=r)
+        self.batch_size = Histogram(
+            "sia_batch_size", "rows in each batched decode step", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), registry=r
+        )
+        self.batch_step_seconds = Histogram(
+            "sia_batch_step_seconds",
+            "time of one batched decode step (tokens/s: rate(sia_batch_tokens) or rows / step time)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+        self.batch_tokens = Counter("sia_batch_tokens", "tokens decoded by the batch", registry=r)
+        self.batch_queue = Gauge("sia_batch_queue_depth", "turns waiting for a place in the batch", registry=r)
+        self.batch_rows = Gauge("sia_batch_rows", "rows decoding in the batch now", registry=r)

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server.errors import DATABASE_UNAVAILABLE, BusyError, ConflictError, CorruptStateError, NotFoundError
+from server.errors import DATABASE_UNAVAILABLE, BusyError, ConflictError, CorruptStateError, NotFoundError, OverloadedError
 from server.runtime.serving import ClientGone
 
 __all__ = ["ApiError", "error_body", "install_error_handlers"]
@@ -102,6 +102,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def busy(request: Request, exc: BusyError) -> JSONResponse:
         request.app.state.metrics.busy.inc()
         return _respond(request, 409, str(exc), "conflict_error", "identity_busy", headers={"Retry-After": "1"})
+
+    @app.exception_handler(OverloadedError)
+    async def overloaded(request: Request, exc: OverloadedError) -> JSONResponse:
+        request.app.state.metrics.overloaded.inc()
+        return _respond(request, 503, str(exc), "service_unavailable", "overloaded", headers={"Retry-After": "1"})
 
     @app.exception_handler(ConflictError)
     async def conflict(request: Request, exc: ConflictError) -> JSONResponse:

@@ -45,7 +45,16 @@ class Settings(BaseSettings):
     max_message_chars: int = Field(8000, ge=1, description="longest user message accepted")
     max_tokens_cap: int = Field(512, ge=1, description="largest max_tokens a request may ask for")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="request bodies larger than this are refused with 413")
-    max_concurrent_turns: int = Field(4, ge=1, description="turns generating at once per process; more wait their turn")
+    max_batch: int = Field(
+        16, ge=0, description="turns of different identities decoding together in one forward per step; 0: no batching"
+    )
+    batch_wait_ms: float = Field(
+        0.0, ge=0, le=1000, description="how long an idle batch waits for batch mates before its first step"
+    )
+    max_queued_turns: int = Field(64, ge=1, description="turns waiting for a place in a full batch; more get 503")
+    max_concurrent_turns: int = Field(
+        4, ge=1, description="counterfactuals (and, with SIA_MAX_BATCH=0, turns) computing at once per process"
+    )
     cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS (JSON list); none by default")
     torch_threads: int = Field(1, ge=1, description="torch threads per process (turns already run in parallel)")
     log_json: bool = Field(True, description="JSON log lines with a request id (false: plain text)")

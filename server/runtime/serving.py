@@ -1,14 +1,18 @@
-"""Turns seen from the event loop: they run in worker threads, never on the loop itself.
+"""Turns seen from the event loop: they compute off the loop, in the batcher's thread or in worker threads.
 
-At most ``max_concurrent`` turns and counterfactuals compute at once per process (an anyio capacity limiter);
-a streamed turn takes a slot only while it computes its next token, so a slow reader does not hold one. A
-stream that is closed early (the client went away) closes the turn's generator, which releases the identity
-unchanged. Each turn and each counterfactual is counted in the metrics by its outcome, with its latency and
-its tokens.
+With a Batcher (the default, ``SIA_MAX_BATCH`` > 0), a turn holds its identity in a worker thread, is submitted
+to the batch and reads its events from it as they come (one queue per turn, fed from the batcher's thread); its
+result is committed in a worker thread. Without one, each turn computes on its own: at most ``max_concurrent``
+turns and counterfactuals at once per process (an anyio capacity limiter), a streamed turn taking a slot only
+while it computes its next token. Counterfactuals always take the limiter's slots. A stream that is closed early
+(the client went away) cancels the turn's row or closes its generator, and the identity is released unchanged.
+Each turn and each counterfactual is counted in the metrics by its outcome, with its latency and its tokens.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from functools import partial
@@ -16,9 +20,11 @@ from functools import partial
 import anyio
 import anyio.to_thread
 
-from server.errors import BusyError
+from server.errors import BusyError, OverloadedError
 from server.observability import Metrics
+from server.runtime.batcher import BatchedTurn, Batcher
 from server.runtime.turns import CounterfactualOutcome, PendingTurn, TurnOutcome, Turns
+from sia.identity.turn import TurnResult
 from sia.model.generate import Sampling, Stream, StreamEvent
 from sia.model.tokenizer import Tokenizer
 
@@ -57,10 +63,16 @@ class TurnStream:
 
 
 class TurnService:
-    def __init__(self, turns: Turns, metrics: Metrics, max_concurrent: int) -> None:
+    def __init__(self, turns: Turns, metrics: Metrics, max_concurrent: int, batcher: Batcher | None = None) -> None:
         self.turns = turns
         self.metrics = metrics
         self.limiter = anyio.CapacityLimiter(max_concurrent)
+        self.batcher = batcher
+
+    def close(self) -> None:
+        """Stop the batcher (turns still in it fail); the app's lifespan calls this on shutdown."""
+        if self.batcher is not None:
+            self.batcher.close()
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -94,20 +106,45 @@ class TurnService:
         outcome = "abandoned"
         held: list[PendingTurn] = []  # filled in the worker thread, so a cancelled wait still finds its hold
         gen: Stream[TurnOutcome] | None = None
+        batched: BatchedTurn | None = None
         try:
             if gone is not None and await gone():
                 raise ClientGone
             await anyio.to_thread.run_sync(lambda: held.append(self.turns.begin_turn(persona, user, message, sampling)))
-            gen = held[0].run()
-            while True:
-                if gone is not None and await gone():
-                    raise ClientGone
-                item = await anyio.to_thread.run_sync(next, gen, _END, limiter=self.limiter)
-                if item is _END:
-                    break
-                assert isinstance(item, StreamEvent)
-                yield item
-            done = gen.result
+            pending = held[0]
+            if self.batcher is None:
+                gen = pending.run()
+                while True:
+                    if gone is not None and await gone():
+                        raise ClientGone
+                    item = await anyio.to_thread.run_sync(next, gen, _END, limiter=self.limiter)
+                    if item is _END:
+                        break
+                    assert isinstance(item, StreamEvent)
+                    yield item
+                done = gen.result
+            else:
+                loop = asyncio.get_running_loop()
+                inbox: asyncio.Queue[StreamEvent | TurnResult | BaseException] = asyncio.Queue()
+                decoding = time.perf_counter()
+
+                def deliver(item: StreamEvent | TurnResult | BaseException) -> None:
+                    with contextlib.suppress(RuntimeError):  # a closed event loop: nobody reads this turn any more
+                        loop.call_soon_threadsafe(inbox.put_nowait, item)
+
+                batched = self.batcher.submit(pending.request, pending.params, deliver)
+                while True:
+                    got = await inbox.get()
+                    if isinstance(got, BaseException):
+                        raise got
+                    if isinstance(got, TurnResult):
+                        break
+                    if gone is not None and await gone():
+                        raise ClientGone
+                    yield got
+                batched = None  # decoded: nothing left to cancel
+                latency_ms = (time.perf_counter() - decoding) * 1000
+                done = await anyio.to_thread.run_sync(pending.commit, got, latency_ms)
             outcome = "ok"
             self._record(time.perf_counter() - started, done.prompt_tokens, done.completion_tokens)
             self.metrics.shock.observe(done.shock)
@@ -115,12 +152,17 @@ class TurnService:
         except BusyError:
             outcome = "busy"
             raise
+        except OverloadedError:
+            outcome = "overloaded"
+            raise
         except ClientGone:
             raise
         except Exception:
             outcome = "error"
             raise
         finally:
+            if batched is not None and self.batcher is not None:
+                self.batcher.cancel(batched)  # frees its row before the next step
             if outcome != "ok" and held:
                 with anyio.CancelScope(shield=True):  # runs even when the request task is being cancelled
                     await anyio.to_thread.run_sync(_abandon, gen, held[0])

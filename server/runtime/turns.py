@@ -18,7 +18,7 @@ from server.runtime.identities import Identities
 from server.runtime.inputs import check_message, check_user
 from server.runtime.personas import Personas
 from server.store import Store
-from sia.identity.turn import TurnReply, TurnRequest, stream_turns
+from sia.identity.turn import TurnReply, TurnRequest, TurnResult, stream_turns
 from sia.model.generate import Sampling, SamplingParams, Stream, StreamEvent
 from sia.model.transformer import IdentityModel
 
@@ -144,7 +144,8 @@ class Turns:
 
 
 class PendingTurn:
-    """A turn whose identity is held: ``run()`` generates, updates and commits; ``release()`` gives up."""
+    """A turn whose identity is held: ``run()`` generates, updates and commits (or a batch decodes ``request``
+    under ``params`` and ``commit`` stores its result); ``release()`` gives up."""
 
     def __init__(self, turns: Turns, lease: Lease, request: TurnRequest, params: SamplingParams) -> None:
         self.turns, self.lease, self.request, self.params = turns, lease, request, params
@@ -155,19 +156,24 @@ class PendingTurn:
         return Stream(self._run())
 
     def _run(self) -> Generator[StreamEvent, None, TurnOutcome]:
-        turns, lease = self.turns, self.lease
         try:
             started = time.perf_counter()
-            replies = stream_turns(turns.model, [self.request], self.params, tokenizer=turns.tokenizer)
+            replies = stream_turns(self.turns.model, [self.request], self.params, tokenizer=self.turns.tokenizer)
             yield from replies
-            result = replies.result[0]
-            latency_ms = (time.perf_counter() - started) * 1000
+            return self.commit(replies.result[0], (time.perf_counter() - started) * 1000)
+        finally:
+            self.release()
+
+    def commit(self, result: TurnResult, latency_ms: float) -> TurnOutcome:
+        """Store the turn's result, however it was decoded (alone here, or in the service's batch): the new state,
+        the turn and a history row in one transaction; the identity is let go."""
+        try:
             turn = NewTurn(**result.reply_fields(), message=self.request.message, latency_ms=latency_ms)
-            version = turns.store.commit(lease, encode(result.state), reason="turn", turn=turn)
+            version = self.turns.store.commit(self.lease, encode(result.state), reason="turn", turn=turn)
             self._finished = True
         finally:
             self.release()
-        return TurnOutcome(**result.reply_fields(), turn=lease.turn_count, state_version=version, latency_ms=latency_ms)
+        return TurnOutcome(**result.reply_fields(), turn=self.lease.turn_count, state_version=version, latency_ms=latency_ms)
 
     def release(self) -> None:
         """Let go of the identity, writing nothing; idempotent, and a no-op after the commit."""

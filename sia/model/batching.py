@@ -28,6 +28,7 @@ from sia.model.generate import (
     ReplyDecoder,
     SamplingParams,
     StreamEvent,
+    check_room,
     padded_inputs,
     sample_next,
 )
@@ -121,11 +122,7 @@ class DecodeBatch:
         n = len(prompt)
         if n < 1:
             raise ValueError("a prompt needs at least one token")
-        if n + params.max_new_tokens + self.n_memory > model.config.block_size:
-            raise ValueError(
-                f"prompt ({n} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the model's context "
-                f"of {model.config.block_size - self.n_memory} tokens"
-            )
+        check_room(model, n, params.max_new_tokens)
         mask = [True] * n if summary_mask is None else list(summary_mask)
         if len(mask) != n:
             raise ValueError(f"summary mask has {len(mask)} entries for {n} tokens")

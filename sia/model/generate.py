@@ -27,6 +27,7 @@ __all__ = [
     "SamplingParams",
     "Stream",
     "StreamEvent",
+    "check_room",
     "generate",
     "left_padded",
     "padded_inputs",
@@ -269,6 +270,17 @@ def stream(
     return Stream(_decode(model, prompts, cond, params, tokenizer, summary_masks, use_cache))
 
 
+def check_room(model: IdentityModel, prompt_len: int, max_new_tokens: int) -> None:
+    """ValueError unless a prompt of ``prompt_len`` tokens and its reply fit the model's context (a model that
+    writes through memory tokens reads them after the reply, in the same cache)."""
+    n_memory = model.config.memory_tokens if model.stateful else 0
+    if prompt_len + max_new_tokens + n_memory > model.config.block_size:
+        raise ValueError(
+            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context "
+            f"of {model.config.block_size - n_memory} tokens"
+        )
+
+
 @torch.inference_mode()
 def _decode(
     model: IdentityModel,
@@ -287,13 +299,8 @@ def _decode(
     if min(lengths, default=0) < 1:
         raise ValueError("every prompt needs at least one token")
     L = max(lengths)
-    # a model that writes through memory tokens reads them after the reply, in the same cache
+    check_room(model, L, params.max_new_tokens)
     n_memory = model.config.memory_tokens if model.stateful else 0
-    if L + params.max_new_tokens + n_memory > model.config.block_size:
-        raise ValueError(
-            f"prompt ({L} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the model's context "
-            f"of {model.config.block_size - n_memory} tokens"
-        )
     device = model.device
     masks = [[True] * len(p) for p in prompts] if summary_masks is None else [list(m) for m in summary_masks]
     for b, (mask, prompt) in enumerate(zip(masks, prompts, strict=True)):

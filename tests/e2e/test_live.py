@@ -160,11 +160,14 @@ def test_logs_are_json_lines_that_user_text_cannot_forge(live: Live) -> None:
     assert not any(r.get("level") == "CRITICAL" for r in records())
 
 
-def test_waiting_for_a_busy_identity_does_not_take_an_inference_slot(tmp_path: Path, checkpoint_dir: Path) -> None:
-    """One inference slot, six clients on one held identity: waiting must leave the slot free, for the turns of other
-    identities and for the turn that holds theirs."""
+@pytest.mark.parametrize("max_batch", ["0", "1"], ids=["unbatched", "batch-of-one"])
+def test_waiting_for_a_busy_identity_does_not_take_an_inference_slot(
+    tmp_path: Path, checkpoint_dir: Path, max_batch: str
+) -> None:
+    """One inference slot (or a batch of one row), six clients on one held identity: waiting must leave the slot free,
+    for the turns of other identities and for the turn that holds theirs."""
     port = free_port()
-    env = local_env(tmp_path, checkpoint_dir, port, MAX_CONCURRENT_TURNS="1", BUSY_TIMEOUT_S="120")
+    env = local_env(tmp_path, checkpoint_dir, port, MAX_CONCURRENT_TURNS="1", MAX_BATCH=max_batch, BUSY_TIMEOUT_S="120")
     statuses: list[int] = []
     lock = threading.Lock()
     with serving(env, tmp_path / "s.log", port=port) as url:

@@ -1,0 +1,263 @@
+"""Benchmark continuous batching through HTTP: concurrent users streaming turns from a real ``sia serve``.
+
+Run: ``python -m benchmarks.served_batching [--users 1 2 4 8 16] [--turns 3] [--max-tokens 32] [--out PATH]``.
+
+Two servers are started one after the other, each with the bundled model on a fresh SQLite file and the
+service's default settings except:
+
+* **unbatched**: ``SIA_MAX_BATCH=0``: each turn computes on its own, ``SIA_MAX_CONCURRENT_TURNS`` (default 4)
+  at once in worker threads: the service as it was before batching;
+* **batched**: the default ``SIA_MAX_BATCH`` (16): every turn joins one batch and all rows decode in one forward
+  per step.
+
+``--torch-threads`` (default: the service's default) is given to both. After one untimed warm-up turn, for each
+N in ``--users``: N client threads, each with its own user id (an identity of its own) and its own connection,
+send ``--turns`` streamed turns back to back (``POST /v1/personas/sia/chat``, ``stream: true``, greedy,
+``max_tokens`` = ``--max-tokens``), all starting at once. Measured per N: aggregate generated tokens per second
+(every token of every reply, over the time from the first request to the last ``done``), p50 / p95 time to first
+token (request sent to the first ``token`` event, over all turns), errors (any non-200 status, an ``error`` event
+or a transport error; target: none), and the server's peak resident memory (``VmRSS`` of the process, sampled
+every 20 ms). Then 8 users sharing 2 identities (4 per identity: turns of one identity are serial). The ratio
+batched / unbatched of the aggregate tokens/s and of the p95 time to first token against the same server's
+N = 1 (solo) figure is reported per row. Results go to ``--out`` (JSON, with machine info) and a markdown table
+to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.generation import machine_info
+from benchmarks.launch import free_port, server_process
+from server.core.config import Settings
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "served_batching.json"
+PERSONA = "sia"
+MESSAGES = [
+    "Tell me about the sea.",
+    "What is a good book to read on a train?",
+    "How do bees make honey?",
+    "Describe a quiet morning in a small town.",
+    "What should I cook tonight?",
+    "Why is the sky blue?",
+    "Give me advice for a long walk.",
+    "What do you like about music?",
+]
+SERVERS = {"unbatched": {"SIA_MAX_BATCH": "0"}, "batched": {}}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    defaults = Settings.model_fields
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--users", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--turns", type=int, default=3, help="turns per user, back to back")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--shared", type=int, nargs=2, default=[8, 2], metavar=("USERS", "IDENTITIES"))
+    p.add_argument("--torch-threads", type=int, default=defaults["torch_threads"].default)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    return p.parse_args(argv)
+
+
+@dataclass
+class UserLog:
+    ttft: list[float] = field(default_factory=list)
+    tokens: int = 0
+    turns: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    last: float = 0.0
+
+
+def streamed_turn(client: httpx.Client, user: str, message: str, max_tokens: int, log: UserLog) -> None:
+    body = {"user": user, "message": message, "stream": True, "temperature": 0, "max_tokens": max_tokens}
+    sent = time.perf_counter()
+    first = None
+    try:
+        with client.stream("POST", f"/v1/personas/{PERSONA}/chat", json=body) as r:
+            if r.status_code != 200:
+                r.read()
+                log.errors[f"HTTP {r.status_code}"] += 1
+                return
+            event = ""
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    event = line.removeprefix("event: ")
+                    if event == "token" and first is None:
+                        first = time.perf_counter() - sent
+                    if event == "error":
+                        log.errors["error event"] += 1
+                elif line.startswith("data: ") and event == "done":
+                    log.tokens += int(json.loads(line.removeprefix("data: "))["usage"]["completion_tokens"])
+                    log.turns += 1
+    except httpx.HTTPError as exc:
+        log.errors[type(exc).__name__] += 1
+    finally:
+        log.last = time.perf_counter()
+    if first is not None:
+        log.ttft.append(first)
+
+
+class PeakRSS:
+    """The peak resident memory of a process, sampled on a thread while in use."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _rss(self) -> int:
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._rss())
+            time.sleep(0.02)
+
+    def __enter__(self) -> PeakRSS:
+        self.peak = self._rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def load(url: str, pid: int, server: str, users: int, identities: int, args: argparse.Namespace) -> dict[str, Any]:
+    logs = [UserLog() for _ in range(users)]
+    names = [f"{server}-{users}x{identities}-{u % identities}" for u in range(users)]
+
+    def run(u: int) -> None:
+        with httpx.Client(base_url=url, timeout=600.0) as client:
+            for t in range(args.turns):
+                streamed_turn(client, names[u], MESSAGES[(u + t) % len(MESSAGES)], args.max_tokens, logs[u])
+
+    threads = [threading.Thread(target=run, args=(u,), daemon=True) for u in range(users)]
+    with PeakRSS(pid) as rss:
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    window = max(log.last for log in logs) - start
+    ttft = sorted(x * 1000 for log in logs for x in log.ttft)
+    errors: Counter[str] = Counter()
+    for log in logs:
+        errors.update(log.errors)
+    tokens = sum(log.tokens for log in logs)
+    return {
+        "server": server,
+        "users": users,
+        "identities": identities,
+        "turns": sum(log.turns for log in logs),
+        "window_s": window,
+        "tokens": tokens,
+        "tokens_per_s": tokens / window,
+        "ttft_p50_ms": statistics.median(ttft) if ttft else None,
+        "ttft_p95_ms": ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))] if ttft else None,
+        "peak_rss_mb": rss.peak / 2**20,
+        "errors": sum(errors.values()),
+        "errors_by_kind": dict(errors),
+    }
+
+
+def run_server(server: str, tmp: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    data_dir = tmp / server
+    data_dir.mkdir()
+    port = free_port()
+    env = {
+        "SIA_DATA_DIR": str(data_dir),
+        "SIA_PORT": str(port),
+        "SIA_TORCH_THREADS": str(args.torch_threads),
+        "SIA_LOG_LEVEL": "WARNING",
+        **SERVERS[server],
+    }
+    rows = []
+    with server_process(env, tmp / f"{server}.log", port=port) as proc:
+        with httpx.Client(base_url=proc.url, timeout=600.0) as client:
+            streamed_turn(client, "warm-up", MESSAGES[0], args.max_tokens, UserLog())
+        shapes = [(n, n) for n in args.users] + [tuple(args.shared)]
+        for users, identities in shapes:
+            row = load(proc.url, proc.process.pid, server, users, identities, args)
+            sys.stdout.write(
+                f"{server} {users} users / {identities} identities: {row['tokens_per_s']:.1f} tokens/s, "
+                f"TTFT p95 {row['ttft_p95_ms']:.0f} ms, {row['errors']} errors\n"
+            )
+            rows.append(row)
+    return rows
+
+
+def compare(rows: list[dict[str, Any]]) -> None:
+    """Per row: batched / unbatched aggregate tokens/s, and the p95 TTFT against the same server's solo p50."""
+    by = {(r["server"], r["users"], r["identities"]): r for r in rows}
+    for r in rows:
+        solo = by.get((r["server"], 1, 1))
+        r["ttft_p95_vs_solo"] = r["ttft_p95_ms"] / solo["ttft_p50_ms"] if solo and r["ttft_p95_ms"] else None
+        base = by.get(("unbatched", r["users"], r["identities"]))
+        r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| users / identities | server | tokens/s | × unbatched | TTFT p50 | TTFT p95 | p95 / solo p50 | peak RSS | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["users"] != r["identities"], r["users"], r["server"] != "unbatched")):
+        lines.append(
+            f"| {r['users']} / {r['identities']} | {r['server']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× | "
+            f"{r['ttft_p50_ms']:.0f} ms | {r['ttft_p95_ms']:.0f} ms | {r['ttft_p95_vs_solo']:.2f}× | "
+            f"{r['peak_rss_mb']:.0f} MB | {r['errors']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    info = machine_info(args.torch_threads)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for server in SERVERS:
+            rows += run_server(server, Path(tmp), args)
+    compare(rows)
+    info["loadavg_end"] = list(os.getloadavg())
+    batched = {r["users"]: r for r in rows if r["server"] == "batched" and r["users"] == r["identities"]}
+    per_row = None
+    if len(batched) >= 2:
+        lo, hi = min(batched), max(batched)
+        per_row = (batched[hi]["peak_rss_mb"] - batched[lo]["peak_rss_mb"]) / (hi - lo)
+    sys.stdout.write("\n" + table(rows))
+    if per_row is not None:
+        sys.stdout.write(f"\nresident memory per extra batched row: {per_row:.1f} MB\n")
+    setup = {
+        "persona": PERSONA,
+        "turns_per_user": args.turns,
+        "max_tokens": args.max_tokens,
+        "decoding": "greedy",
+        "torch_threads": args.torch_threads,
+        "servers": SERVERS,
+        "defaults": {k: Settings.model_fields[k].default for k in ("max_batch", "max_concurrent_turns", "batch_wait_ms")},
+    }
+    payload = {"machine": info, "setup": setup, "rows": rows, "rss_mb_per_extra_row": per_row}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    sys.stdout.write(f"\nwrote {args.out}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""Continuous batching in the service: one thread owns a DecodeBatch and decodes the turns of many identities.
+
+A turn whose identity is held is submitted with its request and decoding parameters; the batcher thread computes
+its conditioning, prefills it alone and joins it to the running batch between two steps. Every step decodes one
+token for every row in one forward; a row that stops is concluded (shock, summary, new state: the TurnResult it
+would reach alone) and leaves. What a turn sees, in order, through its ``deliver`` callback: its StreamEvents
+(``row`` 0), then its TurnResult, or an exception instead of the rest. Storing the result is the caller's: the
+identity's lease and transaction stay with the turn, as without batching.
+
+Waiting turns queue in arrival order (at most ``max_queue``; more are refused with OverloadedError) and join as
+rows leave, so no row starves; a cancelled turn leaves before the next step and its row is freed at once. All
+model computation of the batched turns happens on this one thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from server.errors import OverloadedError
+from server.observability import Metrics
+from sia.identity.turn import TurnPrompt, TurnRequest, TurnResult, conclude_turns, turn_prompt
+from sia.model.batching import DecodeBatch
+from sia.model.generate import SamplingParams, StreamEvent, check_room
+from sia.model.transformer import IdentityModel
+
+__all__ = ["BatchedTurn", "Batcher", "Delivery"]
+
+log = logging.getLogger("sia.batcher")
+
+Delivery = Callable[[StreamEvent | TurnResult | BaseException], None]
+
+
+@dataclass(eq=False)
+class BatchedTurn:
+    """A submitted turn; ``Batcher.cancel`` it when its reader is gone."""
+
+    request: TurnRequest
+    prompt: TurnPrompt
+    params: SamplingParams
+    deliver: Delivery
+    cancelled: bool = False
+    row: int | None = None  # its handle in the DecodeBatch once it joined
+
+
+class Batcher:
+    """Turns of many identities decoding in one batch, on a thread of its own (``start()``, ``close()``)."""
+
+    def __init__(
+        self, model: IdentityModel, *, max_batch: int, max_queue: int, wait_s: float = 0.0, metrics: Metrics | None = None
+    ) -> None:
+        if max_batch < 1 or max_queue < 1 or wait_s < 0:
+            raise ValueError(f"need max_batch >= 1, max_queue >= 1, wait_s >= 0; got {max_batch}, {max_queue}, {wait_s}")
+        if not model.stateful:
+            raise ValueError(f"batched turns need a stateful model; {model.config.attention!r} keeps no identity state")
+        self.model, self.tokenizer = model, model.tokenizer
+        self.max_batch, self.max_queue, self.wait_s = max_batch, max_queue, wait_s
+        self.metrics = metrics
+        self._waiting: deque[BatchedTurn] = deque()
+        self._cancelled: list[BatchedTurn] = []
+        self._lock = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="sia-batcher", daemon=True)
+
+    def start(self) -> Batcher:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the thread; turns still waiting or decoding get a RuntimeError."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def submit(self, request: TurnRequest, params: SamplingParams, deliver: Delivery) -> BatchedTurn:
+        """Queue a turn. ValueError when its prompt and reply do not fit the context; OverloadedError when the queue
+        is full; RuntimeError once closed. ``deliver`` is called on the batcher thread and must not block."""
+        prompt = turn_prompt(self.tokenizer, request)
+        check_room(self.model, len(prompt.tokens), params.max_new_tokens)
+        turn = BatchedTurn(request, prompt, params, deliver)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the batcher is closed")
+            if len(self._waiting) >= self.max_queue:
+                raise OverloadedError(f"{len(self._waiting)} turns are already waiting for the model; retry shortly")
+            self._waiting.append(turn)
+            self._gauge_queue()
+            self._lock.notify_all()
+        return turn
+
+    def cancel(self, turn: BatchedTurn) -> None:
+        """Drop a turn (its reader is gone): from the queue now, from the batch before the next step; nothing more
+        is delivered to it. Idempotent."""
+        with self._lock:
+            if turn.cancelled:
+                return
+            turn.cancelled = True
+            if turn in self._waiting:
+                self._waiting.remove(turn)
+                self._gauge_queue()
+            else:
+                self._cancelled.append(turn)
+            self._lock.notify_all()
+
+    @property
+    def queued(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+    # --- the batcher thread --------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        batch = DecodeBatch(self.model, self.tokenizer)
+        rows: dict[int, BatchedTurn] = {}
+        while True:
+            joining, leaving = self._next_changes(rows)
+            if joining is None:
+                break
+            for turn in leaving:
+                if turn.row in rows:
+                    batch.cancel(turn.row)
+                    del rows[turn.row]
+            for turn in joining:
+                try:
+                    with torch.no_grad():
+                        cond = self.model.condition_states([turn.request.state])
+                    turn.row = batch.join(turn.prompt.tokens, cond, turn.params, turn.prompt.counted)
+                except Exception as exc:  # this turn only: the batch goes on
+                    turn.deliver(exc)
+                    continue
+                rows[turn.row] = turn
+            if not rows:
+                continue
+            try:
+                started = time.perf_counter()
+                events = batch.step()
+                self._observe(len(events), time.perf_counter() - started)
+                for event in events:
+                    if not rows[event.row].cancelled:
+                        rows[event.row].deliver(replace(event, row=0))
+                for rid in [r for r in rows if r in batch.done]:
+                    turn = rows.pop(rid)
+                    generation = batch.take(rid)
+                    if not turn.cancelled:
+                        turn.deliver(conclude_turns(self.model, [turn.request], [turn.prompt], [generation])[0])
+            except Exception as exc:  # a failed step fails every row in it; the batch starts afresh
+                log.exception("a batched decode step failed; its %d turns fail with it", len(rows))
+                for turn in rows.values():
+                    turn.deliver(exc)
+                rows.clear()
+                batch = DecodeBatch(self.model, self.tokenizer)
+            if self.metrics is not None:
+                self.metrics.batch_rows.set(len(rows))
+        closed = RuntimeError("the service is shutting down")
+        for turn in rows.values():
+            turn.deliver(closed)
+        with self._lock:
+            for turn in self._waiting:
+                turn.deliver(closed)
+            self._waiting.clear()
+
+    def _next_changes(self, rows: dict[int, BatchedTurn]) -> tuple[list[BatchedTurn] | None, list[BatchedTurn]]:
+        """Block until there is work; the turns that join now (None once closed) and the rows to cancel."""
+        n_rows = len(rows)
+        with self._lock:
+            while not self._closed and not self._waiting and not self._cancelled and n_rows == 0:
+                self._lock.wait()
+            if n_rows == 0 and self.wait_s > 0 and self._waiting:  # an idle batch waits a moment for batch mates
+                deadline = time.monotonic() + self.wait_s
+                while not self._closed and len(self._waiting) < self.max_batch and (left := deadline - time.monotonic()) > 0:
+                    self._lock.wait(left)
+            if self._closed:
+                return None, []
+            leaving, self._cancelled = self._cancelled, []
+            joining: list[BatchedTurn] = []
+            room = self.max_batch - n_rows + sum(1 for t in leaving if t.row in rows)
+            while self._waiting and len(joining) < room:
+                joining.append(self._waiting.popleft())
+            self._gauge_queue()
+            return joining, leaving
+
+    def _gauge_queue(self) -> None:
+        if self.metrics is not None:
+            self.metrics.batch_queue.set(len(self._waiting))
+
+    def _observe(self, rows: int, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.batch_size.observe(rows)
+            self.metrics.batch_step_seconds.observe(seconds)
+            self.metrics.batch_tokens.inc(rows)

@@ -1,0 +1,217 @@
+"""The service's batcher (server.runtime.batcher): turns of different identities submitted at different times decode in
+one batch and each ends as it would alone; a full queue refuses, a cancelled turn frees its row, a failing turn fails
+alone, closing fails what is left."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from server.errors import OverloadedError
+from server.observability import Metrics
+from server.runtime.batcher import BatchedTurn, Batcher
+from sia.identity.state import Dynamics, IdentityState, StateFormatError
+from sia.identity.turn import TurnRequest, TurnResult, run_turn
+from sia.model.generate import SamplingParams, StreamEvent
+from sia.model.transformer import IdentityModel
+from tests.sia.test_batching import llama, native, states
+
+WAIT = 60.0  # seconds a test waits for a delivery before it fails (never reached when the batcher works)
+
+
+class Reader:
+    """One submitted turn's deliveries, read as the service reads them (in order, from another thread)."""
+
+    def __init__(self) -> None:
+        self.inbox: queue.Queue[StreamEvent | TurnResult | BaseException] = queue.Queue()
+        self.events: list[StreamEvent] = []
+        self.turn: BatchedTurn | None = None
+
+    def deliver(self, item: StreamEvent | TurnResult | BaseException) -> None:
+        self.inbox.put(item)
+
+    def next_event(self) -> StreamEvent:
+        item = self.inbox.get(timeout=WAIT)
+        assert isinstance(item, StreamEvent), item
+        self.events.append(item)
+        return item
+
+    def result(self) -> TurnResult:
+        while True:
+            item = self.inbox.get(timeout=WAIT)
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, TurnResult):
+                return item
+            self.events.append(item)
+
+
+@pytest.fixture
+def model() -> IdentityModel:
+    return llama(2, 2)
+
+
+def batcher_of(model: IdentityModel, **kw: object) -> Iterator[Batcher]:
+    b = Batcher(model, **{"max_batch": 4, "max_queue": 8, **kw}).start()  # type: ignore[arg-type]
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def requests_for(model: IdentityModel, n: int) -> list[TurnRequest]:
+    dynamics = Dynamics.from_config(model.config)
+    messages = ["hello there", "a longer message, which joins late", "hi", "what do you remember?", "ok", "tell me more"]
+    return [
+        TurnRequest(state=s, message=messages[i % len(messages)], dynamics=dynamics, context=(1, 2, 3)[: i % 3])
+        for i, s in enumerate(states(model, n))
+    ]
+
+
+PARAMS = [
+    SamplingParams(max_new_tokens=7, temperature=0.0),
+    SamplingParams(max_new_tokens=5, temperature=0.9, seed=3, top_k=20),
+    SamplingParams(max_new_tokens=9, temperature=1.0, seed=4, top_p=0.9),
+    SamplingParams(max_new_tokens=3, temperature=0.0),
+]
+
+
+def assert_same_turn(got: TurnResult, want: TurnResult) -> None:
+    assert got.reply == want.reply and got.finish_reason == want.finish_reason
+    assert got.completion_tokens == want.completion_tokens and got.prompt_tokens == want.prompt_tokens
+    assert got.shock == pytest.approx(want.shock, abs=1e-5) and got.nll == pytest.approx(want.nll, abs=1e-5)
+    assert got.state.turns == want.state.turns
+    torch.testing.assert_close(got.state.self_state, want.state.self_state, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got.state.trace.float(), want.state.trace.float(), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("build", [lambda: llama(2, 2), native], ids=["llama-memory-slots", "native"])
+def test_turns_submitted_at_different_steps_end_as_they_would_alone(build: object) -> None:
+    model: IdentityModel = build()  # type: ignore[operator]
+    requests = requests_for(model, 4)
+    alone = [run_turn(model, r, p) for r, p in zip(requests, PARAMS, strict=True)]
+    metrics = Metrics()
+    for b in batcher_of(model, metrics=metrics):
+        readers = [Reader() for _ in requests]
+        readers[0].turn = b.submit(requests[0], PARAMS[0], readers[0].deliver)
+        readers[0].next_event()
+        readers[0].next_event()  # the first row has decoded two tokens when the next two join
+        for i in (1, 2):
+            readers[i].turn = b.submit(requests[i], PARAMS[i], readers[i].deliver)
+        readers[1].next_event()
+        readers[3].turn = b.submit(requests[3], PARAMS[3], readers[3].deliver)
+        results = [r.result() for r in readers]
+    for reader, got, want in zip(readers, results, alone, strict=True):
+        assert_same_turn(got, want)
+        assert "".join(e.text for e in reader.events) == want.reply  # the streamed text is the reply
+        assert {e.row for e in reader.events} == {0}  # each turn sees itself as row 0
+    sizes = metrics.batch_size.collect()[0].samples
+    steps = next(s.value for s in sizes if s.name == "sia_batch_size_count")
+    tokens = next(s.value for s in sizes if s.name == "sia_batch_size_sum")
+    assert tokens == sum(r.completion_tokens for r in results)  # every token decoded once, in some step
+    assert steps < tokens  # rows shared steps: fewer forwards than tokens
+
+
+def test_a_full_batch_queues_in_order_and_a_full_queue_refuses(model: IdentityModel) -> None:
+    requests = requests_for(model, 5)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    alone = [run_turn(model, r, params) for r in requests]
+    gate, decoding = threading.Event(), threading.Event()
+    started: list[int] = []
+
+    def held(i: int, reader: Reader) -> object:
+        def deliver(item: StreamEvent | TurnResult | BaseException) -> None:
+            if not started or started[-1] != i:
+                started.append(i)
+            decoding.set()
+            gate.wait(WAIT)  # the batcher thread stops here until the test has filled the queue
+            reader.deliver(item)
+
+        return deliver
+
+    for b in batcher_of(model, max_batch=1, max_queue=3):
+        readers = [Reader() for _ in range(4)]
+        readers[0].turn = b.submit(requests[0], params, held(0, readers[0]))  # type: ignore[arg-type]
+        assert decoding.wait(WAIT)  # the first turn holds the only row
+        for i, reader in enumerate(readers[1:], start=1):
+            reader.turn = b.submit(requests[i], params, held(i, reader))  # type: ignore[arg-type]
+        with pytest.raises(OverloadedError, match="3 turns are already waiting"):
+            b.submit(requests[4], params, Reader().deliver)
+        assert b.queued == 3  # the refused turn left no trace
+        gate.set()
+        results = [r.result() for r in readers]
+    assert started == [0, 1, 2, 3]  # one row at a time, in arrival order: none starves
+    for got, want in zip(results, alone[:4], strict=True):
+        assert_same_turn(got, want)
+
+
+def test_a_cancelled_turn_frees_its_row_and_gets_nothing_more(model: IdentityModel) -> None:
+    requests = requests_for(model, 3)
+    long = SamplingParams(max_new_tokens=40, temperature=0.0)
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    metrics = Metrics()
+    for b in batcher_of(model, max_batch=2, metrics=metrics):
+        gone, queued, stays = Reader(), Reader(), Reader()
+        gone.turn = b.submit(requests[0], long, gone.deliver)
+        stays.turn = b.submit(requests[1], params, stays.deliver)
+        gone.next_event()
+        queued.turn = b.submit(requests[2], params, queued.deliver)  # the batch is full: it waits
+        b.cancel(queued.turn)  # cancelled while queued: never decoded
+        b.cancel(gone.turn)  # cancelled while decoding: its row goes before the next step
+        b.cancel(gone.turn)  # idempotent
+        result = stays.result()
+        late = Reader()
+        late.turn = b.submit(requests[2], params, late.deliver)  # the freed row takes a new turn
+        late_result = late.result()
+    assert_same_turn(result, run_turn(model, requests[1], params))
+    assert_same_turn(late_result, run_turn(model, requests[2], params))
+    assert queued.inbox.empty()
+    delivered = gone.events + list(gone.inbox.queue)
+    assert all(isinstance(x, StreamEvent) for x in delivered) and len(delivered) < 40  # no result, stopped early
+    assert metrics.batch_tokens.collect()[0].samples[0].value < 40 + 2 * 6  # the long row did not run to its end
+
+
+def test_a_turn_that_cannot_fit_is_refused_at_submit_and_a_failing_turn_fails_alone(model: IdentityModel) -> None:
+    requests = requests_for(model, 2)
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    for b in batcher_of(model):
+        with pytest.raises(ValueError, match="exceeds the model's context"):
+            b.submit(requests[0], SamplingParams(max_new_tokens=model.config.block_size), Reader().deliver)
+        bad_state = IdentityState(
+            trace=requests[1].state.trace, self_state=torch.zeros(model.config.d_self + 1), turns=0
+        )  # a wrong self-state width: its conditioning fails in the batcher thread
+        bad, good = Reader(), Reader()
+        bad.turn = b.submit(TurnRequest(bad_state, "hello", requests[1].dynamics), params, bad.deliver)
+        good.turn = b.submit(requests[0], params, good.deliver)
+        with pytest.raises(StateFormatError, match="self_state has shape"):
+            bad.result()
+        assert_same_turn(good.result(), run_turn(model, requests[0], params))
+
+
+def test_closing_fails_the_turns_left_and_refuses_new_ones(model: IdentityModel) -> None:
+    requests = requests_for(model, 2)
+    b = Batcher(model, max_batch=1, max_queue=4).start()
+    first, second = Reader(), Reader()
+    first.turn = b.submit(requests[0], SamplingParams(max_new_tokens=60, temperature=0.0), first.deliver)
+    second.turn = b.submit(requests[1], SamplingParams(max_new_tokens=5, temperature=0.0), second.deliver)
+    first.next_event()
+    b.close()
+    for reader in (first, second):
+        with pytest.raises(RuntimeError, match="shutting down"):
+            reader.result()
+    with pytest.raises(RuntimeError, match="closed"):
+        b.submit(requests[0], SamplingParams(max_new_tokens=5), Reader().deliver)
+
+
+def test_bad_settings_are_refused(model: IdentityModel) -> None:
+    for kw in (
+        {"max_batch": 0, "max_queue": 1},
+        {"max_batch": 1, "max_queue": 0},
+        {"max_batch": 1, "max_queue": 1, "wait_s": -1},
+    ):
+        with pytest.raises(ValueError, match="need max_batch"):
+            Batcher(model, **kw)  # type: ignore[arg-type]
