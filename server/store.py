@@ -10,7 +10,9 @@ A turn holds its identity with a *lease*: a short transaction sets ``lease_token
 short transaction writes the new state, the turn and the history row, but only if the lease is still this
 turn's and ``version`` is unchanged (the optimistic check), and clears the lease. A failed or abandoned turn
 clears its lease and writes nothing. Waiters poll with backoff up to a bounded wait, then raise BusyError.
-The same protocol works across threads, processes and hosts, on SQLite and PostgreSQL alike, and no write
+Within one process waiters are served first come, first served: they queue per identity and only the first
+of them polls, so a turn that keeps arriving cannot overtake one that has waited longer (between processes
+the poll decides). The same protocol works across threads, processes and hosts, on SQLite and PostgreSQL alike, and no write
 lock is ever held during generation. A process killed mid-turn leaves a lease that expires after
 ``lease_s``; the stored state is the pre-turn state.
 """
@@ -20,8 +22,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import random
+import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import fields
@@ -79,6 +83,7 @@ class Store:
         self.engine = engine or make_engine(settings)
         self._sessions = make_sessionmaker(self.engine)
         self._read_sessions = make_sessionmaker(self.engine.execution_options(**{READ_ONLY: True}))
+        self._lines = WaitingLines()
 
     def close(self) -> None:
         self.engine.dispose()
@@ -217,16 +222,22 @@ class Store:
         """
         wait = self.settings.busy_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + wait
+        busy = BusyError(f"identity ({persona!r}, {user_id!r}) is busy with another turn; retry later")
         token = str(uuid.uuid4())
         delay = 0.002
-        while True:
-            lease = self._try_acquire(persona, user_id, token, create, verify)
-            if lease is not None:
-                return lease
-            if time.monotonic() >= deadline:
-                raise BusyError(f"identity ({persona!r}, {user_id!r}) is busy with another turn; retry later")
-            time.sleep(min(delay * (0.5 + random.random()), max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 0.05)
+        with self._lines.first((persona, user_id), token, deadline, busy):
+            while True:
+                lease = self._try_acquire(persona, user_id, token, create, verify)
+                if lease is not None:
+                    return lease
+                if time.monotonic() >= deadline:
+                    raise busy
+                time.sleep(min(delay * (0.5 + random.random()), max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 0.05)
+
+    def waiting(self, persona: str, user_id: str) -> int:
+        """How many callers of this process are waiting for the identity right now."""
+        return self._lines.length((persona, user_id))
 
     def _try_acquire(
         self, persona: str, user_id: str, token: str, create: Callable[[PersonaRecord], Blob] | None, verify: bool
@@ -500,3 +511,46 @@ def _identity(row: IdentityRow, persona: str) -> IdentityRecord:
 
 def _api_key(row: ApiKeyRow) -> ApiKey:
     return _record(ApiKey, row)
+
+
+class WaitingLines:
+    """First come, first served among one process's waiters for each identity.
+
+    ``first(key, ...)`` queues the caller and returns (as a context) once it heads its line; it leaves the line
+    when the context ends, whether it got the identity or gave up. Waiting past ``deadline`` (``time.monotonic``)
+    raises ``busy``.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._lines: dict[tuple[str, str], deque[str]] = {}
+
+    def length(self, key: tuple[str, str]) -> int:
+        with self._changed:
+            return len(self._lines.get(key, ()))
+
+    @contextmanager
+    def first(self, key: tuple[str, str], token: str, deadline: float, busy: Exception) -> Iterator[None]:
+        with self._changed:
+            line = self._lines.setdefault(key, deque())
+            line.append(token)
+            try:
+                while line[0] != token:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise busy
+                    self._changed.wait(remaining)
+            except BaseException:
+                self._leave(key, line, token)
+                raise
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._leave(key, line, token)
+
+    def _leave(self, key: tuple[str, str], line: deque[str], token: str) -> None:
+        line.remove(token)
+        if not line:
+            del self._lines[key]
+        self._changed.notify_all()

@@ -30,7 +30,9 @@ class Settings(BaseSettings):
         None,
         description="a SIA or native checkpoint directory, a GGUF file or an HF directory (default: the bundled SmolLM2)",
     )
-    busy_timeout_s: float = Field(10.0, gt=0, description="how long a turn waits for its identity before 'busy'")
+    busy_timeout_s: float = Field(
+        60.0, gt=0, description="how long a turn waits for its identity (turns of one identity are serial) before 'busy'"
+    )
     lease_s: float = Field(
         300.0, gt=0, description="a turn's hold on its identity expires after this long (a crashed process's hold too)"
     )

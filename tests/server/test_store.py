@@ -120,6 +120,46 @@ def test_lease_makes_waiters_busy_then_lets_them_in(store: Store, monkeypatch: p
     assert got == [2]  # let in once the holder committed, the waiter saw the committed state
 
 
+def test_waiters_get_the_identity_in_the_order_they_came(store: Store) -> None:
+    store.create_persona("p")
+    lease = store.acquire("p", "u", create=initial)
+    order: list[int] = []
+
+    def turn(i: int) -> None:
+        held = store.acquire("p", "u", timeout=60)
+        order.append(i)
+        store.commit(held, blob(str(i).encode()), reason="turn", turn=TURN)
+
+    waiters = []
+    for i in range(5):
+        waiters.append(threading.Thread(target=turn, args=(i,)))
+        waiters[-1].start()
+        while store.waiting("p", "u") < i + 1:  # in line before the next one comes
+            time.sleep(0.001)
+    store.commit(lease, blob(b"x"), reason="turn", turn=TURN)
+    for w in waiters:
+        w.join(timeout=60)
+    assert order == [0, 1, 2, 3, 4]
+    assert store.waiting("p", "u") == 0
+    assert store.get_identity("p", "u").turn_count == 6
+
+
+def test_a_waiter_that_gives_up_leaves_the_line(store: Store) -> None:
+    store.create_persona("p")
+    lease = store.acquire("p", "u", create=initial)
+    first = threading.Thread(target=lambda: store.release(store.acquire("p", "u", timeout=60)))
+    first.start()
+    while store.waiting("p", "u") < 1:
+        time.sleep(0.001)
+    with pytest.raises(BusyError, match="busy"):
+        store.acquire("p", "u", timeout=0.05)  # behind the first waiter: it gives up and leaves
+    assert store.waiting("p", "u") == 1
+    store.release(lease)
+    first.join(timeout=60)
+    assert not first.is_alive() and store.waiting("p", "u") == 0
+    store.release(store.acquire("p", "u", timeout=1))  # the line is gone: the identity is free
+
+
 def test_release_writes_nothing(store: Store) -> None:
     store.create_persona("p")
     lease = store.acquire("p", "u", create=initial)
