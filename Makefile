@@ -52,6 +52,8 @@ bench: install
 	$(BIN)/python -m benchmarks.http
 	$(BIN)/python -m benchmarks.backbone
 	$(BIN)/python -m benchmarks.corpus
+	$(BIN)/python -m benchmarks.batching
+	$(BIN)/python -m benchmarks.served_batching
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
