@@ -1,6 +1,7 @@
 """Benchmark continuous batching in the library: N identities decoding together vs one after another.
 
-Run: ``python -m benchmarks.batching [--users 1 2 4 8 16] [--tokens 32] [--threads 1] [--checkpoint DIR] [--out PATH]``.
+Run: ``python -m benchmarks.batching [--users 1 2 4 8 16] [--tokens 32] [--threads 1] [--checkpoint DIR] [--out PATH]
+[--device cuda] [--dtype bfloat16]``.
 
 Setup: the bundled model (or ``--checkpoint``), N distinct identity states (random traces and self states), each
 with its own message under the persona ``sia``'s system prompt, greedy decoding of at most ``--tokens`` tokens.
@@ -35,6 +36,8 @@ from sia.model.batching import DecodeBatch
 from sia.model.generate import SamplingParams, generate, stream
 from sia.model.transformer import IdentityModel
 from sia.personas import PERSONAS
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 MESSAGES = [
     "What is the capital of France?",
@@ -100,10 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/batching.json"))
+    parser.add_argument("--device", default="cpu", help="the torch device to decode on (e.g. cuda)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     info = machine_info(args.threads)
-    model = load_model(args.checkpoint).eval()
+    device = torch.device(args.device)
+    info["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    info["dtype"] = args.dtype
+    model = load_model(args.checkpoint).eval().to(device=device, dtype=DTYPES[args.dtype])
     params = SamplingParams(max_new_tokens=args.tokens, temperature=0.0)
     warm = prompts(model, 2)
     generate(model, warm, model.condition_states(identities(model, 2)), params)  # warm-up
