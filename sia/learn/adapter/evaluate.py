@@ -66,6 +66,7 @@ class EvalOptions:
     conversations: int = 60  # held-out dialogue conversations for perplexity
     seed: int = 100
     chunk: int = 8  # probes scored per forward
+    device: str = "cpu"  # the torch device to evaluate on (e.g. cuda)
 
     def __post_init__(self) -> None:
         if self.episodes < 2:
@@ -475,6 +476,7 @@ def run_eval(
         raise ValueError("this evaluation is for a LLaMA-family checkpoint with a chat tokenizer; the native model has its own")
     if not model.config.memory_tokens:
         raise ValueError("the checkpoint's identity has no memory tokens: it was not trained to remember (see docs/model.md)")
+    model.to(torch.device(options.device))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dynamics = Dynamics.from_config(model.config)
