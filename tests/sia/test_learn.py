@@ -140,6 +140,8 @@ def test_a_run_resumes_where_it_stopped_and_its_checkpoint_loads_bit_for_bit(
     monkeypatch.setattr(adapter_train, "build_model", keep)
     torch.manual_seed(0)  # the read-out's initialisation
     out = train(replace(config, steps=2), progress=False, cache_dir=cache)
+    with (out / "history.jsonl").open("a") as f:  # a step recorded after the checkpoint, then the run was stopped
+        f.write(json.dumps({"step": 3, "loss": 0.0}) + "\n")
     assert train(replace(config, steps=4), progress=False, cache_dir=cache) == out
     records = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]  # resumed at 2: no step twice

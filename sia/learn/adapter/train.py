@@ -456,6 +456,16 @@ def _resume(directory: Path, model: LlamaModel, readout: ReadOut, optimizer: tor
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _keep_history(history: Path, step: int) -> None:
+    """Drop the records of steps after ``step``: a run stopped between checkpoints redoes them when it resumes."""
+    if not history.is_file():
+        return
+    lines = history.read_text().splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    if len(kept) != len(lines):
+        history.write_text("".join(line + "\n" for line in kept))
+
+
 def use_bf16(precision: str, device: torch.device) -> bool:
     """Whether to autocast to bfloat16: asked for, or "auto" and bf16 products are not slower than fp32 here.
 
@@ -531,6 +541,7 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
         log.info("resumed %s at step %d", last, step)
     dynamics = Dynamics.from_config(model.config)
     history = out / HISTORY_FILE
+    _keep_history(history, step)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16(config.precision, device))
     started, done_here = time.perf_counter(), 0
     while step < config.steps:
