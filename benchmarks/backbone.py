@@ -84,7 +84,7 @@ from server.db import migrate
 from server.runtime.services import Services
 from server.store import Store
 from sia.backbones.chat_tokenizer import ChatTokenizer
-from sia.backbones.llama import LlamaModel
+from sia.backbones.llama import LlamaModel, init_slot_map
 from sia.backbones.weights import bundled_gguf, file_sha256, read_hf, resolve_base
 from sia.checkpoint import load_model
 from sia.identity.state import Dynamics, IdentityState, state_to_bytes
@@ -166,7 +166,7 @@ def open_read(model: LlamaModel, seed: int = 0) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for attn in model.attentions:
-            attn.self_value.weight.copy_(torch.randn(attn.self_value.weight.shape, generator=generator) * SELF_VALUE_STD)
+            init_slot_map(attn.self_value, SELF_VALUE_STD, generator)
 
 
 def dot_twin(model: LlamaModel, hf_dir: Path) -> LlamaModel:

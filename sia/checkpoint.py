@@ -23,7 +23,7 @@ from safetensors.torch import load_model as load_weights
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
 from sia.backbones.weights import INSTALL_HINT, bundled_gguf, file_sha256, read_hf, resolve_base
-from sia.model.config import LlamaConfig, ModelConfig, read_json_object
+from sia.model.config import STATE_DTYPES, LlamaConfig, ModelConfig, read_json_object
 from sia.model.transformer import IdentityModel, SIAModel
 
 __all__ = [
@@ -112,8 +112,9 @@ def source_digest(path: Path) -> str:
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
-def save_llama_checkpoint(model: LlamaModel, directory: str | Path, base: BaseRef) -> Path:
-    """config.json + base.json + identity.safetensors (the base's weights are not copied)."""
+def save_llama_checkpoint(model: LlamaModel, directory: str | Path, base: BaseRef, *, exact: bool = False) -> Path:
+    """config.json + base.json + identity.safetensors (the base's weights are not copied), the identity parameters
+    stored in ``config.weights_dtype``, or as they are with ``exact`` (a training checkpoint that resumes)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     model.config.to_file(out / CONFIG_FILE)
@@ -121,7 +122,9 @@ def save_llama_checkpoint(model: LlamaModel, directory: str | Path, base: BaseRe
     if base.package == BUNDLED:
         ref["install"] = INSTALL_HINT
     (out / BASE_FILE).write_text(json.dumps(ref, indent=2) + "\n")
-    save_file({k: v.contiguous() for k, v in model.identity_state_dict().items()}, str(out / IDENTITY_FILE))
+    dtype = STATE_DTYPES[model.config.weights_dtype]
+    tensors = {k: v if exact or not v.is_floating_point() else v.to(dtype) for k, v in model.identity_state_dict().items()}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / IDENTITY_FILE))
     return out
 
 
@@ -160,6 +163,8 @@ def load_llama_checkpoint(directory: Path, cache_dir: Path) -> LlamaModel:
     for name, tensor in identity.items():
         if tensor.shape != expected[name].shape or not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"{directory / IDENTITY_FILE}: {name} has shape {tuple(tensor.shape)} or non-finite values")
+        if tensor.dtype not in STATE_DTYPES.values():
+            raise ValueError(f"{directory / IDENTITY_FILE}: {name} is {tensor.dtype}, not a float32/16 or bfloat16 tensor")
     model.load_state_dict(identity, strict=False)
     return model
 

@@ -78,6 +78,40 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+class LowRank(nn.Module):
+    """x -> up(down(x)): a map of rank ``rank``, (d_in + d_out)·rank weights instead of d_in·d_out."""
+
+    def __init__(self, d_in: int, d_out: int, rank: int) -> None:
+        super().__init__()
+        self.down = nn.Linear(d_in, rank, bias=False)
+        self.up = nn.Linear(rank, d_out, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.up(self.down(x))
+        return out
+
+
+def slot_map(d_in: int, d_out: int, rank: int | None) -> nn.Module:
+    """A layer's map from the self state to its slots' keys or values: full (one Linear) or of rank ``rank``."""
+    return nn.Linear(d_in, d_out, bias=False) if rank is None else LowRank(d_in, d_out, rank)
+
+
+def init_slot_map(m: nn.Module, std: float, generator: torch.Generator) -> None:
+    """Random weights whose map has the entries of a full one drawn with ``std`` (std 0: the map is zero; a
+    low-rank one keeps a random ``down``, so that ``up`` has a gradient, as in LoRA)."""
+
+    def draw(weight: Tensor, scale: float) -> None:
+        weight.copy_(torch.randn(weight.shape, generator=generator) * scale) if scale > 0 else weight.zero_()
+
+    if isinstance(m, LowRank):
+        d_in, rank = m.down.in_features, m.down.out_features
+        draw(m.down.weight, 1.0 / math.sqrt(d_in))
+        draw(m.up.weight, std * math.sqrt(d_in / rank))
+    else:
+        assert isinstance(m, nn.Linear)
+        draw(m.weight, std)
+
+
 class InjectedAttention(nn.Module):
     """Grouped-query attention with RoPE, plus (when stateful) the metric deformation and the self slot."""
 
@@ -95,8 +129,8 @@ class InjectedAttention(nn.Module):
         self.v_proj = nn.Linear(C, self.H_kv * d, bias=False)
         self.o_proj = nn.Linear(self.H * d, C, bias=False)
         if self.stateful:
-            self.self_key = nn.Linear(config.d_self, self.H_kv * self.S * d, bias=False)
-            self.self_value = nn.Linear(config.d_self, self.H_kv * self.S * d, bias=False)
+            self.self_key = slot_map(config.d_self, self.H_kv * self.S * d, config.slot_rank)
+            self.self_value = slot_map(config.d_self, self.H_kv * self.S * d, config.slot_rank)
             self.slot_bias = nn.Parameter(torch.zeros(self.H_kv * self.S))
 
     def condition(self, metric: Tensor | None, s: Tensor) -> InjectedLayer:
@@ -278,8 +312,8 @@ class LlamaModel(IdentityModel):
         with torch.no_grad():
             for attn in self.attentions:
                 if attn.stateful:
-                    attn.self_key.weight.copy_(torch.randn(attn.self_key.weight.shape, generator=generator) * 0.02)
-                    attn.self_value.weight.zero_()
+                    init_slot_map(attn.self_key, 0.02, generator)
+                    init_slot_map(attn.self_value, 0.0, generator)
                     attn.slot_bias.fill_(slot_bias)
             bound = 1.0 / math.sqrt(self.self_update.proj.in_features)
             for p in self.self_update.parameters():

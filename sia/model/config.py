@@ -183,6 +183,8 @@ class LlamaConfig(IdentityConfig):
     attention: str = "trace"  # "trace": base logits + metric deformation + self slot; "dot": the base model, no state
     d_self: int = 64
     self_slots: int = 1  # self-slot key/value pairs per key/value head in every layer, each read from s
+    slot_rank: int | None = None  # the rank of each layer's maps from s to the slots' keys and values; None: full
+    weights_dtype: str = "float32"  # storage dtype of the identity parameters in a checkpoint (loading casts to float32)
     trace_layers: list[int] | None = None  # layers carrying a trace; None: every third layer from 0
     trace_per_head: bool = True  # a trace per key/value head, or one shared by the layer's heads
     state_dtype: str = "float16"  # storage dtype of the trace: float32, float16 or bfloat16
@@ -204,6 +206,12 @@ class LlamaConfig(IdentityConfig):
             raise ValueError(f"attention must be one of {ATTENTION_VARIANTS}; got {self.attention!r}")
         if not isinstance(self.self_slots, int) or isinstance(self.self_slots, bool) or self.self_slots < 1:
             raise ValueError(f"self_slots must be an integer >= 1; got {self.self_slots!r}")
+        if self.slot_rank is not None:
+            full = min(self.d_self, self.n_kv_head * self.self_slots * self.head_dim)
+            if not isinstance(self.slot_rank, int) or isinstance(self.slot_rank, bool) or not 1 <= self.slot_rank < full:
+                raise ValueError(f"slot_rank must be an integer in [1, {full}) (or null: full rank); got {self.slot_rank!r}")
+        if self.weights_dtype not in STATE_DTYPES:
+            raise ValueError(f"weights_dtype must be one of {sorted(STATE_DTYPES)}; got {self.weights_dtype!r}")
         if self.trace_layers is None:
             self.trace_layers = list(range(0, self.n_layer, 3))
         layers = self.trace_layers

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
@@ -88,3 +90,44 @@ def test_an_hf_directory_and_the_native_checkpoint_load_too(make_tiny_gguf: Call
     assert isinstance(load_model(NATIVE_CHECKPOINT), SIAModel)
     with pytest.raises(ValueError, match="does not exist"):
         load_model(tmp_path / "nothing-here")
+
+
+def test_identity_parameters_stored_in_half_precision_load_as_stored(
+    make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path
+) -> None:
+    """weights_dtype float16 halves identity.safetensors; the loaded parameters are exactly the stored values (in
+    float32), saving them again writes the same bytes, and a training checkpoint (exact) keeps float32."""
+    tiny = make_tiny_gguf()
+    cache = tmp_path / "models"
+    model = load_model(tiny.path, cache_dir=cache)
+    assert isinstance(model, LlamaModel)
+    model.config = replace(model.config, weights_dtype="float16")
+    with torch.no_grad():
+        for p in model.identity_state_dict().values():
+            p.normal_()
+    ref = BaseRef(sha256=source_digest(tiny.path), path=str(tiny.path))
+    half = save_llama_checkpoint(model, tmp_path / "half", ref)
+    exact = save_llama_checkpoint(model, tmp_path / "exact", ref, exact=True)
+    stored = load_file(str(half / "identity.safetensors"))
+    assert {t.dtype for t in stored.values()} == {torch.float16}
+    assert {t.dtype for t in load_file(str(exact / "identity.safetensors")).values()} == {torch.float32}
+    loaded = load_model(half, cache_dir=cache)
+    assert isinstance(loaded, LlamaModel) and loaded.config.weights_dtype == "float16"
+    for name, tensor in loaded.identity_state_dict().items():
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, stored[name].float()), name
+        assert (tensor - model.identity_state_dict()[name]).abs().max() <= 1e-2 * tensor.abs().max()
+    again = save_llama_checkpoint(loaded, tmp_path / "again", ref)
+    assert (again / "identity.safetensors").read_bytes() == (half / "identity.safetensors").read_bytes()
+    assert (half / "identity.safetensors").stat().st_size < 0.6 * (exact / "identity.safetensors").stat().st_size
+
+
+def test_an_identity_file_of_integers_is_refused(make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path) -> None:
+    tiny = make_tiny_gguf()
+    cache = tmp_path / "models"
+    model = load_model(tiny.path, cache_dir=cache)
+    assert isinstance(model, LlamaModel)
+    out = save_llama_checkpoint(model, tmp_path / "ckpt", BaseRef(sha256=source_digest(tiny.path), path=str(tiny.path)))
+    tensors = load_file(str(out / "identity.safetensors"))
+    save_file({k: v.to(torch.int32) for k, v in tensors.items()}, str(out / "identity.safetensors"))
+    with pytest.raises(ValueError, match="not a float32"):
+        load_model(out, cache_dir=cache)

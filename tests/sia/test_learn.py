@@ -93,7 +93,9 @@ def open_read(model: LlamaModel, seed: int) -> None:
             attn.self_value.weight.copy_(torch.randn(attn.self_value.weight.shape, generator=generator) * 0.3)
 
 
-def test_a_few_steps_on_one_batch_lower_its_loss_and_move_the_adapter(config: TrainConfig, cache: Path) -> None:
+@pytest.mark.parametrize("rank", [None, 2])
+def test_a_few_steps_on_one_batch_lower_its_loss_and_move_the_adapter(config: TrainConfig, cache: Path, rank: int | None) -> None:
+    config = replace(config, model={**config.model, "slot_rank": rank})
     torch.manual_seed(0)
     model, _ = build_model(config, cache)
     readout = ReadOut(model.config.d_self)
@@ -122,7 +124,8 @@ def test_a_few_steps_on_one_batch_lower_its_loss_and_move_the_adapter(config: Tr
     after = float(total().detach())
     assert after < 0.95 * before, (before, after)
     trained = model.identity_state_dict()
-    for name in ("memory", "self_update.proj.weight", "self_update.gate.weight", "blocks.1.attn.self_value.weight"):
+    value = "blocks.1.attn.self_value." + ("weight" if rank is None else "up.weight")  # a low-rank value: its up map
+    for name in ("memory", "self_update.proj.weight", "self_update.gate.weight", value):
         assert not torch.equal(trained[name], start[name]), name
     assert not torch.allclose(final_states(), states, atol=1e-4)
 
@@ -138,6 +141,7 @@ def test_a_run_resumes_where_it_stopped_and_its_checkpoint_loads_bit_for_bit(
         return model, ref
 
     monkeypatch.setattr(adapter_train, "build_model", keep)
+    config = replace(config, model={**config.model, "weights_dtype": "float16"})  # the served adapter's storage
     torch.manual_seed(0)  # the read-out's initialisation
     out = train(replace(config, steps=2), progress=False, cache_dir=cache)
     with (out / "history.jsonl").open("a") as f:  # a step recorded after the checkpoint, then the run was stopped
@@ -153,6 +157,10 @@ def test_a_run_resumes_where_it_stopped_and_its_checkpoint_loads_bit_for_bit(
     assert set(restored) == set(trained)
     for name, tensor in trained.items():
         assert torch.equal(restored[name], tensor), name
+    served = load_model(out / "adapter", cache_dir=cache)  # the finished run's adapter, stored in float16
+    assert isinstance(served, LlamaModel)
+    for name, tensor in served.identity_state_dict().items():
+        assert torch.equal(tensor, trained[name].half().float()), name
     # the interrupted run is the uninterrupted one: model, read-out and optimizer state all came back
     torch.manual_seed(0)
     train(replace(config, steps=4, out_dir=str(tmp_path / "straight")), progress=False, cache_dir=cache)

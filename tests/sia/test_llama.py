@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
-from sia.backbones.llama import InjectedLayer, LlamaModel, injected_attention_reference
+from sia.backbones.llama import InjectedLayer, LlamaModel, LowRank, init_slot_map, injected_attention_reference
 from sia.identity.state import Dynamics, IdentityState, state_to_bytes
 from sia.identity.turn import TurnRequest, run_turn
 from sia.model.config import LlamaConfig
@@ -45,13 +45,16 @@ def build(hf_model: LlamaForCausalLM, **overrides: object) -> LlamaModel:
     return model
 
 
+SLOT_SHAPES = [(1, None), (3, None), (3, 4)]  # (self_slots, slot_rank)
+
+
 def open_read(model: LlamaModel) -> LlamaModel:
     """Untrained identity parameters read nothing (slot values are zero); give them trained-like magnitudes."""
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for attn in model.attentions:
-            attn.self_key.weight.copy_(torch.randn(attn.self_key.weight.shape, generator=g))
-            attn.self_value.weight.copy_(torch.randn(attn.self_value.weight.shape, generator=g))
+            init_slot_map(attn.self_key, 1.0, g)
+            init_slot_map(attn.self_value, 1.0, g)
             attn.slot_bias.zero_()  # open: the untrained default keeps the slot nearly closed
     return model
 
@@ -90,9 +93,9 @@ def test_zero_state_left_padded_batch_equals_transformers(hf_model: LlamaForCaus
             assert gen.tokens[0] == int(logits[-1].argmax())
 
 
-@pytest.mark.parametrize("slots", [1, 3])
-def test_fast_injected_attention_equals_reference(hf_model: LlamaForCausalLM, slots: int) -> None:
-    model = open_read(build(hf_model, self_slots=slots))
+@pytest.mark.parametrize(("slots", "rank"), SLOT_SHAPES)
+def test_fast_injected_attention_equals_reference(hf_model: LlamaForCausalLM, slots: int, rank: int | None) -> None:
+    model = open_read(build(hf_model, self_slots=slots, slot_rank=rank))
     state = random_state(model.config, 0)
     s = state.self_state.unsqueeze(0)
     cond = model.condition_states([state])
@@ -134,9 +137,9 @@ def test_metric_acts_before_rotation_so_relative_positions_are_kept(hf_model: Ll
     torch.testing.assert_close(shifted, at_zero, atol=2e-4, rtol=0)
 
 
-@pytest.mark.parametrize("slots", [1, 3])
-def test_cached_decoding_equals_full_recompute(hf_model: LlamaForCausalLM, slots: int) -> None:
-    model = open_read(build(hf_model, self_slots=slots))
+@pytest.mark.parametrize(("slots", "rank"), SLOT_SHAPES)
+def test_cached_decoding_equals_full_recompute(hf_model: LlamaForCausalLM, slots: int, rank: int | None) -> None:
+    model = open_read(build(hf_model, self_slots=slots, slot_rank=rank))
     assert model.prefix_len == slots
     states = [random_state(model.config, 5), IdentityState.fresh(model.config)]
     cond = model.condition_states(states)
@@ -150,9 +153,9 @@ def test_cached_decoding_equals_full_recompute(hf_model: LlamaForCausalLM, slots
         torch.testing.assert_close(a.stats.hidden, b.stats.hidden, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("slots", [1, 3])
-def test_batched_rows_equal_solo_rows(hf_model: LlamaForCausalLM, slots: int) -> None:
-    model = open_read(build(hf_model, self_slots=slots))
+@pytest.mark.parametrize(("slots", "rank"), SLOT_SHAPES)
+def test_batched_rows_equal_solo_rows(hf_model: LlamaForCausalLM, slots: int, rank: int | None) -> None:
+    model = open_read(build(hf_model, self_slots=slots, slot_rank=rank))
     states = [random_state(model.config, 6), random_state(model.config, 7), IdentityState.fresh(model.config)]
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14]]
     params = SamplingParams(max_new_tokens=5, temperature=0.0)
@@ -243,6 +246,12 @@ def test_config_checks() -> None:
         LlamaConfig(state_dtype="int8")
     with pytest.raises(ValueError, match="self_slots"):
         LlamaConfig(self_slots=0)
+    with pytest.raises(ValueError, match="slot_rank"):
+        LlamaConfig(d_self=64, slot_rank=64)  # not below the full rank: nothing to factor
+    with pytest.raises(ValueError, match="slot_rank"):
+        LlamaConfig(slot_rank=0)
+    with pytest.raises(ValueError, match="weights_dtype"):
+        LlamaConfig(weights_dtype="int8")
     with pytest.raises(ValueError, match="rope_scaling"):
         LlamaConfig.from_hf({**HF_TINY, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
     with pytest.raises(ValueError, match="lacks 'hidden_size'"):
@@ -274,3 +283,20 @@ def test_untrained_identity_parameters_keep_the_slot_shut(hf_model: LlamaForCaus
         opened = model(idx, model.condition_states([s_only])).logits
     assert torch.equal(shut, fresh)
     assert float((opened - fresh).abs().max()) > 1e-3
+
+
+def test_low_rank_slot_maps_have_the_rank_and_size_asked_for(hf_model: LlamaForCausalLM) -> None:
+    """slot_rank r factors each layer's maps from s (width d_s) to its slots' keys and values (width n): (d_s + n)·r
+    weights instead of d_s·n, maps of rank r; untrained, the values are still zero (the read shut) and the keys
+    have the full maps' scale."""
+    full, low = build(hf_model, self_slots=3), build(hf_model, self_slots=3, slot_rank=4)
+    attn = low.attentions[0]
+    assert isinstance(attn.self_key, LowRank) and isinstance(attn.self_value, LowRank)
+    n = 2 * 3 * 16  # key/value heads x slots x head width
+    assert sum(p.numel() for p in attn.self_key.parameters()) == (8 + n) * 4
+    s = torch.rand(50, 8, generator=torch.Generator().manual_seed(8)) * 2 - 1
+    with torch.no_grad():
+        keys, values = attn.self_key(s), attn.self_value(s)
+        assert int(torch.linalg.matrix_rank(keys)) == 4 and bool((values == 0).all())
+        ratio = float(keys.std() / full.attentions[0].self_key(s).std())
+    assert 0.5 < ratio < 2.0, ratio

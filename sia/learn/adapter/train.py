@@ -61,9 +61,10 @@ log = logging.getLogger(__name__)
 READOUT_FILE = "readout.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 TRAINER_FILE = "trainer.json"
+ADAPTER_DIR = "adapter"  # the finished run's checkpoint to serve (``last`` keeps float32 weights to resume from)
 HISTORY_FILE = "history.jsonl"
 GATE_PARAMETERS = ("slot_bias", "self_update.gate.bias")  # scalars that open and shut: their own learning rate
-READ_PARAMETERS = ("self_key.weight", "self_value.weight")  # the slots' keys and values: config.read_lr
+READ_PARAMETERS = ("self_key", "self_value")  # the maps to the slots' keys and values (the read): config.read_lr
 
 
 @dataclass
@@ -420,7 +421,7 @@ def _save(
     if tmp.exists():
         for child in tmp.iterdir():
             child.unlink()
-    save_llama_checkpoint(model, tmp, ref)
+    save_llama_checkpoint(model, tmp, ref, exact=True)
     save_file({k: v.contiguous() for k, v in readout.state_dict().items()}, str(tmp / READOUT_FILE))
     state = optimizer.state_dict()
     tensors = {f"{i}.{name}": torch.as_tensor(v).contiguous() for i, entry in state["state"].items() for name, v in entry.items()}
@@ -454,6 +455,10 @@ def _resume(directory: Path, model: LlamaModel, readout: ReadOut, optimizer: tor
 # ---------------------------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------------------------
+
+
+def _is_read(name: str) -> bool:
+    return any(part in READ_PARAMETERS for part in name.split("."))
 
 
 def _keep_history(history: Path, step: int) -> None:
@@ -523,8 +528,8 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
     readout = ReadOut(model.config.d_self).to(device)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     gates = [p for n, p in named if n.endswith(GATE_PARAMETERS)]
-    read = [p for n, p in named if n.endswith(READ_PARAMETERS)]
-    rest = [p for n, p in named if not n.endswith(GATE_PARAMETERS + READ_PARAMETERS)]
+    read = [p for n, p in named if _is_read(n)]
+    rest = [p for n, p in named if not (n.endswith(GATE_PARAMETERS) or _is_read(n))]
     read_lr = config.lr if config.read_lr is None else config.read_lr
     optimizer = torch.optim.AdamW(
         [
@@ -577,6 +582,8 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
             f.write(json.dumps(record) + "\n")
         if step % config.checkpoint_every == 0 or step == config.steps:
             _save(last, model, ref, readout, optimizer, step)
+        if step == config.steps:  # what a deployment serves: the identity parameters in config.model's weights_dtype
+            save_llama_checkpoint(model, out / ADAPTER_DIR, ref)
         if progress:
             _progress(step, config.steps, {k: float(v) for k, v in losses.items()}, done_here / (time.perf_counter() - started))
     if progress:

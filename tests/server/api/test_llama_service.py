@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from server.core.config import Settings
 from server.db import migrate
 from server.main import create_app
-from sia.backbones.llama import LlamaModel
+from sia.backbones.llama import LlamaModel, init_slot_map
 from sia.checkpoint import load_model
 from sia.identity.state import state_from_bytes, state_to_bytes
 from sia.personas import PERSONAS
@@ -31,7 +31,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # a read that writes something, as trained identity parameters would
         for attn in model.attentions:
-            attn.self_value.weight.copy_(torch.randn(attn.self_value.weight.shape, generator=g))
+            init_slot_map(attn.self_value, 1.0, g)
             attn.slot_bias.zero_()
     return model
 
