@@ -1,12 +1,13 @@
 """Served behaviour: does a persona remember a user through the HTTP API, and only that user?
 
 For each held-out episode of the fact corpus, a user of persona ``sia`` states three facts through
-``POST /v1/personas/sia/chat`` (greedy replies), chats about ``--between`` unrelated things, then asks about
+``POST /v1/personas/sia/chat`` (or, with ``--route openai``, ``POST /v1/chat/completions`` with model ``sia`` and
+only the new message: greedy replies), chats about ``--between`` unrelated things, then asks about
 one fact (the episode's first probe). A second user, who never said anything, asks the same question. A reply
 counts as right when it contains the fact's value (case-insensitive, whole word). The service runs in process on
 the checkpoint (default: the bundled one) with a fresh SQLite database.
 
-    python -m benchmarks.served_memory [--episodes 8] [--between 2] [--checkpoint PATH] [--out FILE]
+    python -m benchmarks.served_memory [--episodes 8] [--between 2] [--route chat|openai] [--checkpoint PATH] [--out FILE]
 
 Writes benchmarks/results/served_memory.json and prints a table.
 """
@@ -44,6 +45,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--between", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--route", choices=("chat", "openai"), default="chat")
     parser.add_argument("--checkpoint", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -58,8 +60,13 @@ def main() -> None:
         with TestClient(create_app(settings, model=model)) as client:
 
             def say(user: str, message: str) -> str:
-                body = {"user": user, "message": message, "temperature": 0, "max_tokens": args.max_tokens}
-                response = client.post("/v1/personas/sia/chat", json=body)
+                sampling = {"user": user, "temperature": 0, "max_tokens": args.max_tokens}
+                if args.route == "openai":  # the identity carries the history: only the new message is sent
+                    body = {"model": "sia", "messages": [{"role": "user", "content": message}], **sampling}
+                    response = client.post("/v1/chat/completions", json=body)
+                    response.raise_for_status()
+                    return str(response.json()["choices"][0]["message"]["content"])
+                response = client.post("/v1/personas/sia/chat", json={"message": message, **sampling})
                 response.raise_for_status()
                 return str(response.json()["reply"])
 
@@ -87,6 +94,7 @@ def main() -> None:
         "checkpoint": str(args.checkpoint or "bundled"),
         "episodes": len(rows),
         "between": args.between,
+        "route": args.route,
         "right": right,
         "stranger_right": stranger,
         "seconds": time.perf_counter() - started,
