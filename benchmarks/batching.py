@@ -9,9 +9,11 @@ with its own message under the persona ``sia``'s system prompt, greedy decoding 
 * **sequential**: ``sia.model.generate.generate`` for one identity after another (what the service does today
   with one inference slot);
 * **batched**: every identity joins one ``sia.model.batching.DecodeBatch`` (its own prefill), then ``step()``
-  until all have stopped: one forward per step for all rows.
+  until all have stopped: one forward per step for all rows;
+* **prefilled together**: the same, the N prompts prefilled in one left-padded forward (``join_many``), as the
+  service's batcher does for turns that arrive together.
 
-Both produce the same tokens (checked here, row by row). Reported per N: aggregate generated tokens per second,
+All three produce the same tokens (checked here, row by row). Reported per N: aggregate generated tokens per second,
 the ratio batched / sequential, and the p50 / p95 time to each row's first token when all N arrive at once.
 Results go to ``--out`` (JSON, with machine info) and a markdown table to stdout.
 """
@@ -80,16 +82,25 @@ def sequential(
     return {"seconds": time.perf_counter() - started, "first": first, "tokens": tokens}
 
 
-def batched(model: IdentityModel, rows: list[list[int]], states: list[IdentityState], params: SamplingParams) -> dict[str, Any]:
+def batched(
+    model: IdentityModel, rows: list[list[int]], states: list[IdentityState], params: SamplingParams, together: bool = False
+) -> dict[str, Any]:
     started = time.perf_counter()
     batch = DecodeBatch(model)
-    handles = [batch.join(p, model.condition_states([s]), params) for p, s in zip(rows, states, strict=True)]
+    if together:
+        handles = batch.join_many(rows, model.condition_states(states), [params] * len(rows))
+    else:
+        handles = [batch.join(p, model.condition_states([s]), params) for p, s in zip(rows, states, strict=True)]
     first: dict[int, float] = {}
     while len(batch):
         for event in batch.step():
             first.setdefault(event.row, time.perf_counter() - started)
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "first": [first[h] for h in handles], "tokens": [batch.take(h).tokens for h in handles]}
+
+
+def modes(times: dict[str, float]) -> str:
+    return " / ".join(f"{times[k]:.2f}" for k in ("sequential", "batched", "together"))
 
 
 def pct(values: list[float], q: float) -> float:
@@ -120,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         rows, states = prompts(model, n), identities(model, n)
         seq = sequential(model, rows, states, params)
         bat = batched(model, rows, states, params)
-        same = all(a == b for a, b in zip(seq["tokens"], bat["tokens"], strict=True))
+        tog = batched(model, rows, states, params, together=True)
+        same = seq["tokens"] == bat["tokens"] == tog["tokens"]
         total = sum(len(t) for t in seq["tokens"])
         entry = {
             "users": n,
@@ -128,9 +140,19 @@ def main(argv: list[str] | None = None) -> int:
             "same_tokens": same,
             "sequential_tok_s": total / seq["seconds"],
             "batched_tok_s": total / bat["seconds"],
+            "together_tok_s": total / tog["seconds"],
             "speedup": seq["seconds"] / bat["seconds"],
-            "ttft_p50_s": {"sequential": pct(seq["first"], 50), "batched": pct(bat["first"], 50)},
-            "ttft_p95_s": {"sequential": pct(seq["first"], 95), "batched": pct(bat["first"], 95)},
+            "speedup_together": seq["seconds"] / tog["seconds"],
+            "ttft_p50_s": {
+                "sequential": pct(seq["first"], 50),
+                "batched": pct(bat["first"], 50),
+                "together": pct(tog["first"], 50),
+            },
+            "ttft_p95_s": {
+                "sequential": pct(seq["first"], 95),
+                "batched": pct(bat["first"], 95),
+                "together": pct(tog["first"], 95),
+            },
         }
         results.append(entry)
         sys.stderr.write(json.dumps(entry) + "\n")
@@ -139,15 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     report = {"machine": info, "max_new_tokens": args.tokens, "results": results}
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     lines = [
-        "| users | tokens | sequential tok/s | batched tok/s | speed-up | TTFT p50 seq / batched (s) "
-        "| TTFT p95 seq / batched (s) | same tokens |",
-        "|---|---|---|---|---|---|---|---|",
+        "| users | tokens | sequential tok/s | batched tok/s | together tok/s | speed-up (together) "
+        "| TTFT p50 seq / batched / together (s) | TTFT p95 seq / batched / together (s) | same tokens |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['users']} | {r['tokens']} | {r['sequential_tok_s']:.1f} | {r['batched_tok_s']:.1f} | {r['speedup']:.2f}x "
-            f"| {r['ttft_p50_s']['sequential']:.2f} / {r['ttft_p50_s']['batched']:.2f} "
-            f"| {r['ttft_p95_s']['sequential']:.2f} / {r['ttft_p95_s']['batched']:.2f} | {r['same_tokens']} |"
+            f"| {r['users']} | {r['tokens']} | {r['sequential_tok_s']:.1f} | {r['batched_tok_s']:.1f} "
+            f"| {r['together_tok_s']:.1f} | {r['speedup']:.2f}x ({r['speedup_together']:.2f}x) "
+            f"| {modes(r['ttft_p50_s'])} | {modes(r['ttft_p95_s'])} | {r['same_tokens']} |"
         )
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

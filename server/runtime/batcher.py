@@ -1,11 +1,12 @@
 """Continuous batching in the service: one thread owns a DecodeBatch and decodes the turns of many identities.
 
 A turn whose identity is held is submitted with its request and decoding parameters; the batcher thread computes
-its conditioning, prefills it alone and joins it to the running batch between two steps. Every step decodes one
-token for every row in one forward; a row that stops is concluded (shock, summary, new state: the TurnResult it
-would reach alone) and leaves. What a turn sees, in order, through its ``deliver`` callback: its StreamEvents
-(``row`` 0), then its TurnResult, or an exception instead of the rest. Storing the result is the caller's: the
-identity's lease and transaction stay with the turn, as without batching.
+its conditioning, prefills it (with the turns that join at the same step, in one padded forward) and joins it to
+the running batch between two steps. Every step decodes one token for every row in one forward; a row that stops is
+concluded (shock, summary, new state: the TurnResult it would reach alone) and leaves. What a turn sees, in order,
+through its ``deliver`` callback: its StreamEvents (``row`` 0), then its TurnResult, or an exception instead of the
+rest. Storing the result is the caller's: the identity's lease and transaction stay with the turn, as without
+batching.
 
 Waiting turns queue in arrival order (at most ``max_queue``; more are refused with OverloadedError) and join as
 rows leave, so no row starves; a cancelled turn leaves before the next step and its row is freed at once. All
@@ -128,15 +129,7 @@ class Batcher:
                 if turn.row in rows:
                     batch.cancel(turn.row)
                     del rows[turn.row]
-            for turn in joining:
-                try:
-                    with torch.no_grad():
-                        cond = self.model.condition_states([turn.request.state])
-                    turn.row = batch.join(turn.prompt.tokens, cond, turn.params, turn.prompt.counted)
-                except Exception as exc:  # this turn only: the batch goes on
-                    turn.deliver(exc)
-                    continue
-                rows[turn.row] = turn
+            self._join(batch, joining, rows)
             if not rows:
                 continue
             try:
@@ -166,6 +159,27 @@ class Batcher:
             for turn in self._waiting:
                 turn.deliver(closed)
             self._waiting.clear()
+
+    def _join(self, batch: DecodeBatch, joining: list[BatchedTurn], rows: dict[int, BatchedTurn]) -> None:
+        """Prefill the joining turns together, in one padded forward, and add them to ``rows``; if that fails, one
+        by one, so that only a turn that fails alone gets its error (the batch goes on)."""
+        groups = [joining] if len(joining) > 1 else [[turn] for turn in joining]
+        while groups:
+            group = groups.pop(0)
+            try:
+                with torch.no_grad():
+                    cond = self.model.condition_states([turn.request.state for turn in group])
+                prompts, counted = [t.prompt.tokens for t in group], [t.prompt.counted for t in group]
+                handles = batch.join_many(prompts, cond, [t.params for t in group], counted)
+            except Exception as exc:
+                if len(group) == 1:
+                    group[0].deliver(exc)
+                else:
+                    groups.extend([turn] for turn in group)
+                continue
+            for turn, handle in zip(group, handles, strict=True):
+                turn.row = handle
+                rows[handle] = turn
 
     def _next_changes(self, rows: dict[int, BatchedTurn]) -> tuple[list[BatchedTurn] | None, list[BatchedTurn]]:
         """Block until there is work; the turns that join now (None once closed) and the rows to cancel."""

@@ -1,9 +1,10 @@
 """Continuous batching: rows of different identities decode in one forward per step, each with its own state.
 
-A row joins after its own prefill and leaves when it stops (end token, stop string, length) or is cancelled, so a
-batch never waits for its longest reply and a new turn never waits for the batch. What differs between rows is
-kept per row: the conditioning (the metric and the self slots its identity state gives), the KV cache, the
-position, the sampling generator and the stop strings. A row's tokens are the ones ``generate`` gives it alone.
+A row joins after its prefill (alone, or in one padded forward with the rows joining with it) and leaves when it
+stops (end token, stop string, length) or is cancelled, so a batch never waits for its longest reply and a new turn
+never waits for the batch. What differs between rows is kept per row: the conditioning (the metric and the self
+slots its identity state gives), the KV cache, the position, the sampling generator and the stop strings. A row's
+tokens are the ones ``generate`` gives it alone.
 
 Layout. The batch's KV cache is one tensor per layer, (B, H_kv, prefix + columns, w): the self slots first, then
 token columns shared by all rows. A row's tokens sit right-aligned at the newest columns it has lived through;
@@ -29,6 +30,7 @@ from sia.model.generate import (
     SamplingParams,
     StreamEvent,
     check_room,
+    left_padded,
     padded_inputs,
     sample_next,
 )
@@ -116,34 +118,62 @@ class DecodeBatch:
         self, prompt: Sequence[int], cond: Conditioning, params: SamplingParams, summary_mask: Sequence[bool] | None = None
     ) -> int:
         """Prefill ``prompt`` alone under ``cond`` (one row) and add it to the batch; returns its handle."""
-        model, device = self.model, self.model.device
         if cond.batch_size != 1:
             raise ValueError(f"a row joins with a one-row Conditioning; got {cond.batch_size} rows")
-        n = len(prompt)
-        if n < 1:
-            raise ValueError("a prompt needs at least one token")
-        check_room(model, n, params.max_new_tokens)
-        mask = [True] * n if summary_mask is None else list(summary_mask)
-        if len(mask) != n:
-            raise ValueError(f"summary mask has {len(mask)} entries for {n} tokens")
-        idx = torch.tensor([list(prompt)], dtype=torch.long, device=device)
-        key_valid = torch.ones(1, self.prefix + n, dtype=torch.bool, device=device)
-        own = model.new_cache(cond, n + 1 + self.n_memory)
-        positions, _ = padded_inputs(key_valid, n, self.prefix)
-        counted = torch.tensor([mask], dtype=torch.bool, device=device)
-        out = model(idx, cond, cache=own, positions=positions, summary_mask=counted)
-        log_probs = F.log_softmax(out.logits[0, :-1].float(), dim=-1)  # (n-1, V)
-        prompt_nll = -log_probs.gather(-1, idx[0, 1:, None]).squeeze(-1)
-        rid = self._next
-        self._next += 1
-        self.members.append(
-            _Member(rid, params, ReplyDecoder(params, device, self.tok), prompt_nll, out.stats, out.logits[0, -1])
-        )
-        self._admit(own, cond, n)
-        return rid
+        return self.join_many([prompt], cond, [params], None if summary_mask is None else [summary_mask])[0]
 
-    def _admit(self, own: KVCache, cond: Conditioning, n: int) -> None:
-        """Put a prefilled one-row cache of n tokens into the batch cache, right-aligned."""
+    @torch.inference_mode()
+    def join_many(
+        self,
+        prompts: Sequence[Sequence[int]],
+        cond: Conditioning,
+        params: Sequence[SamplingParams],
+        summary_masks: Sequence[Sequence[bool]] | None = None,
+    ) -> list[int]:
+        """Prefill ``prompts`` together, one left-padded forward under ``cond`` (a row each), and add them to the
+        batch in order; returns their handles. The padding is masked: each row is the row it would be alone."""
+        model, device = self.model, self.model.device
+        B = len(prompts)
+        if B < 1 or cond.batch_size != B or len(params) != B:
+            raise ValueError(
+                f"{B} prompts need as many conditioning rows and sampling settings; got {cond.batch_size}, {len(params)}"
+            )
+        lengths = [len(p) for p in prompts]
+        if min(lengths) < 1:
+            raise ValueError("a prompt needs at least one token")
+        for n, p in zip(lengths, params, strict=True):
+            check_room(model, n, p.max_new_tokens)
+        masks = [[True] * n for n in lengths] if summary_masks is None else [list(m) for m in summary_masks]
+        for mask, n in zip(masks, lengths, strict=True):
+            if len(mask) != n:
+                raise ValueError(f"summary mask has {len(mask)} entries for {n} tokens")
+        idx, valid = left_padded(prompts, self.tok.pad_id, device)  # (B, L)
+        counted = left_padded([[int(m) for m in mask] for mask in masks], 0, device)[0].bool()
+        L = idx.shape[1]
+        key_valid = torch.cat([valid.new_ones(B, self.prefix), valid], dim=1)
+        own = model.new_cache(cond, L + 1 + self.n_memory)
+        positions, key_mask = padded_inputs(key_valid, L, self.prefix)
+        attn_mask = key_mask if min(lengths) != L else None  # rows of one length take the causal kernel
+        out = model(idx, cond, cache=own, positions=positions, attn_mask=attn_mask, summary_mask=counted)
+        log_probs = F.log_softmax(out.logits[:, :-1].float(), dim=-1)  # (B, L-1, V)
+        prompt_nll = -log_probs.gather(-1, idx[:, 1:, None]).squeeze(-1)  # (B, L-1)
+        rids: list[int] = []
+        for b, (n, p) in enumerate(zip(lengths, params, strict=True)):
+            rid = self._next
+            self._next += 1
+            row = ReplyDecoder(p, device, self.tok)
+            self.members.append(_Member(rid, p, row, prompt_nll[b, L - n :], out.stats.row(b), out.logits[b, -1]))
+            if B == 1:
+                self._admit(own, cond, n, 0)
+            else:
+                index = torch.tensor([b], dtype=torch.long, device=device)
+                self._admit(own.select(index), select_conditioning(cond, index), n, L - n)
+            rids.append(rid)
+        return rids
+
+    def _admit(self, own: KVCache, cond: Conditioning, n: int, offset: int) -> None:
+        """Put a prefilled one-row cache into the batch cache, right-aligned: its n tokens, ``offset`` token columns
+        after its prefix (the padding before them in a padded prefill)."""
         P = self.prefix
         if self.cache is None:  # the first row: an empty batch of its layout
             self.cache = object.__new__(KVCache)
@@ -160,8 +190,8 @@ class DecodeBatch:
             key = self.cache.keys[layer].new_zeros((1, *self.cache.keys[layer].shape[1:]))
             value = torch.zeros_like(key)
             key[:, :, :P], value[:, :, :P] = own.keys[layer][:, :, :P], own.values[layer][:, :, :P]
-            key[:, :, start : P + columns] = own.keys[layer][:, :, P : P + n]
-            value[:, :, start : P + columns] = own.values[layer][:, :, P : P + n]
+            key[:, :, start : P + columns] = own.keys[layer][:, :, P + offset : P + offset + n]
+            value[:, :, start : P + columns] = own.values[layer][:, :, P + offset : P + offset + n]
             self.cache.keys[layer] = torch.cat([self.cache.keys[layer], key], dim=0)
             self.cache.values[layer] = torch.cat([self.cache.values[layer], value], dim=0)
         row_valid = self.valid.new_zeros(1, P + columns)

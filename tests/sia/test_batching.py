@@ -65,10 +65,12 @@ PARAMS = [
 JOIN_AT = [0, 2, 2, 5]  # the step before which each row joins: the longer second row widens the batch
 
 
+@pytest.mark.parametrize("together", [False, True], ids=["prefilled-alone", "prefilled-together"])
 @pytest.mark.parametrize(
     "build", [lambda: llama(0, 1), lambda: llama(2, 2), native], ids=["llama", "llama-memory-slots", "native"]
 )
-def test_rows_joining_at_different_steps_decode_as_they_would_alone(build: object) -> None:
+def test_rows_joining_at_different_steps_decode_as_they_would_alone(build: object, together: bool) -> None:
+    """Rows 1 and 2 join at the same step: one by one, or (``together``) in one left-padded prefill."""
     model = build()  # type: ignore[operator]
     identity = states(model, len(PROMPTS))
     expected = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, PARAMS, strict=True)]
@@ -77,8 +79,13 @@ def test_rows_joining_at_different_steps_decode_as_they_would_alone(build: objec
     sizes, texts = [], {i: "" for i in range(len(PROMPTS))}
     step = 0
     while len(handles) < len(PROMPTS) or len(batch):
-        for i, at in enumerate(JOIN_AT):
-            if at == step:
+        now = [i for i, at in enumerate(JOIN_AT) if at == step]
+        if together and len(now) > 1:
+            cond = model.condition_states([identity[i] for i in now])
+            joined = batch.join_many([PROMPTS[i] for i in now], cond, [PARAMS[i] for i in now])
+            handles.update(zip(now, joined, strict=True))
+        else:
+            for i in now:
                 handles[i] = batch.join(PROMPTS[i], model.condition_states([identity[i]]), PARAMS[i])
         sizes.append(len(batch))
         for event in batch.step():
@@ -126,6 +133,10 @@ def test_bad_joins_are_refused() -> None:
         batch.join([], model.condition_states([fresh]), SamplingParams())
     with pytest.raises(ValueError, match="context"):
         batch.join([1] * 200, model.condition_states([fresh]), SamplingParams(max_new_tokens=100))
+    with pytest.raises(ValueError, match="as many"):
+        batch.join_many([[1, 2], [3]], model.condition_states([fresh]), [SamplingParams()] * 2)
+    with pytest.raises(ValueError, match="context"):  # one row too long refuses them all: none joins
+        batch.join_many([[1, 2], [1] * 200], model.condition_states([fresh, fresh]), [SamplingParams(max_new_tokens=100)] * 2)
     assert len(batch) == 0
 
 
