@@ -159,6 +159,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """A SIA checkpoint of a pretrained backbone rewritten for serving: slot maps factored, weights stored smaller."""
+    from sia.backbones.llama import LlamaModel
+    from sia.checkpoint import BASE_FILE, BaseRef, save_llama_checkpoint
+
+    if not (args.checkpoint / BASE_FILE).is_file():
+        raise ValueError(f"{args.checkpoint} is not a SIA checkpoint of a pretrained backbone (it has no {BASE_FILE})")
+    if args.out.resolve() == args.checkpoint.resolve():
+        raise ValueError("--out must be another directory than --checkpoint")
+    model = load_model(args.checkpoint, cache_dir=args.cache)
+    assert isinstance(model, LlamaModel)
+    if args.slot_rank is not None:
+        model.factor_slots(args.slot_rank)
+    if args.dtype is not None:
+        model.config = replace(model.config, weights_dtype=args.dtype)
+    out = save_llama_checkpoint(model, args.out, BaseRef.read(args.checkpoint / BASE_FILE))
+    size = sum(p.stat().st_size for p in out.iterdir())
+    log.info("wrote %s (%.1f MB; slot rank %s, %s weights)", out, size / 1e6, model.config.slot_rank, model.config.weights_dtype)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sia", description="SIA, the stateful identity-attention runtime.")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
@@ -232,6 +253,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache", type=Path, default=DEFAULT_CACHE, help=f"where a GGUF base is dequantised (default {DEFAULT_CACHE})"
     )
     ev.set_defaults(func=cmd_eval)
+
+    ex = sub.add_parser("export", help="rewrite a trained adapter for serving: low-rank slot maps, half-precision weights")
+    ex.add_argument(
+        "--checkpoint", type=Path, required=True, help="a SIA checkpoint of a pretrained backbone (e.g. runs/smollm2/last)"
+    )
+    ex.add_argument("--out", type=Path, required=True, help="the directory to write (e.g. sia/checkpoints/smollm2)")
+    ex.add_argument("--slot-rank", type=int, default=None, help="factor every slot map to this rank (truncated SVD)")
+    ex.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None, help="storage dtype of the weights")
+    ex.add_argument(
+        "--cache", type=Path, default=DEFAULT_CACHE, help=f"where a GGUF base is dequantised (default {DEFAULT_CACHE})"
+    )
+    ex.set_defaults(func=cmd_export)
     return parser
 
 

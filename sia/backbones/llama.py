@@ -330,6 +330,26 @@ class LlamaModel(IdentityModel):
                 rows = torch.randint(0, self.config.vocab_size, (self.memory.shape[0],), generator=generator)
                 self.memory.copy_(self.wte.weight[rows].float())
 
+    def factor_slots(self, rank: int) -> None:
+        """Replace every layer's slot maps by their best rank-``rank`` approximation, in place: the truncated SVD
+        W ≈ U_r S_r V_rᵀ, stored as up = U_r S_r^½ and down = S_r^½ V_rᵀ (config.slot_rank becomes ``rank``). A
+        smaller adapter at a cost measured in docs/model.md."""
+        config = replace(self.config, slot_rank=rank)  # validates the rank
+        with torch.no_grad():
+            for attn in self.attentions:
+                if not attn.stateful:
+                    continue
+                for name in ("self_key", "self_value"):
+                    old = getattr(attn, name)
+                    weight = old.weight if isinstance(old, nn.Linear) else old.up.weight @ old.down.weight
+                    u, sv, vh = torch.linalg.svd(weight.float(), full_matrices=False)
+                    root = sv[:rank].sqrt()
+                    new = LowRank(weight.shape[1], weight.shape[0], rank).to(weight.device)
+                    new.up.weight.copy_(u[:, :rank] * root)
+                    new.down.weight.copy_(root[:, None] * vh[:rank])
+                    setattr(attn, name, new)
+        self.config = config
+
     def identity_state_dict(self) -> dict[str, Tensor]:
         """The parameters SIA adds to the backbone (what a SIA checkpoint stores beside the name of its base)."""
         return {k: v for k, v in self.state_dict().items() if any(part in k for part in IDENTITY_PARAMETERS)}

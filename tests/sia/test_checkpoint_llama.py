@@ -13,9 +13,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sia.backbones.chat_tokenizer import ChatTokenizer
-from sia.backbones.llama import LlamaModel
+from sia.backbones.llama import LlamaModel, LowRank
 from sia.backbones.weights import cache_entry, file_sha256
 from sia.checkpoint import BASE_FILE, NATIVE_CHECKPOINT, BaseRef, load_model, save_llama_checkpoint, source_digest
+from sia.commands import main
 from sia.model.transformer import SIAModel
 
 from .conftest import TinyGGUF
@@ -131,3 +132,30 @@ def test_an_identity_file_of_integers_is_refused(make_tiny_gguf: Callable[..., T
     save_file({k: v.to(torch.int32) for k, v in tensors.items()}, str(out / "identity.safetensors"))
     with pytest.raises(ValueError, match="not a float32"):
         load_model(out, cache_dir=cache)
+
+
+def test_sia_export_factors_the_slots_and_halves_the_weights(make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path) -> None:
+    tiny = make_tiny_gguf()
+    cache = tmp_path / "models"
+    model = load_model(tiny.path, cache_dir=cache)
+    assert isinstance(model, LlamaModel)
+    with torch.no_grad():
+        for p in model.identity_state_dict().values():
+            p.normal_()
+    trained = save_llama_checkpoint(model, tmp_path / "trained", BaseRef(sha256=source_digest(tiny.path), path=str(tiny.path)))
+    out = tmp_path / "served"
+    argv = ["export", "--checkpoint", str(trained), "--out", str(out), "--cache", str(cache)]
+    assert main([*argv, "--slot-rank", "2", "--dtype", "float16"]) == 0
+    served = load_model(out, cache_dir=cache)
+    assert isinstance(served, LlamaModel) and served.config.slot_rank == 2 and served.config.weights_dtype == "float16"
+    assert json.loads((out / BASE_FILE).read_text()) == json.loads((trained / BASE_FILE).read_text())
+    assert (out / "identity.safetensors").stat().st_size < 0.5 * (trained / "identity.safetensors").stat().st_size
+    factored = served.attentions[0].self_value
+    expected = model.attentions[0].self_value.weight.detach()
+    assert isinstance(factored, LowRank)
+    best = torch.linalg.svdvals(expected)[2:].square().sum()  # what a rank-2 map must lose, no more (float16 aside)
+    error = (factored.up.weight @ factored.down.weight - expected).detach().square().sum()
+    assert float(error) <= 1.01 * float(best) + 1e-3
+    assert main(["export", "--checkpoint", str(tmp_path), "--out", str(tmp_path / "x"), "--cache", str(cache)]) == 2
+    assert main(["export", "--checkpoint", str(trained), "--out", str(trained), "--cache", str(cache)]) == 2
+    assert main([*argv, "--slot-rank", "0"]) == 2  # refused by the config: a clear error

@@ -300,3 +300,45 @@ def test_low_rank_slot_maps_have_the_rank_and_size_asked_for(hf_model: LlamaForC
         assert int(torch.linalg.matrix_rank(keys)) == 4 and bool((values == 0).all())
         ratio = float(keys.std() / full.attentions[0].self_key(s).std())
     assert 0.5 < ratio < 2.0, ratio
+
+
+def test_factoring_the_slot_maps_keeps_their_best_low_rank_approximation(hf_model: LlamaForCausalLM) -> None:
+    """factor_slots(r): each map becomes its truncated SVD (the error is exactly the dropped singular values); a
+    map already of rank r comes through unchanged, and so do the logits it gives."""
+    model = open_read(build(hf_model, self_slots=2))
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():  # layer 0's value map of rank 3, to be kept exactly
+        value = model.attentions[0].self_value
+        assert isinstance(value, torch.nn.Linear)
+        value.weight.copy_(
+            torch.randn(value.weight.shape[0], 3, generator=g) @ torch.randn(3, value.weight.shape[1], generator=g)
+        )
+    before = {name: w.clone() for name, w in model.identity_state_dict().items()}
+    state = random_state(model.config, 4)
+    idx = torch.randint(0, 300, (1, 9), generator=torch.Generator().manual_seed(5))
+    model.factor_slots(3)
+    assert model.config.slot_rank == 3
+    for layer, attn in enumerate(model.attentions):
+        for name in ("self_key", "self_value"):
+            m = getattr(attn, name)
+            assert isinstance(m, LowRank)
+            weight = before[f"blocks.{layer}.attn.{name}.weight"]
+            dropped = torch.linalg.svdvals(weight)[3:].square().sum()
+            error = (m.up.weight @ m.down.weight - weight).detach().square().sum()
+            assert float(error) == pytest.approx(float(dropped), rel=1e-3, abs=1e-6), (layer, name)
+    layer0 = model.attentions[0].self_value
+    assert isinstance(layer0, LowRank)
+    torch.testing.assert_close(
+        (layer0.up.weight @ layer0.down.weight).detach(), before["blocks.0.attn.self_value.weight"], atol=1e-4, rtol=1e-4
+    )
+    with pytest.raises(ValueError, match="slot_rank"):
+        model.factor_slots(8)  # not below d_s = 8
+    full = open_read(build(hf_model, self_slots=2))
+    with torch.no_grad():  # every map of rank 3: the factored model is the same model
+        for attn, low in zip(full.attentions, model.attentions, strict=True):
+            for name in ("self_key", "self_value"):
+                m = getattr(low, name)
+                getattr(attn, name).weight.copy_(m.up.weight @ m.down.weight)
+        got = model(idx, model.condition_states([state])).logits
+        want = full(idx, full.condition_states([state])).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
