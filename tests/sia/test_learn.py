@@ -170,6 +170,34 @@ def test_a_run_resumes_where_it_stopped_and_its_checkpoint_loads_bit_for_bit(
     assert not torch.equal(built[0].identity_state_dict()["memory"], trained["memory"])  # steps 3 and 4 trained
 
 
+def test_cosine_steps_replay_a_run_lengthened_while_it_trained(
+    config: TrainConfig, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run started for 2 steps and resumed for 4 is, step for step, the 4-step run whose cosine spans 2 steps, then
+    4: the same weights bit for bit; the plain 4-step cosine is another run."""
+    built: list[LlamaModel] = []
+
+    def keep(*args: Any, **kwargs: Any) -> Any:
+        model, ref = build_model(*args, **kwargs)
+        built.append(model)
+        return model, ref
+
+    monkeypatch.setattr(adapter_train, "build_model", keep)
+    decaying = replace(config, min_lr=1e-3)  # lr 1e-2 decaying to 1e-3: the schedule matters
+    train(replace(decaying, steps=2), progress=False, cache_dir=cache)
+    train(replace(decaying, steps=4), progress=False, cache_dir=cache)  # lengthened at step 2
+    lengthened = built[-1].identity_state_dict()
+    replay = replace(decaying, steps=4, cosine_steps=[[0, 2], [2, 4]], out_dir=str(tmp_path / "replayed"))
+    assert [replay.cosine_length(step) for step in range(4)] == [2, 2, 4, 4]
+    train(replay, progress=False, cache_dir=cache)
+    replayed = built[-1].identity_state_dict()
+    train(replace(decaying, steps=4, out_dir=str(tmp_path / "straight")), progress=False, cache_dir=cache)
+    straight = built[-1].identity_state_dict()
+    for name, tensor in lengthened.items():
+        assert torch.equal(replayed[name], tensor), name
+    assert any(not torch.equal(straight[name], tensor) for name, tensor in lengthened.items())
+
+
 def served_turn(model: LlamaModel, state: IdentityState, message: str, context: list[int]) -> tuple[list[int], TurnResult]:
     """The service's turn (sia.identity.turn, greedy) and the tokens it generated."""
     request = TurnRequest(state=state, message=message, dynamics=Dynamics.from_config(model.config), context=tuple(context))
@@ -259,6 +287,9 @@ def test_scoring_candidates_is_scoring_each_reply_in_full(config: TrainConfig, c
         ({"batch_size": 0}, "batch_size"),
         ({"read_lr": 0.0}, "read_lr"),
         ({"model": {"memory_tokens": -1}}, "memory_tokens"),
+        ({"cosine_steps": [[5, 100]]}, "cosine_steps"),
+        ({"cosine_steps": [[0, 100], [50, 100], [20, 300]]}, "cosine_steps"),
+        ({"cosine_steps": [[0, 10]], "warmup_steps": 10}, "cosine_steps"),
     ],
 )
 def test_a_bad_training_config_is_refused(config: TrainConfig, change: dict[str, Any], match: str) -> None:

@@ -88,6 +88,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     slot_bias: float = 0.0  # where the slot's bias starts: open, so the read has a gradient
     curriculum: list[list[int]] = field(default_factory=lambda: [[0, 1], [200, 2], [400, 4], [700, 6]])  # [step, max turns]
+    # [[step, length], ...]: from each step on, the cosine decays as if the run had that many steps (null: steps);
+    # a run lengthened or shortened while it trained, stated so that one command replays it
+    cosine_steps: list[list[int]] | None = None
     n_facts: int = 3
     probes_per_episode: int = 1  # questions asked per episode each step (read-out covers every fact anyway)
     distill_every: int = 4  # distil from the transcript teacher every N steps (its transcript forward is the dearest part)
@@ -141,9 +144,23 @@ class TrainConfig:
             raise ValueError(f"curriculum must be [[0, turns], [step, turns], ...] with turns >= 1; got {stages}")
         if [s[0] for s in stages] != sorted(s[0] for s in stages):
             raise ValueError(f"curriculum steps must increase; got {stages}")
+        spans = self.cosine_steps
+        if spans is not None:
+            if not spans or any(len(c) != 2 or c[1] <= self.warmup_steps for c in spans) or spans[0][0] != 0:
+                raise ValueError(
+                    f"cosine_steps must be [[0, length], [step, length], ...] with length > warmup_steps; got {spans}"
+                )
+            if [c[0] for c in spans] != sorted({c[0] for c in spans}):
+                raise ValueError(f"cosine_steps' steps must increase; got {spans}")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be auto, bf16 or fp32; got {self.precision!r}")
         LlamaConfig(**self.model)  # validates the injection fields
+
+    def cosine_length(self, step: int) -> int:
+        """How many steps the cosine spans at ``step`` (``cosine_steps``, or the run's length)."""
+        if self.cosine_steps is None:
+            return self.steps
+        return next(length for start, length in reversed(self.cosine_steps) if start <= step)
 
     def max_between(self, step: int) -> int:
         """The curriculum: the most unrelated turns between statement and question at ``step``."""
@@ -496,7 +513,7 @@ def _lr(config: TrainConfig, step: int, peak: float) -> float:
     scale = peak / config.lr
     if step < config.warmup_steps:
         return peak * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    progress = (step - config.warmup_steps) / max(1, config.cosine_length(step) - config.warmup_steps)
     cosine = config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
     since = step - config.write_stage_steps
     rewarm = (since + 1) / config.warmup_steps if config.write_stage_steps and 0 <= since < config.warmup_steps else 1.0
