@@ -37,17 +37,22 @@ def test_a_bare_gguf_loads_with_its_tokenizer_and_is_cached(make_tiny_gguf: Call
     assert torch.equal(again.wte.weight, model.wte.weight)
 
 
+def trained_like(tiny: TinyGGUF, cache: Path) -> tuple[LlamaModel, BaseRef]:
+    """The tiny base with random identity parameters (standing in for trained ones), and the reference to its base."""
+    model = load_model(tiny.path, cache_dir=cache)
+    assert isinstance(model, LlamaModel)
+    with torch.no_grad():
+        for p in model.identity_state_dict().values():
+            p.normal_()
+    return model, BaseRef(sha256=source_digest(tiny.path), path=str(tiny.path))
+
+
 def test_a_sia_checkpoint_names_its_base_and_restores_its_identity_parameters(
     make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path
 ) -> None:
     tiny = make_tiny_gguf()
     cache = tmp_path / "models"
-    model = load_model(tiny.path, cache_dir=cache)
-    assert isinstance(model, LlamaModel)
-    with torch.no_grad():
-        for p in model.identity_state_dict().values():
-            p.normal_()  # stands in for trained identity parameters
-    ref = BaseRef(sha256=source_digest(tiny.path), path=str(tiny.path))
+    model, ref = trained_like(tiny, cache)
     out = save_llama_checkpoint(model, tmp_path / "ckpt", ref)
     assert sorted(p.name for p in out.iterdir()) == ["base.json", "config.json", "identity.safetensors"]
     assert json.loads((out / BASE_FILE).read_text()) == {"path": str(tiny.path), "sha256": file_sha256(tiny.path)}
@@ -98,15 +103,9 @@ def test_identity_parameters_stored_in_half_precision_load_as_stored(
 ) -> None:
     """weights_dtype float16 halves identity.safetensors; the loaded parameters are exactly the stored values (in
     float32), saving them again writes the same bytes, and a training checkpoint (exact) keeps float32."""
-    tiny = make_tiny_gguf()
     cache = tmp_path / "models"
-    model = load_model(tiny.path, cache_dir=cache)
-    assert isinstance(model, LlamaModel)
+    model, ref = trained_like(make_tiny_gguf(), cache)
     model.config = replace(model.config, weights_dtype="float16")
-    with torch.no_grad():
-        for p in model.identity_state_dict().values():
-            p.normal_()
-    ref = BaseRef(sha256=source_digest(tiny.path), path=str(tiny.path))
     half = save_llama_checkpoint(model, tmp_path / "half", ref)
     exact = save_llama_checkpoint(model, tmp_path / "exact", ref, exact=True)
     stored = load_file(str(half / "identity.safetensors"))
@@ -135,14 +134,9 @@ def test_an_identity_file_of_integers_is_refused(make_tiny_gguf: Callable[..., T
 
 
 def test_sia_export_factors_the_slots_and_halves_the_weights(make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path) -> None:
-    tiny = make_tiny_gguf()
     cache = tmp_path / "models"
-    model = load_model(tiny.path, cache_dir=cache)
-    assert isinstance(model, LlamaModel)
-    with torch.no_grad():
-        for p in model.identity_state_dict().values():
-            p.normal_()
-    trained = save_llama_checkpoint(model, tmp_path / "trained", BaseRef(sha256=source_digest(tiny.path), path=str(tiny.path)))
+    model, ref = trained_like(make_tiny_gguf(), cache)
+    trained = save_llama_checkpoint(model, tmp_path / "trained", ref)
     out = tmp_path / "served"
     argv = ["export", "--checkpoint", str(trained), "--out", str(out), "--cache", str(cache)]
     assert main([*argv, "--slot-rank", "2", "--dtype", "float16"]) == 0

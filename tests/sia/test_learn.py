@@ -85,6 +85,20 @@ def config(base: Path, tmp_path: Path) -> TrainConfig:
     )
 
 
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list[LlamaModel]:
+    """Every model ``train`` builds, in order (the trained weights, to compare runs)."""
+    models: list[LlamaModel] = []
+
+    def keep(*args: Any, **kwargs: Any) -> Any:
+        model, ref = build_model(*args, **kwargs)
+        models.append(model)
+        return model, ref
+
+    monkeypatch.setattr(adapter_train, "build_model", keep)
+    return models
+
+
 def open_read(model: LlamaModel, seed: int) -> None:
     """Nonzero slot values (they start at zero), so the self state changes what the model reads."""
     generator = torch.Generator().manual_seed(seed)
@@ -131,16 +145,8 @@ def test_a_few_steps_on_one_batch_lower_its_loss_and_move_the_adapter(config: Tr
 
 
 def test_a_run_resumes_where_it_stopped_and_its_checkpoint_loads_bit_for_bit(
-    config: TrainConfig, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    config: TrainConfig, cache: Path, tmp_path: Path, built: list[LlamaModel]
 ) -> None:
-    built: list[LlamaModel] = []
-
-    def keep(*args: Any, **kwargs: Any) -> Any:
-        model, ref = build_model(*args, **kwargs)
-        built.append(model)
-        return model, ref
-
-    monkeypatch.setattr(adapter_train, "build_model", keep)
     config = replace(config, model={**config.model, "weights_dtype": "float16"})  # the served adapter's storage
     torch.manual_seed(0)  # the read-out's initialisation
     out = train(replace(config, steps=2), progress=False, cache_dir=cache)
@@ -171,18 +177,10 @@ def test_a_run_resumes_where_it_stopped_and_its_checkpoint_loads_bit_for_bit(
 
 
 def test_cosine_steps_replay_a_run_lengthened_while_it_trained(
-    config: TrainConfig, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    config: TrainConfig, cache: Path, tmp_path: Path, built: list[LlamaModel]
 ) -> None:
     """A run started for 2 steps and resumed for 4 is, step for step, the 4-step run whose cosine spans 2 steps, then
     4: the same weights bit for bit; the plain 4-step cosine is another run."""
-    built: list[LlamaModel] = []
-
-    def keep(*args: Any, **kwargs: Any) -> Any:
-        model, ref = build_model(*args, **kwargs)
-        built.append(model)
-        return model, ref
-
-    monkeypatch.setattr(adapter_train, "build_model", keep)
     decaying = replace(config, min_lr=1e-3)  # lr 1e-2 decaying to 1e-3: the schedule matters
     train(replace(decaying, steps=2), progress=False, cache_dir=cache)
     train(replace(decaying, steps=4), progress=False, cache_dir=cache)  # lengthened at step 2
