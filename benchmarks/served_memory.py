@@ -7,7 +7,12 @@ one fact (the episode's first probe). A second user, who never said anything, as
 counts as right when it contains the fact's value (case-insensitive, whole word). The service runs in process on
 the checkpoint (default: the bundled one) with a fresh SQLite database.
 
-    python -m benchmarks.served_memory [--episodes 8] [--between 2] [--route chat|openai] [--checkpoint PATH] [--out FILE]
+``--set natural`` asks the same of conversations written as people write to a chat service, in none of the corpus's
+wordings: a greeting and three facts in one informal message (colour, pet, hobby), ``--between`` everyday requests,
+then a plain question about each fact in turn; the stranger asks the same three questions.
+
+    python -m benchmarks.served_memory [--set heldout|natural] [--episodes 8] [--between 2] [--route chat|openai]
+                                       [--checkpoint PATH] [--out FILE]
 
 Writes benchmarks/results/served_memory.json and prints a table.
 """
@@ -36,12 +41,65 @@ log = logging.getLogger("benchmarks.served_memory")
 RESULTS = Path(__file__).parent / "results" / "served_memory.json"
 
 
+# --set natural: what a user might write; none of it is a wording of the fact corpus (sia.learn.adapter.facts)
+INTRODUCTIONS = (
+    "Hi! My favourite colour is {colour}, I have a {pet} and I love {hobby}.",
+    "hey there. quick intro: I'm really into {hobby}, my {pet} keeps me company, and {colour} is my colour.",
+    "Hello, nice to meet you. A bit about me: I've got a {pet} at home, I spend weekends {hobby}, and I wear {colour}"
+    " whenever I can.",
+    "So, about me: {colour} is my favourite colour, {hobby} is my hobby and I have a pet {pet}.",
+    "Good morning! I live with my {pet}, I'm crazy about {hobby}, and my favourite colour is {colour}.",
+    "Let me tell you a few things about myself. I love the colour {colour}. I own a {pet}. My hobby is {hobby}.",
+    "hiya, I'm new here. I do a lot of {hobby}, my favourite colour's {colour}, and I have a {pet} called Pip.",
+    "Before we start: my {pet} is my best friend, {hobby} is what I do for fun, and I'm all about {colour}.",
+)
+REQUESTS = (
+    "Can you suggest a good book to read?",
+    "How long should I boil an egg?",
+    "What's a good way to fall asleep faster?",
+    "Tell me a fun fact about space.",
+    "Any tips for learning a new language?",
+    "What should I cook for dinner tonight?",
+    "How do I stay focused when working from home?",
+    "How do I get a coffee stain out of a shirt?",
+)
+QUESTIONS = {
+    "colour": ("What is my favourite colour?", "Do you remember which colour I like?", "Which colour do I love?"),
+    "pet": (
+        "What sort of animal is my pet?",
+        "Do you remember what animal lives with me?",
+        "What kind of pet did I tell you about?",
+    ),
+    "hobby": (
+        "What do I like doing in my free time?",
+        "Remind me, what is that hobby of mine?",
+        "Do you remember what I do for fun?",
+    ),
+}
+
+
 def mentions(reply: str, value: str) -> bool:
     return re.search(rf"\b{re.escape(value)}\b", reply, flags=re.IGNORECASE) is not None
 
 
+def natural(n: int, between: int) -> list[tuple[list[str], list[tuple[str, str, str]]]]:
+    """``n`` conversations: (the user's messages before the questions, [(kind, value, question), ...]). The first is
+    green, cat, hiking in the first introduction; the rest turn through the values, wordings and requests."""
+    conversations = []
+    for i in range(n):
+        at = {"colour": 2 + i, "pet": 5 * i, "hobby": 1 + i + i // 6}  # 0: green, cat, hiking; then all turn
+        chosen = {kind: facts.CLOSED_VALUES[kind][at[kind] % 6] for kind in QUESTIONS}
+        said = [INTRODUCTIONS[i % len(INTRODUCTIONS)].format(**chosen)]
+        said += [REQUESTS[(i + j) % len(REQUESTS)] for j in range(between)]
+        kinds = list(QUESTIONS)[i % 3 :] + list(QUESTIONS)[: i % 3]  # which fact is asked first turns too
+        asked = [(kind, chosen[kind], QUESTIONS[kind][i % 3]) for kind in kinds]
+        conversations.append((said, asked))
+    return conversations
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=("heldout", "natural"), default="heldout", dest="wordings")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--between", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=40)
@@ -51,7 +109,13 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     model = load_model(args.checkpoint, cache_dir=DEFAULT_CACHE)
-    episodes = facts.episodes("heldout", args.episodes, 7, between=args.between, kinds=("colour", "pet", "hobby"))
+    if args.wordings == "natural":
+        conversations = natural(args.episodes, args.between)
+    else:  # the corpus's held-out episodes, the first probe of each
+        episodes = facts.episodes("heldout", args.episodes, 7, between=args.between, kinds=("colour", "pet", "hobby"))
+        conversations = [
+            ([t.user for t in e.turns], [(e.probes[0].kind, e.probes[0].value, e.probes[0].question)]) for e in episodes
+        ]
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,29 +134,32 @@ def main() -> None:
                 response.raise_for_status()
                 return str(response.json()["reply"])
 
-            for i, episode in enumerate(episodes):
+            for i, (said, asked) in enumerate(conversations):
                 user, stranger = f"served-{i}", f"stranger-{i}"
-                for turn in episode.turns:
-                    say(user, turn.user)
-                probe = episode.probes[0]
-                own, other = say(user, probe.question), say(stranger, probe.question)
-                rows.append(
-                    {
-                        "kind": probe.kind,
-                        "value": probe.value,
-                        "question": probe.question,
-                        "reply": own,
-                        "right": mentions(own, probe.value),
-                        "stranger_reply": other,
-                        "stranger_right": mentions(other, probe.value),
-                    }
-                )
-                log.warning("%s: %r -> %r (stranger: %r)", probe.value, probe.question, own, other)
+                for message in said:
+                    say(user, message)
+                for kind, value, question in asked:
+                    own, other = say(user, question), say(stranger, question)
+                    rows.append(
+                        {
+                            "conversation": i,
+                            "kind": kind,
+                            "value": value,
+                            "question": question,
+                            "reply": own,
+                            "right": mentions(own, value),
+                            "stranger_reply": other,
+                            "stranger_right": mentions(other, value),
+                        }
+                    )
+                    log.warning("%s: %r -> %r (stranger: %r)", value, question, own, other)
     right = sum(r["right"] for r in rows) / len(rows)
     stranger = sum(r["stranger_right"] for r in rows) / len(rows)
     result = {
         "checkpoint": str(args.checkpoint or "bundled"),
-        "episodes": len(rows),
+        "set": args.wordings,
+        "episodes": len(conversations),
+        "questions": len(rows),
         "between": args.between,
         "route": args.route,
         "right": right,
@@ -102,7 +169,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    sys.stdout.write(f"the user's own reply names the value: {right:.0%}; a stranger's: {stranger:.0%} ({len(rows)} episodes)\n")
+    sys.stdout.write(f"the user's own reply names the value: {right:.0%}; a stranger's: {stranger:.0%} ({len(rows)} questions)\n")
 
 
 if __name__ == "__main__":
