@@ -474,3 +474,19 @@ def test_the_answer_reaches_the_write_only_after_write_warmup(
     write = model.self_update.proj.weight.grad
     assert (write is not None and float(write.abs().max()) > 0) == reaches
     assert model.blocks[1].attn.self_value.weight.grad is not None  # the read learns either way
+
+
+def test_freeze_write_trains_the_read_over_a_write_that_stays(config: TrainConfig, cache: Path, built: list[LlamaModel]) -> None:
+    """``freeze_write``: memory tokens, pooling, self update and its running statistics end as they started; the
+    slots' keys, values and biases move."""
+    config = replace(config, freeze_write=True, write_warmup=None, slot_bias=0.5)
+    start = build_model(config, cache)[0].identity_state_dict()
+    train(config, progress=False, cache_dir=cache)
+    trained = built[-1].identity_state_dict()
+    write = [n for n in trained if n.startswith(("memory", "pool", "self_update"))]
+    assert "self_update.centre" in write and "self_update.proj.weight" in write
+    for name in write:
+        assert torch.equal(trained[name], start[name]), name
+    read = [n for n in trained if n not in write]
+    assert read and all(".attn." in n for n in read)
+    assert all(not torch.equal(trained[n], start[n]) for n in read if n.endswith(("self_value.weight", "slot_bias")))

@@ -75,6 +75,15 @@ GATE_PARAMETERS = ("slot_bias", "self_update.gate.bias")  # scalars that open an
 READ_PARAMETERS = ("self_key", "self_value")  # the maps to the slots' keys and values (the read): config.read_lr
 
 
+def _is_read(name: str) -> bool:
+    return any(part in READ_PARAMETERS for part in name.split("."))
+
+
+def _is_write(name: str) -> bool:
+    """An identity parameter of the write: not a slot's key, value or bias (those read the state)."""
+    return not (_is_read(name) or name.endswith("slot_bias"))
+
+
 @dataclass
 class TrainConfig:
     base: str | None = None  # a GGUF file or HF directory; None: the bundled SmolLM2-135M-Instruct
@@ -92,6 +101,9 @@ class TrainConfig:
     readout_lr: float = 1e-2  # the read-out must grow from nothing to name values: it learns fast or the write gets no signal
     # steps in which the read's losses stop at the state (the write learns from the read-out); null: all of them
     write_warmup: int | None = 150
+    # the write (memory tokens, pooling, self update) stays as it starts and only the read trains: a read fine-tuned
+    # over a trained write (with init), which cannot collapse the state the write keeps
+    freeze_write: bool = False
     write_stage_steps: int = 0  # first stage: statement turns alone, read-out only (many examples per step, cheap)
     write_stage_batch: int = 24
     min_lr: float = 2e-4
@@ -233,7 +245,7 @@ def build_model(config: TrainConfig, cache_dir: Path = DEFAULT_CACHE) -> tuple[L
     model = LlamaModel.from_base(model_config, ChatTokenizer.from_dir(hf_dir), tensors, seed=config.seed)
     model.init_identity(config.seed, slot_bias=config.slot_bias)
     for name, p in model.named_parameters():
-        p.requires_grad_(name in model.identity_state_dict())
+        p.requires_grad_(name in model.identity_state_dict() and not (config.freeze_write and _is_write(name)))
     return model, ref
 
 
@@ -500,10 +512,6 @@ def _start_from(directory: Path, model: LlamaModel, ref: BaseRef, readout: ReadO
 # ---------------------------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _is_read(name: str) -> bool:
-    return any(part in READ_PARAMETERS for part in name.split("."))
 
 
 def _keep_history(history: Path, step: int) -> None:

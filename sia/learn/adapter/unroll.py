@@ -199,7 +199,7 @@ def write_turn(
         trace = trace_step(carry.trace, summary.keys, summary.queries, shock, alpha=dynamics.alpha, decay=dynamics.decay)
         new_shock = torch.stack(welford_step(count, mean, m2, nll), dim=-1)
     z = stats.written_by(out.memory).hidden  # (B, (K+1)·C), the write's input, differentiable
-    if model.training:
+    if model.training and model.self_update.proj.weight.requires_grad:  # the statistics are the write's: frozen with it
         model.self_update.observe(z)
     s = self_step(carry.self_state, z, model.self_update, eta=dynamics.eta)
     return Carry(s, trace, new_shock), logits, valid
