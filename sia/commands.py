@@ -136,7 +136,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from sia.learn.adapter.evaluate import EvalOptions
         from sia.learn.adapter.evaluate import run_eval as run_memory_eval
 
-        options = EvalOptions(episodes=args.episodes, conversations=args.conversations, seed=args.seed + 100, device=args.device)
+        options = EvalOptions(
+            episodes=args.episodes,
+            conversations=args.conversations,
+            seed=args.seed + 100,
+            device=args.device,
+            read_shifts=tuple(args.read_shifts),
+        )
         figures = run_memory_eval(args.checkpoint, args.out, options, history=args.history, cache_dir=args.cache)
         log.info(
             "report written to %s (%d targets met of %d)",
@@ -248,6 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--episodes", type=int, default=24, help="pretrained backbone: held-out episodes per depth")
     ev.add_argument("--conversations", type=int, default=60, help="pretrained backbone: held-out dialogue conversations")
     ev.add_argument("--device", default="cpu", help="pretrained backbone: the torch device to evaluate on (e.g. cuda)")
+    ev.add_argument(
+        "--read-shifts",
+        type=float,
+        nargs="*",
+        default=[],
+        help="pretrained backbone: recall and perplexity with every slot logit lowered by each of these (e.g. 0 0.5 1)",
+    )
     ev.add_argument("--history", type=Path, default=None, help="pretrained backbone: the training run's history.jsonl to plot")
     ev.add_argument(
         "--cache", type=Path, default=DEFAULT_CACHE, help=f"where a GGUF base is dequantised (default {DEFAULT_CACHE})"

@@ -371,8 +371,14 @@ def test_sia_eval_measures_a_tiny_model_end_to_end(config: TrainConfig, cache: P
         "heldout": {"per_fact": 0.2, "all": 0.0},
     }
     history.write_text(json.dumps(record) + "\n")
-    options = EvalOptions(episodes=2, depths=(1, 2), target_depth=1, conversations=2)
+    options = EvalOptions(episodes=2, depths=(1, 2), target_depth=1, conversations=2, read_shifts=(30.0, 0.0))
     figures = run_eval(tmp_path / "ckpt", tmp_path / "eval", options, history=history, cache_dir=cache)
+    weakened, unshifted = figures["read_strength"]  # after a shift of 30 the slot biases came back: 0 is the main figure
+    assert (weakened["shift"], unshifted["shift"]) == (30.0, 0.0)
+    assert unshifted["state"] == figures["recall"][0]["state"]
+    assert unshifted["perplexity_ratio"] == figures["perplexity"]["ratio"]
+    assert weakened["perplexity_ratio"] != unshifted["perplexity_ratio"]  # the slots' weight is e^-30 of what it was
+    assert "The read's strength" in (tmp_path / "eval" / "report.md").read_text()
     for depth in figures["recall"]:
         assert depth["episodes"] == 2 and depth["chance"]["per_fact"] == pytest.approx(1 / 6)
         for condition in ("state", "stateless", "other_user", "transcript"):

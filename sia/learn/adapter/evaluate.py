@@ -67,6 +67,7 @@ class EvalOptions:
     seed: int = 100
     chunk: int = 8  # probes scored per forward
     device: str = "cpu"  # the torch device to evaluate on (e.g. cuda)
+    read_shifts: tuple[float, ...] = ()  # the read's strength: recall and perplexity with every slot logit lowered by each
 
     def __post_init__(self) -> None:
         if self.episodes < 2:
@@ -209,6 +210,29 @@ def dialogue_perplexity(model: LlamaModel, dynamics: Dynamics, conversations: in
         carry = carry.put(rows, part)
     ppl = {k: math.exp(v / count) for k, v in nll.items()}
     return {"state": ppl["state"], "base": ppl["base"], "ratio": ppl["state"] / ppl["base"], "tokens": count}
+
+
+def read_strength(model: LlamaModel, dynamics: Dynamics, options: EvalOptions) -> list[dict[str, Any]]:
+    """Memory against language: for each shift in ``options.read_shifts``, every slot's logit lowered by it (its
+    attention weight times e^-shift), recall at the target depth through the state and the reply perplexity ratio.
+    The model's slot biases are given back as they were."""
+    stateful = [attn for attn in model.attentions if attn.stateful]
+    kept = [attn.slot_bias.detach().clone() for attn in stateful]
+    rows = []
+    try:
+        for shift in options.read_shifts:
+            with torch.no_grad():
+                for attn, bias in zip(stateful, kept, strict=True):
+                    attn.slot_bias.copy_(bias - shift)
+            f, _, _ = recall_at(model, options.target_depth, CLOSED_TRIO, options, dynamics, ("state",))
+            ppl = dialogue_perplexity(model, dynamics, options.conversations)
+            rows.append({"shift": shift, "state": f["state"], "perplexity_ratio": ppl["ratio"]})
+            log.info("read shift %.2f: %s, perplexity %.4fx", shift, f["state"], ppl["ratio"])
+    finally:
+        with torch.no_grad():
+            for attn, bias in zip(stateful, kept, strict=True):
+                attn.slot_bias.copy_(bias)
+    return rows
 
 
 @torch.no_grad()
@@ -407,6 +431,15 @@ def report(figures: dict[str, Any]) -> str:
         lines += ["| unrelated turns since the statement | " + " | ".join(str(f["depth"]) for f in figures["retention"]) + " |"]
         lines += ["|---|" + "---|" * len(figures["retention"])]
         lines += ["| read-out accuracy (chance 16.7 %) | " + " | ".join(_pct(f["readout"]) for f in figures["retention"]) + " |"]
+    if figures.get("read_strength"):
+        depth = figures["options"]["target_depth"]
+        lines += ["", f"## The read's strength: memory against language ({depth} unrelated turns)", ""]
+        lines += ["| slot logits lowered by | per fact | all three | reply perplexity / base |", "|---|---|---|---|"]
+        for row in figures["read_strength"]:
+            lines.append(
+                f"| {row['shift']:g} | {_pct(row['state']['per_fact'])} | {_pct(row['state']['all_three'])}"
+                f" | {row['perplexity_ratio']:.3f}× |"
+            )
     lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for t in figures["targets"]:
         lines.append(f"| {t['name']} | {t['measured']} | {'yes' if t['met'] else 'no'} |")
@@ -503,6 +536,8 @@ def run_eval(
     figures["history_kl"] = history_kl(model, states[-1])
     figures["reset"] = reset_determinism(model)
     figures["retention"] = retention(model, checkpoint, options, dynamics)
+    if options.read_shifts:
+        figures["read_strength"] = read_strength(model, dynamics, options)
     figures["targets"] = targets(figures, options)
     plot_recall(by_depth, out / "recall.png")
     plot_self_state(states, episodes[0], 0, out / "self_state.png")
