@@ -134,11 +134,12 @@ class Batcher:
                 continue
             try:
                 started = time.perf_counter()
-                events = batch.step()
-                self._observe(len(events), time.perf_counter() - started)
-                for event in events:
+                events = batch.sample()
+                for event in events:  # streamed before the forward that feeds these tokens back
                     if not rows[event.row].cancelled:
                         rows[event.row].deliver(replace(event, row=0))
+                batch.advance()
+                self._observe(len(events), time.perf_counter() - started)
                 for rid in [r for r in rows if r in batch.done]:
                     turn = rows.pop(rid)
                     generation = batch.take(rid)

@@ -86,7 +86,8 @@ class DecodeBatch:
     """Rows decoding together; ``join`` a prompt under a one-row Conditioning, ``step`` until rows finish.
 
     ``step()`` samples one token for every row, yields their StreamEvents (``row`` is the handle ``join``
-    returned) and feeds the tokens of the rows that go on back in one forward. A row that stops is written (its
+    returned) and feeds the tokens of the rows that go on back in one forward; ``sample()`` and ``advance()`` are
+    its two halves, so that the tokens can be streamed before that forward. A row that stops is written (its
     memory tokens, when the model has them), leaves at once, and its Generation is kept for ``take(rid)``.
     ``cancel(rid)`` drops a row without a result. Not thread-safe: one scheduler drives it.
     """
@@ -103,9 +104,14 @@ class DecodeBatch:
         self.done: dict[int, Generation] = {}
         self._next = 0
         self._banned = torch.tensor(self.tok.banned_ids, dtype=torch.long, device=model.device)
+        self._sampled: tuple[list[int], list[int]] | None = None  # (going, stopped) between sample() and advance()
 
     def __len__(self) -> int:
         return len(self.members)
+
+    def _check_whole(self) -> None:
+        if self._sampled is not None:
+            raise RuntimeError("a step is half done (sampled, not advanced): rows join and leave between steps")
 
     @property
     def rids(self) -> list[int]:
@@ -132,6 +138,7 @@ class DecodeBatch:
     ) -> list[int]:
         """Prefill ``prompts`` together, one left-padded forward under ``cond`` (a row each), and add them to the
         batch in order; returns their handles. The padding is masked: each row is the row it would be alone."""
+        self._check_whole()
         model, device = self.model, self.model.device
         B = len(prompts)
         if B < 1 or cond.batch_size != B or len(params) != B:
@@ -225,11 +232,20 @@ class DecodeBatch:
 
     # --- stepping ------------------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def step(self) -> list[StreamEvent]:
-        """One token for every row; the rows that stop are written and leave (their Generations go to ``done``)."""
-        if not self.members:
-            return []
+        """One token for every row; the rows that stop are written and leave (their Generations go to ``done``):
+        ``sample()`` then ``advance()``."""
+        events = self.sample()
+        self.advance()
+        return events
+
+    @torch.inference_mode()
+    def sample(self) -> list[StreamEvent]:
+        """The next token of every row, from the logits the last forward left: its StreamEvent can go to its reader
+        before ``advance()`` runs the tokens through the model (a row's first token comes straight from its
+        prefill). Until ``advance()``, rows can neither join nor leave."""
+        if self._sampled is not None:
+            raise RuntimeError("these rows' tokens are already sampled: advance() first")
         events: list[StreamEvent] = []
         going: list[int] = []
         stopped: list[int] = []
@@ -244,12 +260,22 @@ class DecodeBatch:
             delta = m.row.push(token, m.params, self.tok.end_ids)
             events.append(StreamEvent(row=m.rid, token=token, text=delta, logprob=float(log_p[token]), top_logprobs=top))
             (going if m.row.finish_reason is None else stopped).append(b)
+        self._sampled = (going, stopped)
+        return events
+
+    @torch.inference_mode()
+    def advance(self) -> None:
+        """The rest of the step ``sample()`` began: the rows that stopped are written and leave, the others' tokens
+        go through the model in one forward."""
+        if self._sampled is None:
+            raise RuntimeError("nothing to advance: sample() first")
+        going, stopped = self._sampled
+        self._sampled = None
         if stopped:
             self._finish(stopped)
         if going:
             self._feed(going)
         self._keep([b for b in range(len(self.members)) if b in going])
-        return events
 
     def _feed(self, going: list[int]) -> None:
         """Run the sampled tokens of the rows that go on through the model, all in one forward."""
@@ -304,6 +330,7 @@ class DecodeBatch:
 
     def cancel(self, rid: int) -> None:
         """Drop a row now, with no result (its client is gone); KeyError if it is not in the batch."""
+        self._check_whole()
         rows = self.rids
         if rid not in rows:
             raise KeyError(f"row {rid} is not in the batch")

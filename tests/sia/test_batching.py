@@ -123,6 +123,38 @@ def test_a_cancelled_row_leaves_at_once_and_the_others_go_on_unchanged() -> None
     assert batch.cache is None and batch.valid.shape[0] == 0  # an empty batch holds no memory
 
 
+def test_a_rows_token_is_sampled_before_the_forward_that_feeds_it_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sample()`` gives each row's token from the logits already computed (the first one straight from the
+    prefill, with no forward of its own); ``advance()`` runs the forward. step() is the two in turn; rows join and
+    leave only between steps."""
+    model = llama(2, 1)
+    identity = states(model, 2)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    expected = [solo(model, p, s, params) for p, s in zip(PROMPTS[:2], identity, strict=True)]
+    forwards = []
+    original = type(model).forward
+    monkeypatch.setattr(type(model), "forward", lambda self, *a, **k: forwards.append(1) or original(self, *a, **k))
+    batch = DecodeBatch(model)
+    rows = [batch.join(p, model.condition_states([s]), params) for p, s in zip(PROMPTS[:2], identity, strict=True)]
+    prefilled = len(forwards)
+    first = batch.sample()
+    assert len(forwards) == prefilled  # the first tokens came from the prefills
+    assert [e.token for e in first] == [expected[0].tokens[0], expected[1].tokens[0]]
+    with pytest.raises(RuntimeError, match="advance"):
+        batch.sample()
+    with pytest.raises(RuntimeError, match="half done"):
+        batch.join(PROMPTS[2], model.condition_states(identity[:1]), params)
+    with pytest.raises(RuntimeError, match="half done"):
+        batch.cancel(rows[0])
+    batch.advance()
+    assert len(forwards) == prefilled + 1  # both rows' tokens in one forward
+    with pytest.raises(RuntimeError, match="sample"):
+        batch.advance()
+    while len(batch):
+        batch.step()
+    assert [batch.take(r).tokens for r in rows] == [g.tokens for g in expected]
+
+
 def test_bad_joins_are_refused() -> None:
     model = llama(0, 1)
     batch = DecodeBatch(model)
