@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -163,13 +163,18 @@ def load_llama_checkpoint(directory: Path, cache_dir: Path) -> LlamaModel:
 
 def load_identity(model: LlamaModel, directory: str | Path) -> None:
     """Load the identity parameters of the SIA checkpoint at ``directory`` into ``model``, whose config must be the
-    checkpoint's (the same injection over the same base); every tensor is checked before any is loaded."""
+    checkpoint's (the same injection over the same base), or differ only in that the model's slot maps are full
+    rank where the checkpoint's are factored (each map loads as the product of its factors); every tensor is
+    checked before any is loaded."""
     directory = Path(directory)
     config = LlamaConfig.from_file(directory / CONFIG_FILE)
-    if config != model.config:
+    unfactor = model.config.slot_rank is None and replace(config, slot_rank=None) == model.config
+    if config != model.config and not unfactor:
         differ = [k for k, v in vars(config).items() if getattr(model.config, k) != v]
         raise ValueError(f"{directory} was made with another config than this model's (fields {differ[:6]})")
     identity = load_file(str(directory / IDENTITY_FILE))
+    if unfactor:
+        identity = _multiplied(identity)
     expected = model.identity_state_dict()
     if set(identity) != set(expected):
         raise ValueError(f"{directory / IDENTITY_FILE} does not fit its config: {sorted(set(identity) ^ set(expected))[:4]}")
@@ -179,6 +184,19 @@ def load_identity(model: LlamaModel, directory: str | Path) -> None:
         if tensor.dtype not in STATE_DTYPES.values():
             raise ValueError(f"{directory / IDENTITY_FILE}: {name} is {tensor.dtype}, not a float32/16 or bfloat16 tensor")
     model.load_state_dict(identity, strict=False)
+
+
+def _multiplied(identity: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Factored slot maps (``….up.weight``, ``….down.weight``) as full ones (``….weight`` = up · down, float32)."""
+    out = {k: v for k, v in identity.items() if not k.endswith((".up.weight", ".down.weight"))}
+    for key in identity:
+        if key.endswith(".up.weight"):
+            stem = key.removesuffix(".up.weight")
+            down = identity.get(f"{stem}.down.weight")
+            if down is None:
+                raise ValueError(f"{stem} has an up map and no down map")
+            out[f"{stem}.weight"] = identity[key].float() @ down.float()
+    return out
 
 
 def load_model(checkpoint: str | Path | None = None, *, cache_dir: str | Path = DEFAULT_CACHE) -> IdentityModel:

@@ -20,6 +20,7 @@ from sia.commands import main
 from sia.model.transformer import SIAModel
 
 from .conftest import TinyGGUF
+from .test_llama import random_state
 
 
 def test_a_bare_gguf_loads_with_its_tokenizer_and_is_cached(make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path) -> None:
@@ -153,3 +154,32 @@ def test_sia_export_factors_the_slots_and_halves_the_weights(make_tiny_gguf: Cal
     assert main(["export", "--checkpoint", str(tmp_path), "--out", str(tmp_path / "x"), "--cache", str(cache)]) == 2
     assert main(["export", "--checkpoint", str(trained), "--out", str(trained), "--cache", str(cache)]) == 2
     assert main([*argv, "--slot-rank", "0"]) == 2  # refused by the config: a clear error
+
+
+def test_a_factored_checkpoint_loads_into_full_rank_slot_maps_as_the_product(
+    make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path
+) -> None:
+    """A full-rank model (e.g. a run that fine-tunes a shipped adapter in full rank) takes a factored checkpoint's
+    maps as up · down, and reads exactly as the factored model does; any other config difference is refused."""
+    from sia.checkpoint import load_identity
+
+    cache = tmp_path / "models"
+    model, ref = trained_like(make_tiny_gguf(), cache)
+    full_config = model.config
+    model.factor_slots(2)
+    factored = save_llama_checkpoint(model, tmp_path / "factored", ref)
+    full = load_model(make_tiny_gguf().path, cache_dir=cache)
+    assert isinstance(full, LlamaModel)
+    full.config = full_config  # the trained config, full rank
+    load_identity(full, factored)
+    for attn, low in zip(full.attentions, model.attentions, strict=True):
+        if attn.stateful:
+            assert isinstance(attn.self_value, torch.nn.Linear) and isinstance(low.self_value, LowRank)
+            torch.testing.assert_close(attn.self_value.weight, low.self_value.up.weight @ low.self_value.down.weight)
+    state = model.condition_states([random_state(model.config, 3)])
+    tokens = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(full(tokens, state).logits, model(tokens, state).logits, atol=1e-5, rtol=1e-5)
+    full.config = replace(full_config, d_self=full_config.d_self * 2)
+    with pytest.raises(ValueError, match="another config"):
+        load_identity(full, factored)
