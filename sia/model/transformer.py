@@ -353,7 +353,8 @@ class IdentityModel(nn.Module):
     def _pool(self, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Online-softmax pooling sums of x (B, L, C) over tokens with weight (B, L, 1) > 0."""
         B, L, _ = x.shape
-        scores = x.new_zeros(B, L) if self.pool is None else self.pool(x).squeeze(-1)  # (B, L)
+        # (B, L); the scores in the pool's own dtype (a bfloat16 model), the sums in x's (float32)
+        scores = x.new_zeros(B, L) if self.pool is None else self.pool(x.to(self.pool.weight.dtype)).squeeze(-1).to(x.dtype)
         counted = weight.squeeze(-1) > 0
         scores = scores.masked_fill(~counted, float("-inf"))
         top = scores.max(dim=1).values  # (B,)

@@ -342,3 +342,23 @@ def test_factoring_the_slot_maps_keeps_their_best_low_rank_approximation(hf_mode
         got = model(idx, model.condition_states([state])).logits
         want = full(idx, full.condition_states([state])).logits
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_bfloat16_model_with_attention_pooling_decodes_and_pools_in_float32(hf_model: LlamaForCausalLM) -> None:
+    """Weights cast to bfloat16 (a decoding benchmark's ``--dtype``): the pool scores in the weights' dtype, the
+    pooled sums stay float32 and near the float32 model's."""
+    model = open_read(build(hf_model, pooling="attention", memory_tokens=2))
+    with torch.no_grad():
+        assert model.pool is not None
+        model.pool.weight.normal_()  # trained-like scores: some tokens count more than others
+    state = model.condition_states([random_state(model.config, 4)])
+    tokens = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        full = model(tokens, state)
+        half = model.to(torch.bfloat16)(tokens, model.condition_states([random_state(model.config, 4)]))
+    assert half.stats.hidden.dtype == torch.float32
+    torch.testing.assert_close(half.stats.hidden, full.stats.hidden, atol=0.1, rtol=0.05)
+    (gen,) = generate(
+        model, [[3, 4, 5]], model.condition_states([random_state(model.config, 4)]), SamplingParams(max_new_tokens=3)
+    )
+    assert len(gen.tokens) == 3
