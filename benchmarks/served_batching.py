@@ -1,6 +1,7 @@
 """Benchmark continuous batching through HTTP: concurrent users streaming turns from a real ``sia serve``.
 
-Run: ``python -m benchmarks.served_batching [--users 1 2 4 8 16] [--turns 3] [--max-tokens 32] [--out PATH]``.
+Run: ``python -m benchmarks.served_batching [--users 1 2 4 8 16] [--turns 3] [--max-tokens 32] [--dtype bfloat16]
+[--out PATH]``.
 
 Two servers are started one after the other, each with the bundled model on a fresh SQLite file and the
 service's default settings except:
@@ -10,7 +11,7 @@ service's default settings except:
 * **batched**: the default ``SIA_MAX_BATCH`` (16): every turn joins one batch and all rows decode in one forward
   per step.
 
-``--torch-threads`` (default: the service's default) is given to both. After one untimed warm-up turn, for each
+``--torch-threads`` and ``--dtype`` (default: the service's defaults) are given to both. After one untimed warm-up turn, for each
 N in ``--users``: N client threads, each with its own user id (an identity of its own) and its own connection,
 send ``--turns`` streamed turns back to back (``POST /v1/personas/sia/chat``, ``stream: true``, greedy,
 ``max_tokens`` = ``--max-tokens``), all starting at once. Measured per N: aggregate generated tokens per second
@@ -68,6 +69,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--shared", type=int, nargs=2, default=[8, 2], metavar=("USERS", "IDENTITIES"))
     p.add_argument("--torch-threads", type=int, default=defaults["torch_threads"].default)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=defaults["dtype"].default)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p.parse_args(argv)
 
@@ -185,6 +187,7 @@ def run_server(server: str, tmp: Path, args: argparse.Namespace) -> list[dict[st
         "SIA_DATA_DIR": str(data_dir),
         "SIA_PORT": str(port),
         "SIA_TORCH_THREADS": str(args.torch_threads),
+        "SIA_DTYPE": args.dtype,
         "SIA_LOG_LEVEL": "WARNING",
         **SERVERS[server],
     }
@@ -250,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "max_tokens": args.max_tokens,
         "decoding": "greedy",
         "torch_threads": args.torch_threads,
+        "dtype": args.dtype,
         "servers": SERVERS,
         "defaults": {k: Settings.model_fields[k].default for k in ("max_batch", "max_concurrent_turns", "batch_wait_ms")},
     }

@@ -127,11 +127,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from server.runtime.services import Services
     from server.store import Store
     from sia.checkpoint import load_model
+    from sia.model.config import STATE_DTYPES
 
     settings = Settings()
     if settings.auto_migrate and settings.url.startswith("sqlite"):
         migrate.upgrade(settings)
     model = load_model(args.checkpoint or settings.checkpoint, cache_dir=settings.model_cache)
+    if settings.dtype != "float32":
+        model.decode_in(STATE_DTYPES[settings.dtype])
     services = Services.over(model, Store(settings))
     services.personas.ensure_defaults()
     sampling = library_commands.sampling_choices(args)

@@ -21,6 +21,7 @@ from server.runtime.services import Services
 from server.runtime.serving import TurnService
 from server.store import Store
 from sia.checkpoint import load_model
+from sia.model.config import STATE_DTYPES
 from sia.model.transformer import IdentityModel
 
 __all__ = ["create_app"]
@@ -37,6 +38,8 @@ def create_app(settings: Settings | None = None, *, model: IdentityModel | None 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         torch.set_num_threads(settings.torch_threads)
         loaded = model or load_model(settings.checkpoint, cache_dir=settings.model_cache)
+        if settings.dtype != "float32":
+            loaded.decode_in(STATE_DTYPES[settings.dtype])
         services = Services.over(loaded, Store(settings))
         app.state.services = services
         batcher = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -59,6 +60,12 @@ class Settings(BaseSettings):
     )
     cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS (JSON list); none by default")
     torch_threads: int = Field(1, ge=1, description="torch threads per process (turns already run in parallel)")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="the weights the model decodes in: bfloat16 halves them and decodes faster on GPUs and CPUs with"
+        " bfloat16 instructions, but batched replies are then not always token for token the solo ones; the identity"
+        " state's update stays float32",
+    )
     log_json: bool = Field(True, description="JSON log lines with a request id (false: plain text)")
     log_level: str = Field("INFO", description="logging level")
 

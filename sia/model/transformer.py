@@ -285,6 +285,16 @@ class IdentityModel(nn.Module):
     def condition(self, trace: Tensor, self_state: Tensor) -> Conditioning:
         raise NotImplementedError
 
+    def decode_in(self, dtype: torch.dtype) -> IdentityModel:
+        """Cast the weights to ``dtype`` to decode in it (bfloat16 halves them and, on GPUs and on CPUs with bfloat16
+        instructions, decodes faster), keeping the self update, which writes the identity state, in float32; the
+        turn statistics are pooled in float32 either way. Returns the model."""
+        if not dtype.is_floating_point:
+            raise ValueError(f"a model decodes in a floating-point dtype; got {dtype}")
+        self.to(dtype)
+        self.self_update.float()
+        return self
+
     def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
         raise NotImplementedError
 

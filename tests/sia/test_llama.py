@@ -362,3 +362,26 @@ def test_a_bfloat16_model_with_attention_pooling_decodes_and_pools_in_float32(hf
         model, [[3, 4, 5]], model.condition_states([random_state(model.config, 4)]), SamplingParams(max_new_tokens=3)
     )
     assert len(gen.tokens) == 3
+
+
+def test_decode_in_bfloat16_answers_as_float32_and_keeps_the_write_float32(hf_model: LlamaForCausalLM) -> None:
+    """decode_in(bfloat16): the turn gives the float32 model's greedy reply and shock, and writes a finite float32
+    state; the self update stays float32; a dtype that is not floating point is refused. (The bundled model's
+    recall and perplexity in bfloat16 are measured in docs/performance.md.)"""
+    from sia.identity.state import Dynamics
+    from sia.identity.turn import TurnRequest, TurnResult, run_turn
+
+    def turn(model: LlamaModel) -> TurnResult:
+        state = random_state(model.config, 5)
+        request = TurnRequest(state=state, message="hello there", dynamics=Dynamics.from_config(model.config))
+        return run_turn(model, request, SamplingParams(max_new_tokens=4, temperature=0.0))
+
+    expected = turn(open_read(build(hf_model, pooling="attention", memory_tokens=2)))
+    half = open_read(build(hf_model, pooling="attention", memory_tokens=2)).decode_in(torch.bfloat16)
+    assert half.wte.weight.dtype == torch.bfloat16 and half.self_update.proj.weight.dtype == torch.float32
+    got = turn(half)
+    assert got.reply == expected.reply and abs(got.shock - expected.shock) < 1e-2
+    assert got.state.self_state.dtype == torch.float32 and bool(torch.isfinite(got.state.self_state).all())
+    assert not torch.equal(got.state.self_state, random_state(half.config, 5).self_state)  # the turn wrote
+    with pytest.raises(ValueError, match="floating-point"):
+        half.decode_in(torch.int8)

@@ -128,3 +128,21 @@ def test_a_message_longer_than_the_context_is_a_clear_4xx_and_changes_nothing(cl
     r = client.post("/v1/personas/sia/chat", json={"user": "fay", "message": message, "max_tokens": 4})
     assert r.status_code == 400 and "exceeds" in r.json()["error"]["message"]
     assert client.get(f"{ID}/fay/state").content == before
+
+
+def test_sia_dtype_bfloat16_decodes_in_bfloat16_and_keeps_the_write_in_float32(settings: Settings, tmp_path: Any) -> None:
+    """SIA_DTYPE=bfloat16: the weights are cast at start-up, turns answer through the batcher and store a finite
+    float32 self state; the self update stays float32."""
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab())
+    model = load_model(tiny.path, cache_dir=tmp_path / "models")
+    assert isinstance(model, LlamaModel)
+    migrate.upgrade(settings)
+    with TestClient(create_app(settings.model_copy(update={"dtype": "bfloat16"}), model=model)) as client:
+        for message in ("My favourite colour is green.", "What is my favourite colour?"):
+            assert isinstance(chat(client, "ana", message)["reply"], str)
+        state = state_from_bytes(client.get(f"{ID}/ana/state").content, model.config)
+    assert model.wte.weight.dtype == torch.bfloat16 and model.self_update.proj.weight.dtype == torch.float32
+    assert state.turns == 2 and state.self_state.dtype == torch.float32 and bool(torch.isfinite(state.self_state).all())
+    assert float(state.self_state.abs().sum()) > 0
+    with pytest.raises(ValueError, match="dtype"):
+        Settings(dtype="float16")
