@@ -124,18 +124,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return int(library_commands.cmd_chat(args))
     from server.core.config import Settings
     from server.db import migrate
-    from server.runtime.services import Services
+    from server.runtime.services import Services, served_model
     from server.store import Store
-    from sia.checkpoint import load_model
-    from sia.model.config import STATE_DTYPES
 
     settings = Settings()
     if settings.auto_migrate and settings.url.startswith("sqlite"):
         migrate.upgrade(settings)
-    model = load_model(args.checkpoint or settings.checkpoint, cache_dir=settings.model_cache)
-    if settings.dtype != "float32":
-        model.decode_in(STATE_DTYPES[settings.dtype])
-    services = Services.over(model, Store(settings))
+    services = Services.over(served_model(settings, checkpoint=args.checkpoint), Store(settings))
     services.personas.ensure_defaults()
     sampling = library_commands.sampling_choices(args)
     sys.stdout.write(f"Talking to {args.persona!r} as {args.user!r}; an empty line or Ctrl-D ends the conversation.\n")

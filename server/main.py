@@ -17,11 +17,9 @@ from server.api.routes import admin, chat, health, identity, openai, web
 from server.core.config import Settings, get_settings
 from server.observability import Metrics
 from server.runtime.batcher import Batcher
-from server.runtime.services import Services
+from server.runtime.services import Services, served_model
 from server.runtime.serving import TurnService
 from server.store import Store
-from sia.checkpoint import load_model
-from sia.model.config import STATE_DTYPES
 from sia.model.transformer import IdentityModel
 
 __all__ = ["create_app"]
@@ -37,10 +35,7 @@ def create_app(settings: Settings | None = None, *, model: IdentityModel | None 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         torch.set_num_threads(settings.torch_threads)
-        loaded = model or load_model(settings.checkpoint, cache_dir=settings.model_cache)
-        if settings.dtype != "float32":
-            loaded.decode_in(STATE_DTYPES[settings.dtype])
-        services = Services.over(loaded, Store(settings))
+        services = Services.over(served_model(settings, model), Store(settings))
         app.state.services = services
         batcher = None
         if settings.max_batch:

@@ -4,16 +4,29 @@ tests and benchmarks alike."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+from server.core.config import Settings
 from server.runtime.health import Health
 from server.runtime.identities import Identities
 from server.runtime.keys import KeyRing
 from server.runtime.personas import Personas
 from server.runtime.turns import Turns
 from server.store import Store
+from sia.checkpoint import load_model
+from sia.model.config import STATE_DTYPES
 from sia.model.transformer import IdentityModel
 
-__all__ = ["Services"]
+__all__ = ["Services", "served_model"]
+
+
+def served_model(settings: Settings, model: IdentityModel | None = None, checkpoint: Path | None = None) -> IdentityModel:
+    """The model the service computes with: ``model``, or the one at ``checkpoint`` (default: the settings'),
+    decoding in ``settings.dtype``."""
+    loaded = model or load_model(checkpoint or settings.checkpoint, cache_dir=settings.model_cache)
+    if settings.dtype != "float32":
+        loaded.decode_in(STATE_DTYPES[settings.dtype])
+    return loaded
 
 
 @dataclass(frozen=True)
