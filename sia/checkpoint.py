@@ -164,18 +164,23 @@ def load_llama_checkpoint(directory: Path, cache_dir: Path) -> LlamaModel:
 def load_identity(model: LlamaModel, directory: str | Path) -> None:
     """Load the identity parameters of the SIA checkpoint at ``directory`` into ``model``, whose config must be the
     checkpoint's (the same injection over the same base), or differ only in that the model's slot maps are full
-    rank where the checkpoint's are factored (each map loads as the product of its factors); every tensor is
+    rank where the checkpoint's are factored (each map loads as the product of its factors), or in that the model
+    has a read gate the checkpoint lacks (the gate starts at zero: the checkpoint's model exactly); every tensor is
     checked before any is loaded."""
     directory = Path(directory)
     config = LlamaConfig.from_file(directory / CONFIG_FILE)
-    unfactor = model.config.slot_rank is None and replace(config, slot_rank=None) == model.config
-    if config != model.config and not unfactor:
+    ungated = model.config.slot_gate and not config.slot_gate
+    unfactor = model.config.slot_rank is None and config.slot_rank is not None
+    widened = replace(config, slot_rank=None if unfactor else config.slot_rank, slot_gate=config.slot_gate or ungated)
+    if widened != model.config:
         differ = [k for k, v in vars(config).items() if getattr(model.config, k) != v]
         raise ValueError(f"{directory} was made with another config than this model's (fields {differ[:6]})")
     identity = load_file(str(directory / IDENTITY_FILE))
     if unfactor:
         identity = _multiplied(identity)
     expected = model.identity_state_dict()
+    if ungated:
+        identity.update({k: torch.zeros_like(v) for k, v in expected.items() if ".slot_gate." in k})
     if set(identity) != set(expected):
         raise ValueError(f"{directory / IDENTITY_FILE} does not fit its config: {sorted(set(identity) ^ set(expected))[:4]}")
     for name, tensor in identity.items():

@@ -7,16 +7,18 @@ The pretrained logits stay; the identity adds to them (docs/attention.md, "Injec
 
     e_ij = (R_i q_i)·(R_j k_j) / sqrt(d)            the base model, RoPE as it was trained
            - (u_i - w_j)^T M (u_i - w_j)            trace layers only: u, w unit *pre-rotation* query and key
-    e_is = (R_i q_i)·k_s / sqrt(d) - u_i^T M u_i + log(|s|^2/d_s) + b
-                                                    the self slots: k_s = W_ks s at positions 0..S-1, at the metric's origin
+    e_is = (R_i q_i)·k_s / sqrt(d) - u_i^T M u_i + log(|s|^2/d_s) + b (+ g_h·x_i)
+                                                    the self slots: k_s = W_ks s at positions 0..S-1, at the metric's origin;
+                                                    g_h·x_i the per-token read gate (config.slot_gate), x_i the layer's input
 
 M is the injected metric of the stored trace (sia.identity.state.stabilised_metric with offset 0, so M = 0 for a zero
 trace). Expanding the square drops the row constant u_i^T M u_i, so each layer is one fused kernel call over
 
-    q~_i = [R_i q_i / sqrt(d), 2 M u_i, 1]      k~_j = [R_j k_j, w_j, -w_j^T M w_j]      k~_s = [k_s, 0, gate(s)]
+    q~_i = [R_i q_i / sqrt(d), 2 M u_i, 1, g·x_i]      k~_j = [R_j k_j, w_j, -w_j^T M w_j, 0]      k~_s = [k_s, 0, gate(s), 1]
 
-(the middle block only in trace layers; zero-padded to a multiple of 8). A fresh identity has M = 0 and the
-slot's gate at -1e4, whose softmax weight is exactly 0: the logits are the base model's.
+(the middle block only in trace layers, the last column only with the read gate; zero-padded to a multiple of 8).
+A fresh identity has M = 0 and the slot's gate at -1e4, whose softmax weight is exactly 0: the logits are the base
+model's, whatever the read gate adds.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ CLOSED_GATE = -1e4  # the slot's logit for a zero self state: exp(-1e4 - max) is
 # finite bias cannot shut it everywhere (some heads' logits all lie far below zero, e.g. -15, where a slot at -12
 # still wins), so it starts at the closed gate; training starts it open (e.g. at 0) to give the read a gradient.
 UNTRAINED_SLOT_BIAS = CLOSED_GATE
-IDENTITY_PARAMETERS = ("self_key", "self_value", "slot_bias", "self_update", "pool", "memory")  # names SIA adds to the backbone
+IDENTITY_PARAMETERS = ("self_key", "self_value", "slot_bias", "slot_gate", "self_update", "pool", "memory")  # names SIA adds
 
 
 def _round8(n: int) -> int:
@@ -120,8 +122,9 @@ class InjectedAttention(nn.Module):
         self.H, self.H_kv, self.d = config.n_head, config.n_kv_head, config.head_dim
         self.has_trace = has_trace
         self.stateful = config.attention == "trace"
-        # kernel width: rotated block, (pre-rotation block,) bias column, zero padding
-        self.w = _round8(self.d + (self.d if has_trace else 0) + 1) if self.stateful else self.d
+        self.gated = self.stateful and config.slot_gate
+        # kernel width: rotated block, (pre-rotation block,) bias column, (read gate column,) zero padding
+        self.w = _round8(self.d + (self.d if has_trace else 0) + 1 + int(self.gated)) if self.stateful else self.d
         C, d = config.n_embd, config.head_dim
         self.S = config.self_slots
         self.q_proj = nn.Linear(C, self.H * d, bias=False)
@@ -132,6 +135,8 @@ class InjectedAttention(nn.Module):
             self.self_key = slot_map(config.d_self, self.H_kv * self.S * d, config.slot_rank)
             self.self_value = slot_map(config.d_self, self.H_kv * self.S * d, config.slot_rank)
             self.slot_bias = nn.Parameter(torch.zeros(self.H_kv * self.S))
+        if self.gated:
+            self.slot_gate = nn.Linear(C, self.H, bias=False)  # per query head, a token's shift of the slots' logits
 
     def condition(self, metric: Tensor | None, s: Tensor) -> InjectedLayer:
         """metric (B, H_kv, d, d) or None, s (B, d_s) -> this layer's InjectedLayer."""
@@ -141,8 +146,9 @@ class InjectedAttention(nn.Module):
         k_s = self.self_key(s).view(B, H_kv, S, d)  # (B, H_kv, S, d)
         bias = gate.view(B, 1, 1, 1) + self.slot_bias.view(1, H_kv, S, 1)  # (B, H_kv, S, 1)
         mid = d if self.has_trace else 0  # the slots have no pre-rotation key: the metric does not score them
-        zeros = s.new_zeros(B, H_kv, S, mid), s.new_zeros(B, H_kv, S, w - d - mid - 1)
-        slot_key = torch.cat([k_s, zeros[0], bias.to(s.dtype), zeros[1]], dim=-1)  # (B, H_kv, S, w)
+        ones = s.new_ones(B, H_kv, S, int(self.gated))  # the read gate's column: the query's g·x lands on the slots only
+        zeros = s.new_zeros(B, H_kv, S, mid), s.new_zeros(B, H_kv, S, w - d - mid - 1 - ones.shape[-1])
+        slot_key = torch.cat([k_s, zeros[0], bias.to(s.dtype), ones, zeros[1]], dim=-1)  # (B, H_kv, S, w)
         slot_value = F.pad(self.self_value(s).view(B, H_kv, S, d), (0, w - d))  # (B, H_kv, S, w)
         return InjectedLayer(metric, slot_key, slot_value)
 
@@ -178,6 +184,8 @@ class InjectedAttention(nn.Module):
             else:
                 k_bias = k.new_zeros(B, H_kv, L, 1)
             q_parts.append(q.new_ones(B, H, L, 1))
+            if self.gated:
+                q_parts.append(self.slot_gate(x).transpose(1, 2).unsqueeze(-1))  # (B, H, L, 1) g_h·x_i
             k_parts.append(k_bias)
             q_aug = F.pad(torch.cat(q_parts, dim=-1), (0, w - sum(p.shape[-1] for p in q_parts)))  # (B, H, L, w)
             k_aug = F.pad(torch.cat(k_parts, dim=-1), (0, w - sum(p.shape[-1] for p in k_parts)))  # (B, H_kv, L, w)
@@ -228,6 +236,8 @@ def injected_attention_reference(
         + gate.view(B, 1, 1, 1)
         + attn.slot_bias.view(H_kv, S).repeat_interleave(G, dim=0).view(1, H, 1, S)
     )  # (B, H, L, S)
+    if attn.gated:
+        slot = slot + attn.slot_gate(x).transpose(1, 2).unsqueeze(-1)  # (B, H, L, 1): the token's read gate
     if lc.metric is not None:  # the slot sits at the origin of the metric's space: distance u^T M u
         u = F.normalize(q, dim=-1)
         slot = slot - torch.einsum("bhid,bhde,bhie->bhi", u, metric, u).unsqueeze(-1)
@@ -315,6 +325,8 @@ class LlamaModel(IdentityModel):
                     init_slot_map(attn.self_key, 0.02, generator)
                     init_slot_map(attn.self_value, 0.0, generator)
                     attn.slot_bias.fill_(slot_bias)
+                if attn.gated:
+                    attn.slot_gate.weight.zero_()  # every token reads as the bias says: the gate adds nothing yet
             bound = 1.0 / math.sqrt(self.self_update.proj.in_features)
             for p in self.self_update.parameters():
                 p.copy_((torch.rand(p.shape, generator=generator) * 2 - 1) * bound)

@@ -184,6 +184,9 @@ class LlamaConfig(IdentityConfig):
     d_self: int = 64
     self_slots: int = 1  # self-slot key/value pairs per key/value head in every layer, each read from s
     slot_rank: int | None = None  # the rank of each layer's maps from s to the slots' keys and values; None: full
+    # a per-token read gate: every layer adds g_h·x_i (x_i the query token's normalised input, one g per query head,
+    # zero at start) to the slots' logits, so the read can open on some tokens (answers about the user) and shut on others
+    slot_gate: bool = False
     weights_dtype: str = "float32"  # storage dtype of the identity parameters in a checkpoint (loading casts to float32)
     trace_layers: list[int] | None = None  # layers carrying a trace; None: every third layer from 0
     trace_per_head: bool = True  # a trace per key/value head, or one shared by the layer's heads
@@ -210,6 +213,8 @@ class LlamaConfig(IdentityConfig):
             full = min(self.d_self, self.n_kv_head * self.self_slots * self.head_dim)
             if not isinstance(self.slot_rank, int) or isinstance(self.slot_rank, bool) or not 1 <= self.slot_rank < full:
                 raise ValueError(f"slot_rank must be an integer in [1, {full}) (or null: full rank); got {self.slot_rank!r}")
+        if not isinstance(self.slot_gate, bool):
+            raise ValueError(f"slot_gate must be true or false; got {self.slot_gate!r}")
         if self.weights_dtype not in STATE_DTYPES:
             raise ValueError(f"weights_dtype must be one of {sorted(STATE_DTYPES)}; got {self.weights_dtype!r}")
         if self.trace_layers is None:

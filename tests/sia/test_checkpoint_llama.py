@@ -183,3 +183,39 @@ def test_a_factored_checkpoint_loads_into_full_rank_slot_maps_as_the_product(
     full.config = replace(full_config, d_self=full_config.d_self * 2)
     with pytest.raises(ValueError, match="another config"):
         load_identity(full, factored)
+
+
+def test_a_checkpoint_without_a_read_gate_loads_into_a_gated_model_as_the_same_model(
+    make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path
+) -> None:
+    """A run that adds the per-token read gate to a trained adapter (``init``) starts from exactly that adapter: the
+    gate loads as zero; a gated checkpoint does not load into a model without the gate."""
+    from sia.checkpoint import load_identity
+
+    cache = tmp_path / "models"
+    model, ref = trained_like(make_tiny_gguf(), cache)
+    plain = save_llama_checkpoint(model, tmp_path / "plain", ref)
+    gated = LlamaModel(replace(model.config, slot_gate=True), model.tokenizer).eval()
+    gated.load_state_dict(model.state_dict(), strict=False)  # the same base
+    with torch.no_grad():
+        for attn in gated.attentions:
+            attn.slot_gate.weight.fill_(1.0)  # whatever it held is replaced
+    load_identity(gated, plain)
+    assert all(float(attn.slot_gate.weight.detach().abs().max()) == 0 for attn in gated.attentions)
+    state = model.condition_states([random_state(model.config, 3)])
+    tokens = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            gated(tokens, gated.condition_states([random_state(model.config, 3)])).logits, model(tokens, state).logits
+        )
+    with torch.no_grad():
+        for attn in gated.attentions:
+            attn.slot_gate.weight.fill_(0.1)
+    saved = save_llama_checkpoint(gated, tmp_path / "gated", ref)
+    back = load_model(saved, cache_dir=cache)
+    assert isinstance(back, LlamaModel) and back.config.slot_gate
+    assert all(
+        torch.equal(a.slot_gate.weight, b.slot_gate.weight) for a, b in zip(back.attentions, gated.attentions, strict=True)
+    )
+    with pytest.raises(ValueError, match="another config"):
+        load_identity(model, saved)

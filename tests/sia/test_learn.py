@@ -314,6 +314,9 @@ def test_scoring_candidates_is_scoring_each_reply_in_full(config: TrainConfig, c
         ({"cosine_steps": [[5, 100]]}, "cosine_steps"),
         ({"cosine_steps": [[0, 100], [50, 100], [20, 300]]}, "cosine_steps"),
         ({"cosine_steps": [[0, 10]], "warmup_steps": 10}, "cosine_steps"),
+        ({"train_only": []}, "train_only"),
+        ({"train_only": ["q_proj"]}, "train_only"),
+        ({"train_only": "slot_gate"}, "train_only"),
     ],
 )
 def test_a_bad_training_config_is_refused(config: TrainConfig, change: dict[str, Any], match: str) -> None:
@@ -496,3 +499,33 @@ def test_freeze_write_trains_the_read_over_a_write_that_stays(config: TrainConfi
     read = [n for n in trained if n not in write]
     assert read and all(".attn." in n for n in read)
     assert all(not torch.equal(trained[n], start[n]) for n in read if n.endswith(("self_value.weight", "slot_bias")))
+
+
+def test_train_only_the_read_gate_over_a_trained_adapter(
+    config: TrainConfig, cache: Path, tmp_path: Path, built: list[LlamaModel]
+) -> None:
+    """``train_only: ["slot_gate"]`` with ``init``: the per-token read gate, added to an adapter trained without one,
+    starts at zero and is all that moves (the write's running statistics included); asking for a gate the model
+    does not have is refused."""
+    first = train(replace(config, steps=2), progress=False, cache_dir=cache)
+    gated = replace(
+        config,
+        model={**config.model, "slot_gate": True},
+        init=str(first / "last"),
+        train_only=["slot_gate"],
+        write_warmup=None,
+        readout_weight=0.0,
+        distill_every=1,
+        steps=2,
+        out_dir=str(tmp_path / "gate"),
+    )
+    train(gated, progress=False, cache_dir=cache)
+    start, tuned = built[0].identity_state_dict(), built[-1].identity_state_dict()
+    moved = {name for name in tuned if name in start and not torch.equal(tuned[name], start[name])}
+    assert not moved, sorted(moved)[:3]
+    gates = [name for name in tuned if ".slot_gate." in name]
+    assert gates and all(float(tuned[name].abs().max()) > 0 for name in gates)
+    history = [json.loads(line) for line in (tmp_path / "gate" / "history.jsonl").read_text().splitlines()]
+    assert history[-1]["slot_gate"] > 0
+    with pytest.raises(ValueError, match="nothing to train"):
+        train(replace(gated, model=config.model, init=None, out_dir=str(tmp_path / "none")), progress=False, cache_dir=cache)

@@ -110,6 +110,49 @@ def test_fast_injected_attention_equals_reference(hf_model: LlamaForCausalLM, sl
             torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
 
 
+def test_the_read_gate_starts_at_zero_and_shifts_the_slots_logits_per_token(hf_model: LlamaForCausalLM) -> None:
+    """``slot_gate``: zero at start, the model reads exactly as one without the gate; moved, the fast form still equals
+    the reference (which adds g_h·x_i to every slot's logit of query i, head h), and only the slots' weights change."""
+    plain = open_read(build(hf_model, self_slots=2))
+    gated = build(hf_model, self_slots=2, slot_gate=True)
+    gated.load_state_dict(plain.state_dict(), strict=False)
+    assert all(attn.w == other.w for attn, other in zip(gated.attentions, plain.attentions, strict=True))  # the padding had room
+    state = random_state(gated.config, 4)
+    idx = torch.randint(0, 300, (1, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            gated(idx, gated.condition_states([state])).logits, plain(idx, plain.condition_states([state])).logits, atol=0, rtol=0
+        )
+        for attn in gated.attentions:
+            attn.slot_gate.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(6))
+        cond = gated.condition_states([state])
+        x = torch.randn(1, 9, 64, generator=torch.Generator().manual_seed(2))
+        positions = torch.arange(9).unsqueeze(0)
+        for layer in (0, 1):
+            attn, lc = gated.attentions[layer], cond.layers[layer]
+            assert isinstance(lc, InjectedLayer)
+            fast = attn(x, lc, gated.rope(positions), None, layer, None)
+            slow = injected_attention_reference(attn, x, lc, state.self_state.unsqueeze(0), positions, gated.config.rope_theta)
+            torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+            assert (
+                fast
+                - plain.attentions[layer](
+                    x, plain.condition_states([state]).layers[layer], plain.rope(positions), None, layer, None
+                )
+            ).abs().max() > 1e-3
+        fresh = [IdentityState.fresh(gated.config)]
+        torch.testing.assert_close(  # a fresh identity reads nothing, whatever the gate says: still the base model
+            gated(idx, gated.condition_states(fresh)).logits, hf_model(idx).logits, atol=1e-4, rtol=0
+        )
+    cached = generate(gated, [[1, 2, 3, 4]], gated.condition_states([state]), SamplingParams(max_new_tokens=4, temperature=0.0))
+    full = generate(
+        gated, [[1, 2, 3, 4]], gated.condition_states([state]), SamplingParams(max_new_tokens=4, temperature=0.0), use_cache=False
+    )
+    assert cached[0].tokens == full[0].tokens
+    with pytest.raises(ValueError, match="slot_gate"):
+        LlamaConfig.from_hf(HF_TINY, slot_gate=1)
+
+
 def test_the_base_view_reads_the_same_weights_as_the_base_model(hf_model: LlamaForCausalLM) -> None:
     model = open_read(build(hf_model))
     idx = torch.randint(0, 300, (1, 8), generator=torch.Generator().manual_seed(6))

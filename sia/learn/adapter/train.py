@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from sia.backbones.chat_tokenizer import ChatTokenizer
-from sia.backbones.llama import LlamaModel
+from sia.backbones.llama import IDENTITY_PARAMETERS, LlamaModel
 from sia.backbones.weights import read_hf, resolve_base
 from sia.checkpoint import (
     BASE_FILE,
@@ -72,7 +72,7 @@ TRAINER_FILE = "trainer.json"
 ADAPTER_DIR = "adapter"  # the finished run's checkpoint to serve (``last`` keeps float32 weights to resume from)
 HISTORY_FILE = "history.jsonl"
 GATE_PARAMETERS = ("slot_bias", "self_update.gate.bias")  # scalars that open and shut: their own learning rate
-READ_PARAMETERS = ("self_key", "self_value")  # the maps to the slots' keys and values (the read): config.read_lr
+READ_PARAMETERS = ("self_key", "self_value", "slot_gate")  # the slots' key and value maps, the read gate: config.read_lr
 
 
 def _is_read(name: str) -> bool:
@@ -104,6 +104,9 @@ class TrainConfig:
     # the write (memory tokens, pooling, self update) stays as it starts and only the read trains: a read fine-tuned
     # over a trained write (with init), which cannot collapse the state the write keeps
     freeze_write: bool = False
+    # only the identity parameters with one of these names train (e.g. ["slot_gate"]: the read gate alone, over a
+    # trained adapter given by init); null: all of them (less the write with freeze_write)
+    train_only: list[str] | None = None
     write_stage_steps: int = 0  # first stage: statement turns alone, read-out only (many examples per step, cheap)
     write_stage_batch: int = 24
     min_lr: float = 2e-4
@@ -176,6 +179,12 @@ class TrainConfig:
                 )
             if [c[0] for c in spans] != sorted({c[0] for c in spans}):
                 raise ValueError(f"cosine_steps' steps must increase; got {spans}")
+        if self.train_only is not None and (
+            not isinstance(self.train_only, list) or not self.train_only or not set(self.train_only) <= set(IDENTITY_PARAMETERS)
+        ):
+            raise ValueError(
+                f"train_only must be a non-empty list of {list(IDENTITY_PARAMETERS)} (or null); got {self.train_only!r}"
+            )
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be auto, bf16 or fp32; got {self.precision!r}")
         LlamaConfig(**self.model)  # validates the injection fields
@@ -244,8 +253,14 @@ def build_model(config: TrainConfig, cache_dir: Path = DEFAULT_CACHE) -> tuple[L
     model_config = LlamaConfig.from_hf(hf_config, **config.model)
     model = LlamaModel.from_base(model_config, ChatTokenizer.from_dir(hf_dir), tensors, seed=config.seed)
     model.init_identity(config.seed, slot_bias=config.slot_bias)
+    identity = model.identity_state_dict()
     for name, p in model.named_parameters():
-        p.requires_grad_(name in model.identity_state_dict() and not (config.freeze_write and _is_write(name)))
+        chosen = config.train_only is None or any(part in config.train_only for part in name.split("."))
+        p.requires_grad_(name in identity and chosen and not (config.freeze_write and _is_write(name)))
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            f"nothing to train: this model has no parameter {config.train_only} (slot_gate needs the model's slot_gate)"
+        )
     return model, ref
 
 
@@ -625,6 +640,10 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
         }
         slot_bias = torch.cat([attn.slot_bias.detach().float() for attn in model.attentions if attn.stateful]).mean()
         record.update(grad_norm=float(norm), max_between=config.max_between(step - 1), slot_bias=float(slot_bias))
+        if model.config.slot_gate:  # how far the read gate has moved from zero
+            record["slot_gate"] = float(
+                torch.stack([a.slot_gate.weight.detach().float().norm() for a in model.attentions if a.gated]).mean()
+            )
         if step % config.eval_every == 0 or step == config.steps:
             model.eval()
             with amp:
