@@ -529,3 +529,24 @@ def test_train_only_the_read_gate_over_a_trained_adapter(
     assert history[-1]["slot_gate"] > 0
     with pytest.raises(ValueError, match="nothing to train"):
         train(replace(gated, model=config.model, init=None, out_dir=str(tmp_path / "none")), progress=False, cache_dir=cache)
+
+
+def test_distilling_from_the_base_model_matches_the_same_turn_read_with_a_fresh_state(config: TrainConfig, cache: Path) -> None:
+    """``distill_teacher: base``: the teacher is the base model reading the student's own turn, so an identity that
+    reads nothing (the slots shut, the trace frozen at zero) matches it exactly and an open read does not; the
+    transcript teacher differs from it even then (it reads the earlier turns)."""
+    config = replace(config, distill_teacher="base", curriculum=[[0, 2]], readout_weight=0.0, slot_bias=-1e4)
+    model, _ = build_model(config, cache)
+    batch = [replace(ex, distill_at=len(ex.episode.turns) - 1) for ex in sample_batch(config, model, 0)]
+    silent = Dynamics(alpha=0.0, decay=1.0, eta=1.0)
+    readout = ReadOut(model.config.d_self)
+    with torch.no_grad():
+        assert float(episode_losses(model, readout, batch, config, silent)["distill"]) < 1e-6
+        transcript = replace(config, distill_teacher="transcript")
+        assert float(episode_losses(model, readout, batch, transcript, silent)["distill"]) > 1e-3
+        open_read(model, seed=3)
+        for attn in model.attentions:
+            attn.slot_bias.zero_()
+        assert float(episode_losses(model, readout, batch, config, silent)["distill"]) > 1e-4
+    with pytest.raises(ValueError, match="distill_teacher"):
+        replace(config, distill_teacher="teacher")

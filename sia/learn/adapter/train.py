@@ -124,6 +124,9 @@ class TrainConfig:
     value_weight: float = 3.0
     readout_weight: float = 1.0
     distill_weight: float = 1.0
+    # whom the distillation matches on an ordinary turn: "transcript" (the base model reading the whole conversation)
+    # or "base" (the base model reading the same turn: language as it was, the measure of reply perplexity)
+    distill_teacher: str = "transcript"
     eval_every: int = 100
     eval_episodes: int = 24
     eval_between: int = 4
@@ -185,6 +188,8 @@ class TrainConfig:
             raise ValueError(
                 f"train_only must be a non-empty list of {list(IDENTITY_PARAMETERS)} (or null); got {self.train_only!r}"
             )
+        if self.distill_teacher not in ("transcript", "base"):
+            raise ValueError(f"distill_teacher must be transcript or base; got {self.distill_teacher!r}")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be auto, bf16 or fp32; got {self.precision!r}")
         LlamaConfig(**self.model)  # validates the injection fields
@@ -329,7 +334,8 @@ def episode_losses(
             part, logits, _ = write_turn(model, carry.take(rows), turns, dynamics, grad_tokens=grad, read_detached=shielded)
             carry = carry.put(rows, part)
             if grad and config.distill_weight > 0:
-                distill_terms.append(_distill(model, [batch[b] for b in rows], t, turns, logits))
+                examples = [batch[b] for b in rows]
+                distill_terms.append(_distill(model, examples, t, turns, logits, config.distill_teacher == "base"))
         # read-out of every stated fact from each state from the statement on
         stated = [b for b in active if t >= batch[b].episode.stated_at]
         if stated and config.readout_weight > 0:
@@ -385,12 +391,17 @@ def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: 
     return total / weight
 
 
-def _distill(model: LlamaModel, examples: list[Example], t: int, turns: list[Any], student: Tensor) -> Tensor:
-    """KL(teacher || student) per reply token of turn t; the teacher reads the whole transcript with a fresh state."""
+def _distill(model: LlamaModel, examples: list[Example], t: int, turns: list[Any], student: Tensor, base: bool = False) -> Tensor:
+    """KL(teacher || student) per reply token of turn t; the teacher reads the whole transcript with a fresh state,
+    or with ``base`` the same turn the student reads, with a fresh state (the base model)."""
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
     rows, spans = [], []
-    for ex in examples:
+    for ex, turn in zip(examples, turns, strict=True):
+        if base:
+            rows.append(turn.tokens)
+            spans.append(turn.reply)
+            continue
         exchanges = [(x.user, x.reply) for x in ex.episode.turns[: t + 1]]
         tokens, reply_spans = transcript(tok, ex.context, exchanges)
         rows.append(tokens)
