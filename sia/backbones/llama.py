@@ -80,6 +80,29 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+SMALL_PRODUCT_ROWS = 32  # up to this many rows (decoding: one per batch row), a float32 CPU product runs as W·xᵀ
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (no bias) whose float32 inference on a CPU with at most SMALL_PRODUCT_ROWS rows computes (W xᵀ)ᵀ
+    instead of x Wᵀ, one row doubled to two: the BLAS kernels for a few rows are far slower in the x Wᵀ
+    orientation, and slowest of all for one row (measured on the 2-core machine, every matrix of one SmolLM2 decode
+    step: 52 ms for one row, 22 ms this way; 62 and 43 ms for eight rows; docs/performance.md). Anything else (a
+    GPU, bfloat16, gradients, prefill) is ``nn.Linear`` as it is."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight
+        flat = x.reshape(-1, x.shape[-1])
+        rows = flat.shape[0]
+        if w.device.type != "cpu" or w.dtype != torch.float32 or x.dtype != torch.float32 or torch.is_grad_enabled():
+            return super().forward(x)
+        if rows > SMALL_PRODUCT_ROWS:
+            return super().forward(x)
+        pair = torch.cat([flat, flat]) if rows == 1 else flat
+        out = torch.mm(w, pair.t()).t()[:rows].contiguous()  # (rows, out)
+        return out.view(*x.shape[:-1], w.shape[0])
+
+
 class LowRank(nn.Module):
     """x -> up(down(x)): a map of rank ``rank``, (d_in + d_out)·rank weights instead of d_in·d_out."""
 
@@ -127,10 +150,10 @@ class InjectedAttention(nn.Module):
         self.w = _round8(self.d + (self.d if has_trace else 0) + 1 + int(self.gated)) if self.stateful else self.d
         C, d = config.n_embd, config.head_dim
         self.S = config.self_slots
-        self.q_proj = nn.Linear(C, self.H * d, bias=False)
-        self.k_proj = nn.Linear(C, self.H_kv * d, bias=False)
-        self.v_proj = nn.Linear(C, self.H_kv * d, bias=False)
-        self.o_proj = nn.Linear(self.H * d, C, bias=False)
+        self.q_proj = Linear(C, self.H * d, bias=False)
+        self.k_proj = Linear(C, self.H_kv * d, bias=False)
+        self.v_proj = Linear(C, self.H_kv * d, bias=False)
+        self.o_proj = Linear(self.H * d, C, bias=False)
         if self.stateful:
             self.self_key = slot_map(config.d_self, self.H_kv * self.S * d, config.slot_rank)
             self.self_value = slot_map(config.d_self, self.H_kv * self.S * d, config.slot_rank)
@@ -251,9 +274,9 @@ def injected_attention_reference(
 class SwiGLU(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+        self.gate_proj = Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.up_proj = Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.n_embd, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         out: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -298,7 +321,7 @@ class LlamaModel(IdentityModel):
         self.blocks = nn.ModuleList(blocks)
         self.attentions = [block.attn for block in blocks]  # typed views of the registered modules
         self.norm_f = RMSNorm(config.n_embd, config.norm_eps)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.self_update = SelfUpdate(config)

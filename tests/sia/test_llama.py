@@ -428,3 +428,24 @@ def test_decode_in_bfloat16_answers_as_float32_and_keeps_the_write_float32(hf_mo
     assert not torch.equal(got.state.self_state, random_state(half.config, 5).self_state)  # the turn wrote
     with pytest.raises(ValueError, match="floating-point"):
         half.decode_in(torch.int8)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_the_small_product_form_computes_what_nn_linear_computes(rows: int) -> None:
+    """``Linear``: few rows in float32 inference on a CPU run as (W xᵀ)ᵀ (one row doubled); the result is
+    nn.Linear's to rounding, in shape and values, and with gradients on it is nn.Linear exactly."""
+    from sia.backbones.llama import Linear
+
+    g = torch.Generator().manual_seed(rows)
+    layer = Linear(24, 40, bias=False)
+    plain = torch.nn.Linear(24, 40, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(40, 24, generator=g))
+        plain.weight.copy_(layer.weight)
+    x = torch.randn(2, rows, 24, generator=g)[:1]  # (1, rows, 24)
+    with torch.inference_mode():
+        got = layer(x)
+        torch.testing.assert_close(got, plain(x), atol=1e-5, rtol=1e-5)
+        assert got.shape == (1, rows, 40) and got.is_contiguous()
+    y = layer(x.requires_grad_())
+    assert torch.equal(y, plain(x)) and y.requires_grad
