@@ -66,6 +66,15 @@ class Settings(BaseSettings):
         " bfloat16 instructions, but batched replies are then not always token for token the solo ones; the identity"
         " state's update stays float32",
     )
+    read_shift: float = Field(
+        0.0,
+        ge=-20,
+        le=20,
+        allow_inf_nan=False,
+        description="every self slot's logit lowered by this (a pretrained backbone's adapter): a weaker read of the"
+        " identity state costs recall and brings replies closer to the base model's (docs/model.md: 1 gives 1.05x"
+        " base perplexity at 8 points less recall); negative strengthens it",
+    )
     log_json: bool = Field(True, description="JSON log lines with a request id (false: plain text)")
     log_level: str = Field("INFO", description="logging level")
 

@@ -13,6 +13,7 @@ from server.runtime.keys import KeyRing
 from server.runtime.personas import Personas
 from server.runtime.turns import Turns
 from server.store import Store
+from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
 from sia.model.config import STATE_DTYPES
 from sia.model.transformer import IdentityModel
@@ -22,8 +23,12 @@ __all__ = ["Services", "served_model"]
 
 def served_model(settings: Settings, model: IdentityModel | None = None, checkpoint: Path | None = None) -> IdentityModel:
     """The model the service computes with: ``model``, or the one at ``checkpoint`` (default: the settings'),
-    decoding in ``settings.dtype``."""
+    decoding in ``settings.dtype``, its read shifted by ``settings.read_shift``."""
     loaded = model or load_model(checkpoint or settings.checkpoint, cache_dir=settings.model_cache)
+    if settings.read_shift:
+        if not isinstance(loaded, LlamaModel):
+            raise ValueError("SIA_READ_SHIFT applies to a pretrained backbone's adapter; the native model has none")
+        loaded.set_read_shift(settings.read_shift)
     if settings.dtype != "float32":
         loaded.decode_in(STATE_DTYPES[settings.dtype])
     return loaded

@@ -161,13 +161,14 @@ class InjectedAttention(nn.Module):
         if self.gated:
             self.slot_gate = nn.Linear(C, self.H, bias=False)  # per query head, a token's shift of the slots' logits
 
-    def condition(self, metric: Tensor | None, s: Tensor) -> InjectedLayer:
-        """metric (B, H_kv, d, d) or None, s (B, d_s) -> this layer's InjectedLayer."""
+    def condition(self, metric: Tensor | None, s: Tensor, shift: float = 0.0) -> InjectedLayer:
+        """metric (B, H_kv, d, d) or None, s (B, d_s) -> this layer's InjectedLayer; every slot's logit lowered by
+        ``shift`` (the model's read_shift)."""
         B, H_kv, S, d, w = s.shape[0], self.H_kv, self.S, self.d, self.w
         energy = s.float().square().mean(-1)  # (B,) |s|^2 / d_s, in [0, 1]
         gate = torch.where(energy > 0, torch.log(energy.clamp_min(1e-30)), torch.full_like(energy, CLOSED_GATE))
         k_s = self.self_key(s).view(B, H_kv, S, d)  # (B, H_kv, S, d)
-        bias = gate.view(B, 1, 1, 1) + self.slot_bias.view(1, H_kv, S, 1)  # (B, H_kv, S, 1)
+        bias = gate.view(B, 1, 1, 1) + (self.slot_bias - shift).view(1, H_kv, S, 1)  # (B, H_kv, S, 1)
         mid = d if self.has_trace else 0  # the slots have no pre-rotation key: the metric does not score them
         ones = s.new_ones(B, H_kv, S, int(self.gated))  # the read gate's column: the query's g·x lands on the slots only
         zeros = s.new_zeros(B, H_kv, S, mid), s.new_zeros(B, H_kv, S, w - d - mid - 1 - ones.shape[-1])
@@ -330,6 +331,7 @@ class LlamaModel(IdentityModel):
         self.memory = nn.Parameter(torch.zeros(config.memory_tokens, config.n_embd)) if config.memory_tokens else None
         self.inv_freq: Tensor
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)  # (d/2,)
+        self.read_shift = 0.0  # every slot's logit lowered by this at conditioning (set_read_shift)
         if init:
             self.init_identity(seed=0)
 
@@ -364,6 +366,15 @@ class LlamaModel(IdentityModel):
             if self.memory is not None:  # the embeddings of random vocabulary tokens: inputs the backbone knows
                 rows = torch.randint(0, self.config.vocab_size, (self.memory.shape[0],), generator=generator)
                 self.memory.copy_(self.wte.weight[rows].float())
+
+    def set_read_shift(self, shift: float) -> None:
+        """The read's strength: every self slot's logit lowered by ``shift`` (its attention weight times about
+        e^-shift; a negative shift strengthens it) in every conditioning made from now on. Memory against language,
+        measured in docs/model.md (the bundled adapter: 0 -> 64.6 % recall, 1.135x base perplexity; 1 -> 56.2 %,
+        1.049x). A fresh identity reads nothing at any shift."""
+        if not math.isfinite(shift):
+            raise ValueError(f"the read shift must be a finite number; got {shift}")
+        self.read_shift = float(shift)
 
     def factor_slots(self, rank: int) -> None:
         """Replace every layer's slot maps by their best rank-``rank`` approximation, in place: the truncated SVD
@@ -446,7 +457,7 @@ class LlamaModel(IdentityModel):
         layers = []
         for layer, attn in enumerate(self.attentions):
             m = metric[:, slot_of[layer]] if layer in slot_of else None
-            layers.append(attn.condition(m, self_state.to(self.wte.weight.dtype)))
+            layers.append(attn.condition(m, self_state.to(self.wte.weight.dtype), self.read_shift))
         return Conditioning(layers=layers, self_state=self_state)
 
     def base_view(self) -> LlamaModel:

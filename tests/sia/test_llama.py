@@ -449,3 +449,32 @@ def test_the_small_product_form_computes_what_nn_linear_computes(rows: int) -> N
         assert got.shape == (1, rows, 40) and got.is_contiguous()
     y = layer(x.requires_grad_())
     assert torch.equal(y, plain(x)) and y.requires_grad
+
+
+def test_the_read_shift_lowers_every_slot_logit_and_a_fresh_identity_still_reads_nothing(hf_model: LlamaForCausalLM) -> None:
+    """``set_read_shift``: the slots' bias column moves by exactly the shift, replies move towards the base model's
+    as it grows, a fresh identity is the base model at any shift, and a non-finite shift is refused."""
+    model = open_read(build(hf_model, self_slots=2))
+    state = random_state(model.config, 8)
+    idx = torch.randint(0, 300, (1, 9), generator=torch.Generator().manual_seed(9))
+    model.set_read_shift(0.0)
+    with torch.no_grad():
+        plain = model.condition_states([state])
+        base = model.base_view()
+        expected = base(idx, base.condition_states([state])).logits
+        distance = []
+        for shift in (0.0, 2.0, 8.0):
+            model.set_read_shift(shift)
+            cond = model.condition_states([state])
+            lc, lc0 = cond.layers[1], plain.layers[1]
+            assert isinstance(lc, InjectedLayer) and isinstance(lc0, InjectedLayer)
+            column = model.attentions[1].d  # the bias column of a layer without a trace
+            torch.testing.assert_close(lc.slot_key[..., column], lc0.slot_key[..., column] - shift)
+            distance.append(float((model(idx, cond).logits - expected).abs().max()))
+        assert distance[0] > distance[1] > distance[2]
+        model.set_read_shift(-3.0)  # stronger, and still nothing for a fresh identity
+        fresh = [IdentityState.fresh(model.config)]
+        torch.testing.assert_close(model(idx, model.condition_states(fresh)).logits, hf_model(idx).logits, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="finite"):
+        model.set_read_shift(float("nan"))
+    assert model.read_shift == -3.0

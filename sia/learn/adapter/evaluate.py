@@ -215,23 +215,18 @@ def dialogue_perplexity(model: LlamaModel, dynamics: Dynamics, conversations: in
 def read_strength(model: LlamaModel, dynamics: Dynamics, options: EvalOptions) -> list[dict[str, Any]]:
     """Memory against language: for each shift in ``options.read_shifts``, every slot's logit lowered by it (its
     attention weight times e^-shift), recall at the target depth through the state and the reply perplexity ratio.
-    The model's slot biases are given back as they were."""
-    stateful = [attn for attn in model.attentions if attn.stateful]
-    kept = [attn.slot_bias.detach().clone() for attn in stateful]
+    The model's own read shift is given back as it was."""
+    kept = model.read_shift
     rows = []
     try:
         for shift in options.read_shifts:
-            with torch.no_grad():
-                for attn, bias in zip(stateful, kept, strict=True):
-                    attn.slot_bias.copy_(bias - shift)
+            model.set_read_shift(kept + shift)
             f, _, _ = recall_at(model, options.target_depth, CLOSED_TRIO, options, dynamics, ("state",))
             ppl = dialogue_perplexity(model, dynamics, options.conversations)
             rows.append({"shift": shift, "state": f["state"], "perplexity_ratio": ppl["ratio"]})
             log.info("read shift %.2f: %s, perplexity %.4fx", shift, f["state"], ppl["ratio"])
     finally:
-        with torch.no_grad():
-            for attn, bias in zip(stateful, kept, strict=True):
-                attn.slot_bias.copy_(bias)
+        model.set_read_shift(kept)
     return rows
 
 

@@ -146,3 +146,22 @@ def test_sia_dtype_bfloat16_decodes_in_bfloat16_and_keeps_the_write_in_float32(s
     assert float(state.self_state.abs().sum()) > 0
     with pytest.raises(ValueError, match="dtype"):
         Settings(dtype="float16")
+
+
+def test_sia_read_shift_weakens_the_served_read_and_is_checked(settings: Settings, tmp_path: Any) -> None:
+    """SIA_READ_SHIFT: the served model conditions with its slots' logits lowered by it; a non-finite or absurd value
+    is refused at start-up, and so is a shift for the native model, which has no adapter to shift."""
+    from server.runtime.services import served_model
+    from sia.checkpoint import NATIVE_CHECKPOINT
+
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab())
+    model = load_model(tiny.path, cache_dir=tmp_path / "models")
+    assert isinstance(model, LlamaModel) and model.read_shift == 0.0
+    served = served_model(settings.model_copy(update={"read_shift": 1.5}), model=model)
+    assert served is model and model.read_shift == 1.5
+    for bad in (float("nan"), float("inf"), 100.0):
+        with pytest.raises(ValueError, match="read_shift"):
+            Settings(read_shift=bad)
+    native = load_model(NATIVE_CHECKPOINT)
+    with pytest.raises(ValueError, match="SIA_READ_SHIFT"):
+        served_model(settings.model_copy(update={"read_shift": 1.0}), model=native)
