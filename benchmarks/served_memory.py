@@ -14,7 +14,8 @@ then a plain question about each fact in turn; the stranger asks the same three 
     python -m benchmarks.served_memory [--set heldout|natural] [--episodes 8] [--between 2] [--route chat|openai]
                                        [--checkpoint PATH] [--out FILE]
 
-Writes benchmarks/results/served_memory.json and prints a table.
+The service's settings come from the environment as in a deployment (e.g. ``SIA_READ_SHIFT=1`` for a weaker read;
+the result records it). Writes benchmarks/results/served_memory.json and prints a table.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(data_dir=Path(tmp), checkpoint=args.checkpoint, log_json=False)
         migrate.upgrade(settings)  # a fresh database, as `sia db upgrade` makes it
+        model_shift = settings.read_shift  # SIA_READ_SHIFT, as the service reads it
         with TestClient(create_app(settings, model=model)) as client:
 
             def say(user: str, message: str) -> str:
@@ -162,6 +164,7 @@ def main() -> None:
         "questions": len(rows),
         "between": args.between,
         "route": args.route,
+        "read_shift": model_shift,
         "right": right,
         "stranger_right": stranger,
         "seconds": time.perf_counter() - started,
