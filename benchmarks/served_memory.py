@@ -122,7 +122,6 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(data_dir=Path(tmp), checkpoint=args.checkpoint, log_json=False)
         migrate.upgrade(settings)  # a fresh database, as `sia db upgrade` makes it
-        model_shift = settings.read_shift  # SIA_READ_SHIFT, as the service reads it
         with TestClient(create_app(settings, model=model)) as client:
 
             def say(user: str, message: str) -> str:
@@ -164,7 +163,7 @@ def main() -> None:
         "questions": len(rows),
         "between": args.between,
         "route": args.route,
-        "read_shift": model_shift,
+        "read_shift": settings.read_shift,  # SIA_READ_SHIFT, as the service read it
         "right": right,
         "stranger_right": stranger,
         "seconds": time.perf_counter() - started,

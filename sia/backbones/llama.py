@@ -92,12 +92,11 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.weight
-        flat = x.reshape(-1, x.shape[-1])
-        rows = flat.shape[0]
-        if w.device.type != "cpu" or w.dtype != torch.float32 or x.dtype != torch.float32 or torch.is_grad_enabled():
+        rows = x.numel() // x.shape[-1]
+        cpu_float32 = w.device.type == "cpu" and w.dtype == torch.float32 and x.dtype == torch.float32
+        if not cpu_float32 or torch.is_grad_enabled() or rows > SMALL_PRODUCT_ROWS:
             return super().forward(x)
-        if rows > SMALL_PRODUCT_ROWS:
-            return super().forward(x)
+        flat = x.reshape(rows, x.shape[-1])
         pair = torch.cat([flat, flat]) if rows == 1 else flat
         out = torch.mm(w, pair.t()).t()[:rows].contiguous()  # (rows, out)
         return out.view(*x.shape[:-1], w.shape[0])

@@ -26,6 +26,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,13 @@ GATE_PARAMETERS = ("slot_bias", "self_update.gate.bias")  # scalars that open an
 READ_PARAMETERS = ("self_key", "self_value", "slot_gate")  # the slots' key and value maps, the read gate: config.read_lr
 
 
+def _named(name: str, parts: Sequence[str]) -> bool:
+    """Whether one of the dotted parts of parameter ``name`` is in ``parts``."""
+    return any(part in parts for part in name.split("."))
+
+
 def _is_read(name: str) -> bool:
-    return any(part in READ_PARAMETERS for part in name.split("."))
+    return _named(name, READ_PARAMETERS)
 
 
 def _is_write(name: str) -> bool:
@@ -260,12 +266,10 @@ def build_model(config: TrainConfig, cache_dir: Path = DEFAULT_CACHE) -> tuple[L
     model.init_identity(config.seed, slot_bias=config.slot_bias)
     identity = model.identity_state_dict()
     for name, p in model.named_parameters():
-        chosen = config.train_only is None or any(part in config.train_only for part in name.split("."))
+        chosen = config.train_only is None or _named(name, config.train_only)
         p.requires_grad_(name in identity and chosen and not (config.freeze_write and _is_write(name)))
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(
-            f"nothing to train: this model has no parameter {config.train_only} (slot_gate needs the model's slot_gate)"
-        )
+        raise ValueError(f"nothing to train: no identity parameter of this model is named {config.train_only}")
     return model, ref
 
 
