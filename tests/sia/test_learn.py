@@ -21,13 +21,17 @@ from sia.checkpoint import load_model
 from sia.commands import main
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, TurnResult, stream_turns
+from sia.learn.adapter import facts
 from sia.learn.adapter import train as adapter_train
 from sia.learn.adapter.train import (
     READOUT_FILE,
     ReadOut,
     TrainConfig,
     build_model,
+    build_pool,
     episode_losses,
+    pool_batch,
+    pool_losses,
     sample_batch,
     train,
     unroll_states,
@@ -317,6 +321,9 @@ def test_scoring_candidates_is_scoring_each_reply_in_full(config: TrainConfig, c
         ({"train_only": []}, "train_only"),
         ({"train_only": ["q_proj"]}, "train_only"),
         ({"train_only": "slot_gate"}, "train_only"),
+        ({"state_pool": 4}, "write that does not train"),
+        ({"state_pool": 4, "train_only": ["memory", "self_value"]}, "write that does not train"),
+        ({"state_pool": 1, "freeze_write": True}, "state_pool"),
     ],
 )
 def test_a_bad_training_config_is_refused(config: TrainConfig, change: dict[str, Any], match: str) -> None:
@@ -550,3 +557,59 @@ def test_distilling_from_the_base_model_matches_the_same_turn_read_with_a_fresh_
         assert float(episode_losses(model, readout, batch, config, silent)["distill"]) > 1e-4
     with pytest.raises(ValueError, match="distill_teacher"):
         replace(config, distill_teacher="teacher")
+
+
+def test_a_state_pool_holds_the_states_its_episodes_leave_and_trains_the_read_alone(
+    config: TrainConfig, cache: Path, built: list[LlamaModel]
+) -> None:
+    """``state_pool``: each pooled episode's final state is the one its turns write when played directly, and the
+    state kept for its distilled turn is the one that turn began with; a step asks fresh training-split questions
+    about the pooled facts (the same for the same step), and training moves the read while the write stays."""
+    config = replace(config, freeze_write=True, write_warmup=None, curriculum=[[0, 2]], state_pool=3, distill_every=1)
+    model, _ = build_model(config, cache)
+    open_read(model, seed=5)
+    dynamics = Dynamics.from_config(model.config)
+    model.eval()
+    pool = build_pool(config, model, dynamics, chunk=2)
+    assert len(pool.examples) == 3 and pool.final.self_state.shape == (3, model.config.d_self)
+    for i, ex in enumerate(pool.examples):
+        episodes, contexts = [ex.episode], [ex.context]
+        direct = unroll_states(model, episodes, contexts, dynamics)
+        torch.testing.assert_close(pool.final.self_state[i : i + 1], direct.self_state, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(pool.final.trace[i : i + 1], direct.trace)
+        cut = replace(ex.episode, turns=ex.episode.turns[: ex.distill_at])
+        began = unroll_states(model, [cut], contexts, dynamics)
+        torch.testing.assert_close(pool.before.self_state[i : i + 1], began.self_state, atol=1e-5, rtol=1e-5)
+        assert ex.distill_at not in (0, ex.episode.stated_at)
+    assert float(pool.final.self_state.abs().sum()) > 0
+    picks, batch = pool_batch(config, pool, step=7)
+    again, same = pool_batch(config, pool, step=7)
+    assert picks == again and batch == same and len(set(picks)) == config.batch_size
+    train_questions = {p.question for ex in (facts.episodes("train", 50, 0, between=1)) for p in ex.probes}
+    for i, ex in zip(picks, batch, strict=True):
+        assert ex.episode.facts == pool.examples[i].episode.facts and ex.distill_at == pool.examples[i].distill_at
+        assert [p.value for p in ex.episode.probes] == [f.value for f in ex.episode.facts]
+        assert all(p.question in train_questions for p in ex.episode.probes)
+    model.train()
+    losses = pool_losses(model, pool, picks, batch, config, dynamics)
+    assert float(losses["answer"].detach()) > 0 and float(losses["distill"].detach()) > 0 and float(losses["readout"]) == 0
+    named: list[bool] = []  # whether each asked value's first token is the most likely one, read probe by probe
+    with torch.no_grad():
+        for i, ex in zip(picks, batch, strict=True):
+            for probe in (ex.episode.probes[j] for j in ex.asked):
+                turn = render_turn(model.tokenizer, ex.context, probe.question, probe.reply)
+                at = turn.reply[0] + len(model.tokenizer.encode(probe.reply_prefix))
+                logits = probe_logits(model, pool.final.take([i]), [turn.tokens])[0]
+                named.append(int(logits[at - 1].argmax()) == turn.tokens[at])
+    assert float(losses["answer_acc"]) == pytest.approx(sum(named) / len(named))
+    losses["answer"].backward()
+    value = model.attentions[0].self_value.weight.grad
+    assert value is not None and float(value.abs().sum()) > 0
+    assert model.memory.grad is None
+
+    start = build_model(config, cache)[0].identity_state_dict()
+    train(config, progress=False, cache_dir=cache)
+    trained = built[-1].identity_state_dict()
+    write = [n for n in trained if n.startswith(("memory", "pool", "self_update"))]
+    assert write and all(torch.equal(trained[n], start[n]) for n in write)
+    assert any(not torch.equal(trained[n], start[n]) for n in trained if n.endswith("self_value.weight"))

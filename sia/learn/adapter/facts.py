@@ -31,6 +31,7 @@ __all__ = [
     "Episode",
     "Fact",
     "Probe",
+    "ask",
     "chitchat",
     "episodes",
     "make_episode",
@@ -1153,6 +1154,13 @@ def _probe(rng: random.Random, style: _Style, fact: Fact) -> Probe:
     question = rng.choice(table[fact.kind])
     prefix, suffix = rng.choice(question.answers)
     return Probe(fact.kind, fact.value, question.text, prefix.format(a=_article(fact.value)), suffix)
+
+
+def ask(rng: random.Random, split: str, fact: Fact) -> Probe:
+    """A question about ``fact`` in one of ``split``'s wordings, drawn as an episode draws its probes."""
+    _check_split(split)
+    _check_kind(fact.kind)
+    return _probe(rng, _STYLES[split], fact)
 
 
 def make_episode(

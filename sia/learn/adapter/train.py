@@ -27,7 +27,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,17 @@ from sia.learn.adapter.unroll import (
 from sia.model.config import LlamaConfig, check_fields, read_json_object
 from sia.personas import PERSONAS
 
-__all__ = ["ReadOut", "TrainConfig", "build_model", "heldout_recall", "train"]
+__all__ = [
+    "ReadOut",
+    "StatePool",
+    "TrainConfig",
+    "build_model",
+    "build_pool",
+    "heldout_recall",
+    "pool_batch",
+    "pool_losses",
+    "train",
+]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +123,11 @@ class TrainConfig:
     # only the identity parameters with one of these names train (e.g. ["slot_gate"]: the read gate alone, over a
     # trained adapter given by init); null: all of them (less the write with freeze_write)
     train_only: list[str] | None = None
+    # the read trains on a pool of this many training episodes whose states the frozen write wrote once (needs a write
+    # that does not train: freeze_write, or train_only naming read parts); each step asks freshly drawn questions about
+    # a batch of them and distils one ordinary turn of each from the state it began with. null: every step plays its
+    # episodes anew. The write's turns are then paid once, not every step: more questions a minute, in bigger batches
+    state_pool: int | None = None
     write_stage_steps: int = 0  # first stage: statement turns alone, read-out only (many examples per step, cheap)
     write_stage_batch: int = 24
     min_lr: float = 2e-4
@@ -194,6 +209,13 @@ class TrainConfig:
             raise ValueError(
                 f"train_only must be a non-empty list of {list(IDENTITY_PARAMETERS)} (or null); got {self.train_only!r}"
             )
+        if self.state_pool is not None:
+            if not isinstance(self.state_pool, int) or self.state_pool < self.batch_size:
+                raise ValueError(
+                    f"state_pool must be an integer >= batch_size ({self.batch_size}) or null; got {self.state_pool!r}"
+                )
+            if not (self.freeze_write or (self.train_only is not None and not any(map(_is_write, self.train_only)))):
+                raise ValueError("state_pool needs a write that does not train: set freeze_write, or train_only to read parts")
         if self.distill_teacher not in ("transcript", "base"):
             raise ValueError(f"distill_teacher must be transcript or base; got {self.distill_teacher!r}")
         if self.precision not in ("auto", "bf16", "fp32"):
@@ -339,7 +361,7 @@ def episode_losses(
             carry = carry.put(rows, part)
             if grad and config.distill_weight > 0:
                 examples = [batch[b] for b in rows]
-                distill_terms.append(_distill(model, examples, t, turns, logits, config.distill_teacher == "base"))
+                distill_terms.append(_distill(model, examples, turns, logits, config.distill_teacher == "base"))
         # read-out of every stated fact from each state from the statement on
         stated = [b for b in active if t >= batch[b].episode.stated_at]
         if stated and config.readout_weight > 0:
@@ -349,13 +371,20 @@ def episode_losses(
             readout_terms.append(term)
             readout_right.append(right)
     reading = carry if not shielded else Carry(carry.self_state.detach(), carry.trace, carry.shock)
-    answer = _answer_loss(model, reading, batch, config) if any(ex.asked for ex in batch) else carry.self_state.new_zeros(())
-    zero = answer.new_zeros(())
+    zero = carry.self_state.new_zeros((), dtype=torch.float32)
+    answer, named_value = _answer_loss(model, reading, batch, config) if any(ex.asked for ex in batch) else (zero, zero)
     readout_loss = torch.stack(readout_terms).mean() if readout_terms else zero
     distill = torch.stack(distill_terms).mean() if distill_terms else zero
     spread = carry.self_state.detach().float().std(0).mean()  # how much the final states differ between users
     named = answer.new_tensor(sum(readout_right) / max(1, len(readout_right)))  # training read-out accuracy
-    return {"answer": answer, "readout": readout_loss, "distill": distill, "spread": spread, "readout_acc": named}
+    return {
+        "answer": answer,
+        "readout": readout_loss,
+        "distill": distill,
+        "spread": spread,
+        "readout_acc": named,
+        "answer_acc": named_value,
+    }
 
 
 def _shielded(config: TrainConfig, step: int) -> bool:
@@ -363,7 +392,9 @@ def _shielded(config: TrainConfig, step: int) -> bool:
     return config.write_warmup is None or step < config.write_warmup
 
 
-def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: TrainConfig) -> Tensor:
+def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: TrainConfig) -> tuple[Tensor, Tensor]:
+    """The probes' reply cross-entropy (value tokens weighted ``value_weight``), and the share of probes whose value's
+    first token is the model's most likely next token there (the training-side twin of held-out recall)."""
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
     rows, owners, spans, asking = [], [], [], []
@@ -384,20 +415,23 @@ def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: 
             )
     tail = max(len(r) - sp[0] + 1 for r, sp in zip(rows, spans, strict=True))
     logits = probe_logits(model, carry.take(owners), rows, tail=tail, grad_tail=max(tail, *asking))
-    total, weight = logits.new_zeros((), dtype=torch.float32), 0.0
+    total, weight, named = logits.new_zeros((), dtype=torch.float32), 0.0, 0
     for i, (row, (a, e, va, ve)) in enumerate(zip(rows, spans, strict=True)):
         target = torch.tensor(row[a:e], device=logits.device)
-        ce = F.cross_entropy(span(logits[i], len(row), a, e).float(), target, reduction="none")  # (n,)
+        predicted = span(logits[i], len(row), a, e).float()  # (n, V)
+        ce = F.cross_entropy(predicted, target, reduction="none")  # (n,)
         w = torch.ones_like(ce)
         w[va - a : ve - a] = config.value_weight
         total = total + (ce * w).sum()
         weight += float(w.sum())
-    return total / weight
+        named += int(int(predicted[va - a].argmax()) == row[va])
+    return total / weight, total.new_tensor(named / len(rows))
 
 
-def _distill(model: LlamaModel, examples: list[Example], t: int, turns: list[Any], student: Tensor, base: bool = False) -> Tensor:
-    """KL(teacher || student) per reply token of turn t; the teacher reads the whole transcript with a fresh state,
-    or with ``base`` the same turn the student reads, with a fresh state (the base model)."""
+def _distill(model: LlamaModel, examples: list[Example], turns: list[Any], student: Tensor, base: bool = False) -> Tensor:
+    """KL(teacher || student) per reply token of each example's turn ``distill_at``; the teacher reads the whole
+    transcript with a fresh state, or with ``base`` the same turn the student reads, with a fresh state (the base
+    model)."""
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
     rows, spans = [], []
@@ -406,7 +440,7 @@ def _distill(model: LlamaModel, examples: list[Example], t: int, turns: list[Any
             rows.append(turn.tokens)
             spans.append(turn.reply)
             continue
-        exchanges = [(x.user, x.reply) for x in ex.episode.turns[: t + 1]]
+        exchanges = [(x.user, x.reply) for x in ex.episode.turns[: ex.distill_at + 1]]
         tokens, reply_spans = transcript(tok, ex.context, exchanges)
         rows.append(tokens)
         spans.append(reply_spans[-1])
@@ -419,6 +453,102 @@ def _distill(model: LlamaModel, examples: list[Example], t: int, turns: list[Any
         q = F.log_softmax(span(student[i], len(turn.tokens), *turn.reply).float(), dim=-1)
         terms.append(F.kl_div(q, p, log_target=True, reduction="batchmean"))
     return torch.stack(terms).mean()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The state pool: the read trained over states a frozen write wrote once
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatePool:
+    """Training episodes played once by a write that does not train, and the states they left."""
+
+    examples: list[Example]  # per episode: its persona's block and the ordinary turn distilled from it
+    final: Carry  # the state after each episode's last turn: what its questions read
+    before: Carry  # the state each episode's distilled turn began with
+
+
+@torch.no_grad()
+def build_pool(config: TrainConfig, model: LlamaModel, dynamics: Dynamics, chunk: int = 16) -> StatePool:
+    """``config.state_pool`` training episodes of the curriculum's longest stage (between half of its unrelated turns
+    and all of them), each played from a fresh identity as ``episode_losses`` plays it; a function of the seed only."""
+    assert config.state_pool is not None
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    rng = random.Random(f"{config.seed}:pool")
+    top = max(turns for _, turns in config.curriculum)
+    examples = []
+    for _ in range(config.state_pool):
+        episode = facts.make_episode(rng, "train", between=rng.randint(max(1, top // 2), top), n_facts=config.n_facts)
+        context = tok.system_prompt(PERSONAS[rng.choice(sorted(PERSONAS))].system_prompt)
+        ordinary = [t for t in range(1, len(episode.turns)) if t != episode.stated_at]
+        examples.append(Example(episode, context, rng.choice(ordinary), ()))
+    finals, befores = [], []
+    for start in range(0, len(examples), chunk):
+        part = examples[start : start + chunk]
+        carry = Carry.fresh(model, len(part))
+        before = Carry.fresh(model, len(part))
+        for t in range(max(len(ex.episode.turns) for ex in part)):
+            at = [b for b, ex in enumerate(part) if ex.distill_at == t]
+            if at:
+                before = before.put(at, carry.take(at))
+            rows = [b for b, ex in enumerate(part) if t < len(ex.episode.turns)]
+            turns = [
+                render_turn(tok, part[b].context, part[b].episode.turns[t].user, part[b].episode.turns[t].reply) for b in rows
+            ]
+            written, _, _ = write_turn(model, carry.take(rows), turns, dynamics, grad_tokens=True)
+            carry = carry.put(rows, written)
+        finals.append(carry)
+        befores.append(before)
+
+    def joined(carries: list[Carry]) -> Carry:
+        with torch.autocast(model.device.type, enabled=False):  # state tensors keep their own dtypes
+            return Carry(*(torch.cat([getattr(c, f) for c in carries]) for f in ("self_state", "trace", "shock")))
+
+    return StatePool(examples, joined(finals), joined(befores))
+
+
+def pool_batch(config: TrainConfig, pool: StatePool, step: int) -> tuple[list[int], list[Example]]:
+    """The pool's episodes of ``step`` and freshly drawn questions about their facts; a function of (seed, step) only."""
+    rng = random.Random(f"{config.seed}:{step}")
+    picks = rng.sample(range(len(pool.examples)), config.batch_size)
+    batch = []
+    for i in picks:
+        ex = pool.examples[i]
+        episode = replace(ex.episode, probes=tuple(facts.ask(rng, "train", fact) for fact in ex.episode.facts))
+        asked = tuple(sorted(rng.sample(range(len(episode.probes)), min(config.probes_per_episode, len(episode.probes)))))
+        distill_at = ex.distill_at if step % config.distill_every == 0 and config.distill_weight > 0 else -1
+        batch.append(Example(episode, ex.context, distill_at, asked))
+    return picks, batch
+
+
+def pool_losses(
+    model: LlamaModel, pool: StatePool, picks: list[int], batch: list[Example], config: TrainConfig, dynamics: Dynamics
+) -> dict[str, Tensor]:
+    """The step's losses over pooled states: the answers from each episode's final state, the distillation of its
+    ordinary turn from the state that turn began with. The write does not train, so there is no read-out."""
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    reading = pool.final.take(picks)
+    answer, named_value = _answer_loss(model, reading, batch, config)
+    distill = answer.new_zeros(())
+    rows = [k for k, ex in enumerate(batch) if ex.distill_at >= 0]
+    if rows:
+        examples = [batch[k] for k in rows]
+        said = [ex.episode.turns[ex.distill_at] for ex in examples]
+        turns = [render_turn(tok, ex.context, x.user, x.reply) for ex, x in zip(examples, said, strict=True)]
+        _, logits, _ = write_turn(model, pool.before.take([picks[k] for k in rows]), turns, dynamics, grad_tokens=True)
+        distill = _distill(model, examples, turns, logits, config.distill_teacher == "base")
+    zero = answer.new_zeros(())
+    return {
+        "answer": answer,
+        "readout": zero,
+        "distill": distill,
+        "spread": reading.self_state.float().std(0).mean(),
+        "readout_acc": zero,
+        "answer_acc": named_value,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -634,13 +764,24 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
     history = out / HISTORY_FILE
     _keep_history(history, step)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16(config.precision, device))
+    pool = None
+    if config.state_pool is not None and step < config.steps:
+        began = time.perf_counter()
+        model.eval()
+        with amp:
+            pool = build_pool(config, model, dynamics)
+        model.train()
+        log.info("state pool: %d episodes written in %.0f s", config.state_pool, time.perf_counter() - began)
     started, done_here = time.perf_counter(), 0
     while step < config.steps:
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, step, group["peak"])
-        batch = sample_batch(config, model, step)
         with amp:
-            losses = episode_losses(model, readout, batch, config, dynamics, step)
+            if pool is not None:
+                picks, batch = pool_batch(config, pool, step)
+                losses = pool_losses(model, pool, picks, batch, config, dynamics)
+            else:
+                losses = episode_losses(model, readout, sample_batch(config, model, step), config, dynamics, step)
         total = losses["answer"] + config.readout_weight * losses["readout"] + config.distill_weight * losses["distill"]
         optimizer.zero_grad(set_to_none=True)
         total.backward()  # type: ignore[no-untyped-call]
@@ -675,7 +816,9 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
         if step == config.steps:  # what a deployment serves: the identity parameters in config.model's weights_dtype
             save_llama_checkpoint(model, out / ADAPTER_DIR, ref)
         if progress:
-            _progress(step, config.steps, {k: float(v) for k, v in losses.items()}, done_here / (time.perf_counter() - started))
+            _progress(
+                step, config.steps, {k: float(v.detach()) for k, v in losses.items()}, done_here / (time.perf_counter() - started)
+            )
     if progress:
         sys.stderr.write("\n")
     return out
