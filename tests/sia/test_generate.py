@@ -7,7 +7,7 @@ import torch
 
 from sia.identity.state import IdentityState
 from sia.model.config import ModelConfig
-from sia.model.generate import SamplingParams, generate, sample_next, stream
+from sia.model.generate import NUCLEUS_FIRST, SamplingParams, generate, nucleus, nucleus_reference, sample_next, stream
 from sia.model.tokenizer import ByteTokenizer
 from sia.model.transformer import SIAModel
 from tests.conftest import random_state, sharpen
@@ -179,3 +179,24 @@ def test_a_vanishing_top_p_keeps_the_most_likely_token() -> None:
     g = torch.Generator().manual_seed(0)
     for top_k in (None, 1):
         assert {sample_next(logits, SamplingParams(top_p=5e-324, top_k=top_k), g) for _ in range(20)} == {1}
+
+
+@pytest.mark.parametrize("vocab", [2, 5, NUCLEUS_FIRST, 1000, 49_152])
+def test_the_nucleus_is_the_one_a_full_sort_finds(vocab: int) -> None:
+    """``nucleus`` looks among the most likely tokens first and widens the search only while it must: the kept set is
+    the full sort's, from sharp to flat distributions (where it has to widen to the whole vocabulary), with banned
+    (-inf) tokens, at any top_p."""
+    g = torch.Generator().manual_seed(vocab)
+    widened = False
+    for scale in (0.05, 1.0, 4.0, 12.0):
+        for temperature in (0.4, 1.0):
+            logits = (torch.randn(vocab, generator=g, dtype=torch.float64) * scale).clone()
+            logits[torch.randint(0, vocab, (max(1, vocab // 50),), generator=g)] = float("-inf")
+            logits[int(torch.randint(0, vocab, (1,), generator=g))] = 0.5  # at least one finite logit
+            logits = (logits - logits.max()) / temperature  # as sample_next gives it
+            for top_p in (5e-324, 0.1, 0.5, 0.9, 0.99, 0.999999):
+                fast, slow = nucleus(logits, top_p), nucleus_reference(logits, top_p)
+                assert torch.equal(fast.isinf(), slow.isinf()), (scale, temperature, top_p)
+                assert torch.equal(fast[~fast.isinf()], logits[~fast.isinf()])
+                widened |= int((~fast.isinf()).sum()) > NUCLEUS_FIRST
+    assert widened or vocab <= NUCLEUS_FIRST  # the flat cases needed more than the first look
