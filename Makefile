@@ -54,6 +54,7 @@ bench: install
 	$(BIN)/python -m benchmarks.corpus
 	$(BIN)/python -m benchmarks.batching
 	$(BIN)/python -m benchmarks.served_batching
+	$(BIN)/python -m benchmarks.sampling
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
