@@ -487,20 +487,10 @@ def build_pool(config: TrainConfig, model: LlamaModel, dynamics: Dynamics, chunk
     finals, befores = [], []
     for start in range(0, len(examples), chunk):
         part = examples[start : start + chunk]
-        carry = Carry.fresh(model, len(part))
-        before = Carry.fresh(model, len(part))
-        for t in range(max(len(ex.episode.turns) for ex in part)):
-            at = [b for b, ex in enumerate(part) if ex.distill_at == t]
-            if at:
-                before = before.put(at, carry.take(at))
-            rows = [b for b, ex in enumerate(part) if t < len(ex.episode.turns)]
-            turns = [
-                render_turn(tok, part[b].context, part[b].episode.turns[t].user, part[b].episode.turns[t].reply) for b in rows
-            ]
-            written, _, _ = write_turn(model, carry.take(rows), turns, dynamics, grad_tokens=True)
-            carry = carry.put(rows, written)
-        finals.append(carry)
-        befores.append(before)
+        episodes, contexts = [ex.episode for ex in part], [ex.context for ex in part]
+        final, began = unroll_keeping(model, episodes, contexts, dynamics, before=[ex.distill_at for ex in part])
+        finals.append(final)
+        befores.append(began)
 
     def joined(carries: list[Carry]) -> Carry:
         with torch.autocast(model.device.type, enabled=False):  # state tensors keep their own dtypes
@@ -559,15 +549,27 @@ def pool_losses(
 @torch.no_grad()
 def unroll_states(model: LlamaModel, episodes: list[facts.Episode], contexts: list[list[int]], dynamics: Dynamics) -> Carry:
     """The state of each episode after its last turn (every row written as the service writes it)."""
+    return unroll_keeping(model, episodes, contexts, dynamics, before=[-1] * len(episodes))[0]
+
+
+@torch.no_grad()
+def unroll_keeping(
+    model: LlamaModel, episodes: list[facts.Episode], contexts: list[list[int]], dynamics: Dynamics, before: Sequence[int]
+) -> tuple[Carry, Carry]:
+    """``unroll_states``, and the state each row b had when its turn ``before[b]`` began (a fresh one where none)."""
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
     carry = Carry.fresh(model, len(episodes))
+    kept = Carry.fresh(model, len(episodes))
     for t in range(max(len(e.turns) for e in episodes)):
+        at = [b for b in range(len(episodes)) if before[b] == t]
+        if at:
+            kept = kept.put(at, carry.take(at))
         rows = [b for b, e in enumerate(episodes) if t < len(e.turns)]
         turns = [render_turn(tok, contexts[b], episodes[b].turns[t].user, episodes[b].turns[t].reply) for b in rows]
         part, _, _ = write_turn(model, carry.take(rows), turns, dynamics, grad_tokens=True)
         carry = carry.put(rows, part)
-    return carry
+    return carry, kept
 
 
 def probe_accuracy(
