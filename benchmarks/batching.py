@@ -1,7 +1,7 @@
 """Benchmark continuous batching in the library: N identities decoding together vs one after another.
 
 Run: ``python -m benchmarks.batching [--users 1 2 4 8 16] [--tokens 32] [--threads 1] [--checkpoint DIR] [--out PATH]
-[--device cuda] [--dtype bfloat16]``.
+[--device cuda] [--dtype bfloat16] [--weights plain packed]``.
 
 Setup: the bundled model (or ``--checkpoint``), N distinct identity states (random traces and self states), each
 with its own message under the persona ``sia``'s system prompt, greedy decoding of at most ``--tokens`` tokens.
@@ -13,7 +13,9 @@ with its own message under the persona ``sia``'s system prompt, greedy decoding 
 * **prefilled together**: the same, the N prompts prefilled in one left-padded forward (``join_many``), as the
   service's batcher does for turns that arrive together.
 
-All three produce the same tokens (checked here, row by row). Reported per N: aggregate generated tokens per second,
+``--weights``: each of the three with the matrices as loaded (``plain``) and/or packed for oneDNN's float32 CPU
+products (``packed``, ``LlamaModel.pack_weights``, what the service does by default), one after the other in the
+same run. All produce the same tokens (checked here, row by row). Reported per N: aggregate generated tokens per second,
 the ratio batched / sequential, and the p50 / p95 time to each row's first token when all N arrive at once.
 Results go to ``--out`` (JSON, with machine info) and a markdown table to stdout.
 """
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from benchmarks.generation import machine_info
+from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
 from sia.identity.state import IdentityState
 from sia.model.batching import DecodeBatch
@@ -117,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/batching.json"))
     parser.add_argument("--device", default="cpu", help="the torch device to decode on (e.g. cuda)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--weights", nargs="+", choices=("plain", "packed"), default=["plain"])
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     info = machine_info(args.threads)
@@ -128,7 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     warm = prompts(model, 2)
     generate(model, warm, model.condition_states(identities(model, 2)), params)  # warm-up
     results = []
-    for n in args.users:
+    for weights, n in [(w, n) for w in args.weights for n in args.users]:
+        if weights == "packed":
+            if not isinstance(model, LlamaModel):
+                raise SystemExit("--weights packed: only a pretrained backbone's matrices are packed")
+            model.pack_weights()
+        elif isinstance(model, LlamaModel):
+            model.unpack_weights()
         rows, states = prompts(model, n), identities(model, n)
         seq = sequential(model, rows, states, params)
         bat = batched(model, rows, states, params)
@@ -136,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         same = seq["tokens"] == bat["tokens"] == tog["tokens"]
         total = sum(len(t) for t in seq["tokens"])
         entry = {
+            "weights": weights,
             "users": n,
             "tokens": total,
             "same_tokens": same,
@@ -162,13 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     report = {"machine": info, "max_new_tokens": args.tokens, "results": results}
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     lines = [
-        "| users | tokens | sequential tok/s | batched tok/s | together tok/s | speed-up (together) "
+        "| weights | users | tokens | sequential tok/s | batched tok/s | together tok/s | speed-up (together) "
         "| TTFT p50 seq / batched / together (s) | TTFT p95 seq / batched / together (s) | same tokens |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['users']} | {r['tokens']} | {r['sequential_tok_s']:.1f} | {r['batched_tok_s']:.1f} "
+            f"| {r['weights']} | {r['users']} | {r['tokens']} | {r['sequential_tok_s']:.1f} | {r['batched_tok_s']:.1f} "
             f"| {r['together_tok_s']:.1f} | {r['speedup']:.2f}x ({r['speedup_together']:.2f}x) "
             f"| {modes(r['ttft_p50_s'])} | {modes(r['ttft_p95_s'])} | {r['same_tokens']} |"
         )

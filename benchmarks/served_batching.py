@@ -1,7 +1,7 @@
 """Benchmark continuous batching through HTTP: concurrent users streaming turns from a real ``sia serve``.
 
 Run: ``python -m benchmarks.served_batching [--users 1 2 4 8 16] [--turns 3] [--max-tokens 32] [--dtype bfloat16]
-[--out PATH]``.
+[--servers unbatched batched batched-unpacked] [--out PATH]``.
 
 Two servers are started one after the other, each with the bundled model on a fresh SQLite file and the
 service's default settings except:
@@ -9,7 +9,9 @@ service's default settings except:
 * **unbatched**: ``SIA_MAX_BATCH=0``: each turn computes on its own, ``SIA_MAX_CONCURRENT_TURNS`` (default 4)
   at once in worker threads: the service as it was before batching;
 * **batched**: the default ``SIA_MAX_BATCH`` (16): every turn joins one batch and all rows decode in one forward
-  per step.
+  per step;
+* **batched-unpacked** (only with ``--servers``): the batched server with ``SIA_PACKED_WEIGHTS=false``, its
+  matrices multiplied unpacked, as before packing.
 
 ``--torch-threads`` and ``--dtype`` (default: the service's defaults) are given to both. After one untimed warm-up turn, for each
 N in ``--users``: N client threads, each with its own user id (an identity of its own) and its own connection,
@@ -58,7 +60,11 @@ MESSAGES = [
     "Give me advice for a long walk.",
     "What do you like about music?",
 ]
-SERVERS = {"unbatched": {"SIA_MAX_BATCH": "0"}, "batched": {}}
+SERVERS = {
+    "unbatched": {"SIA_MAX_BATCH": "0"},
+    "batched": {},
+    "batched-unpacked": {"SIA_PACKED_WEIGHTS": "false"},  # the batched server without the packed matrices
+}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -70,6 +76,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--shared", type=int, nargs=2, default=[8, 2], metavar=("USERS", "IDENTITIES"))
     p.add_argument("--torch-threads", type=int, default=defaults["torch_threads"].default)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=defaults["dtype"].default)
+    p.add_argument("--servers", nargs="+", choices=sorted(SERVERS), default=["unbatched", "batched"])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p.parse_args(argv)
 
@@ -235,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     info = machine_info(args.torch_threads)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for server in SERVERS:
+        for server in args.servers:
             rows += run_server(server, Path(tmp), args)
     compare(rows)
     info["loadavg_end"] = list(os.getloadavg())
@@ -254,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "decoding": "greedy",
         "torch_threads": args.torch_threads,
         "dtype": args.dtype,
-        "servers": SERVERS,
+        "servers": {name: SERVERS[name] for name in args.servers},
         "defaults": {k: Settings.model_fields[k].default for k in ("max_batch", "max_concurrent_turns", "batch_wait_ms")},
     }
     payload = {"machine": info, "setup": setup, "rows": rows, "rss_mb_per_extra_row": per_row}

@@ -3,8 +3,11 @@ tests and benchmarks alike."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from server.core.config import Settings
 from server.runtime.health import Health
@@ -13,17 +16,20 @@ from server.runtime.keys import KeyRing
 from server.runtime.personas import Personas
 from server.runtime.turns import Turns
 from server.store import Store
-from sia.backbones.llama import LlamaModel
+from sia.backbones.llama import LlamaModel, packing_available
 from sia.checkpoint import load_model
 from sia.model.config import STATE_DTYPES
 from sia.model.transformer import IdentityModel
 
 __all__ = ["Services", "served_model"]
 
+log = logging.getLogger("sia.runtime")
+
 
 def served_model(settings: Settings, model: IdentityModel | None = None, checkpoint: Path | None = None) -> IdentityModel:
     """The model the service computes with: ``model``, or the one at ``checkpoint`` (default: the settings'),
-    decoding in ``settings.dtype``, its read shifted by ``settings.read_shift``."""
+    decoding in ``settings.dtype``, its read shifted by ``settings.read_shift``, its float32 matrices packed for
+    batched products where ``settings.packed_weights`` asks for it and the build can."""
     loaded = model or load_model(checkpoint or settings.checkpoint, cache_dir=settings.model_cache)
     if settings.read_shift:
         if not isinstance(loaded, LlamaModel):
@@ -31,7 +37,15 @@ def served_model(settings: Settings, model: IdentityModel | None = None, checkpo
         loaded.set_read_shift(settings.read_shift)
     if settings.dtype != "float32":
         loaded.decode_in(STATE_DTYPES[settings.dtype])
+    elif settings.packed_weights and isinstance(loaded, LlamaModel) and packable(loaded):
+        log.info("packed the backbone's matrices for batched products: %.0f MB", loaded.pack_weights() / 2**20)
     return loaded
+
+
+def packable(model: LlamaModel) -> bool:
+    """Whether ``model``'s matrices can be packed here: float32 on a CPU, with a build that has oneDNN."""
+    weight = model.wte.weight
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and packing_available()
 
 
 @dataclass(frozen=True)

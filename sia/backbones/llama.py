@@ -81,24 +81,62 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 SMALL_PRODUCT_ROWS = 32  # up to this many rows (decoding: one per batch row), a float32 CPU product runs as W·xᵀ
+PACKED_MIN_ROWS = 3  # from this many rows on, a float32 CPU product uses the packed copy of its weight, if it has one
+
+
+def packing_available() -> bool:
+    """Whether this torch build can pack weights for oneDNN's matrix products (x86 CPU builds can)."""
+    ops = torch.ops.mkldnn
+    built = bool(torch._C._has_mkldnn)  # what torch.backends.mkldnn.is_available() reads
+    return built and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (no bias) whose float32 inference on a CPU with at most SMALL_PRODUCT_ROWS rows computes (W xᵀ)ᵀ
-    instead of x Wᵀ, one row doubled to two: the BLAS kernels for a few rows are far slower in the x Wᵀ
-    orientation, and slowest of all for one row (measured on the 2-core machine, every matrix of one SmolLM2 decode
-    step: 52 ms for one row, 22 ms this way; 62 and 43 ms for eight rows; docs/performance.md). Anything else (a
-    GPU, bfloat16, gradients, prefill) is ``nn.Linear`` as it is."""
+    """``nn.Linear`` (no bias) with two faster paths for float32 inference on a CPU (no gradients):
+
+    * at most SMALL_PRODUCT_ROWS rows compute (W xᵀ)ᵀ instead of x Wᵀ, one row doubled to two: the BLAS kernels for
+      a few rows are far slower in the x Wᵀ orientation, and slowest of all for one row (every matrix of one
+      SmolLM2 decode step on the 2-core machine: 52 ms for one row, 22 ms this way; docs/performance.md);
+    * after ``pack()``, from PACKED_MIN_ROWS rows on (batched decoding, prefill), oneDNN's product with a copy of W
+      in its own blocked layout: eight rows 1.6x and sixteen 1.8x faster again, and a row's result does not depend
+      on how many rows are multiplied with it. The copy costs W's size in memory, so packing is asked for, not
+      automatic; it is used only while W is the tensor it was made from (an in-place change of W retires it).
+
+    Anything else (a GPU, bfloat16, gradients) is ``nn.Linear`` as it is."""
+
+    packed: Tensor | None = None
+    _packed_from: tuple[int, int] = (0, -1)  # W's storage and version when packed
+
+    def pack(self) -> int:
+        """Keep a packed copy of the weight for products of PACKED_MIN_ROWS rows or more; returns its bytes."""
+        w = self.weight
+        if w.device.type != "cpu" or w.dtype != torch.float32:
+            raise ValueError(f"only float32 weights on a CPU are packed; this one is {w.dtype} on {w.device}")
+        if not packing_available():
+            raise ValueError("this torch build cannot pack weights (oneDNN is not available)")
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+        self._packed_from = (w.data_ptr(), w._version)
+        return w.numel() * w.element_size()
+
+    def unpack(self) -> None:
+        """Drop the packed copy (its memory is freed): back to the unpacked paths."""
+        self.packed = None
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.weight
         rows = x.numel() // x.shape[-1]
         cpu_float32 = w.device.type == "cpu" and w.dtype == torch.float32 and x.dtype == torch.float32
-        if not cpu_float32 or torch.is_grad_enabled() or rows > SMALL_PRODUCT_ROWS:
+        if not cpu_float32 or torch.is_grad_enabled():
             return super().forward(x)
         flat = x.reshape(rows, x.shape[-1])
-        pair = torch.cat([flat, flat]) if rows == 1 else flat
-        out = torch.mm(w, pair.t()).t()[:rows].contiguous()  # (rows, out)
+        if rows >= PACKED_MIN_ROWS and self.packed is not None and self._packed_from == (w.data_ptr(), w._version):
+            out: Tensor = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), self.packed, None, "none", [], "")
+        elif rows <= SMALL_PRODUCT_ROWS:
+            pair = torch.cat([flat, flat]) if rows == 1 else flat
+            out = torch.mm(w, pair.t()).t()[:rows].contiguous()  # (rows, out)
+        else:
+            return super().forward(x)
         return out.view(*x.shape[:-1], w.shape[0])
 
 
@@ -365,6 +403,18 @@ class LlamaModel(IdentityModel):
             if self.memory is not None:  # the embeddings of random vocabulary tokens: inputs the backbone knows
                 rows = torch.randint(0, self.config.vocab_size, (self.memory.shape[0],), generator=generator)
                 self.memory.copy_(self.wte.weight[rows].float())
+
+    def pack_weights(self) -> int:
+        """Pack the backbone's matrices (projections and head) for oneDNN's float32 CPU products of three rows or
+        more (``Linear.pack``): batched decoding and prefill run faster, at the cost of a second copy of those
+        matrices. Returns the bytes the copies take. For inference: training keeps ``nn.Linear``'s products."""
+        return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
+
+    def unpack_weights(self) -> None:
+        """Drop every packed copy ``pack_weights`` made."""
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.unpack()
 
     def set_read_shift(self, shift: float) -> None:
         """The read's strength: every self slot's logit lowered by ``shift`` (its attention weight times about

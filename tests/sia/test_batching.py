@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
-from sia.backbones.llama import LlamaModel
+from sia.backbones.llama import LlamaModel, packing_available
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, conclude_turns, run_turn, turn_prompt
 from sia.model.batching import DecodeBatch
@@ -28,6 +28,13 @@ def llama(memory_tokens: int, slots: int) -> LlamaModel:
     model = LlamaModel(config, ByteTokenizer()).eval()
     model.load_base(hf.state_dict())
     return open_read(model)
+
+
+def packed(model: LlamaModel) -> LlamaModel:
+    """The model with its matrices packed, as the service runs it on a CPU (three rows or more: oneDNN)."""
+    if packing_available():
+        model.pack_weights()
+    return model
 
 
 def native() -> SIAModel:
@@ -67,7 +74,9 @@ JOIN_AT = [0, 2, 2, 5]  # the step before which each row joins: the longer secon
 
 @pytest.mark.parametrize("together", [False, True], ids=["prefilled-alone", "prefilled-together"])
 @pytest.mark.parametrize(
-    "build", [lambda: llama(0, 1), lambda: llama(2, 2), native], ids=["llama", "llama-memory-slots", "native"]
+    "build",
+    [lambda: llama(0, 1), lambda: llama(2, 2), lambda: packed(llama(2, 2)), native],
+    ids=["llama", "llama-memory-slots", "llama-packed", "native"],
 )
 def test_rows_joining_at_different_steps_decode_as_they_would_alone(build: object, together: bool) -> None:
     """Rows 1 and 2 join at the same step: one by one, or (``together``) in one left-padded prefill."""

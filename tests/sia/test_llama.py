@@ -451,6 +451,63 @@ def test_the_small_product_form_computes_what_nn_linear_computes(rows: int) -> N
     assert torch.equal(y, plain(x)) and y.requires_grad
 
 
+def test_packed_weights_compute_what_nn_linear_computes_and_a_row_does_not_depend_on_its_mates() -> None:
+    """``Linear.pack``: from PACKED_MIN_ROWS rows on, float32 inference on a CPU multiplies with oneDNN's packed
+    copy: nn.Linear's result to rounding, every row bit for bit the same whichever rows come with it; one and two
+    rows keep the small-product form; gradients, and a weight changed in place, never read a stale copy."""
+    from sia.backbones.llama import PACKED_MIN_ROWS, Linear, packing_available
+
+    if not packing_available():
+        pytest.skip("this torch build has no oneDNN to pack weights with")
+    g = torch.Generator().manual_seed(0)
+    layer = Linear(48, 80, bias=False)
+    plain = torch.nn.Linear(48, 80, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(80, 48, generator=g))
+        plain.weight.copy_(layer.weight)
+    assert layer.pack() == 80 * 48 * 4 and layer.packed is not None
+    x = torch.randn(40, 48, generator=g)
+    with torch.inference_mode():
+        whole = layer(x)
+        torch.testing.assert_close(whole, plain(x), atol=1e-5, rtol=1e-5)
+        for rows in (PACKED_MIN_ROWS, 8, 17):
+            assert torch.equal(layer(x[:rows]), whole[:rows]), rows  # the same bits in any company
+        torch.testing.assert_close(layer(x[:1]), plain(x[:1]), atol=1e-5, rtol=1e-5)
+        assert layer(x.view(4, 10, 48)).shape == (4, 10, 80)
+    y = layer(x.requires_grad_())
+    assert torch.equal(y, plain(x)) and y.requires_grad
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # an in-place change retires the packed copy
+        torch.testing.assert_close(layer(x[:8]), 2 * plain(x[:8]), atol=1e-5, rtol=1e-5)
+    layer.unpack()
+    assert layer.packed is None
+    with pytest.raises(ValueError, match="float32"):
+        Linear(4, 4, bias=False).to(torch.bfloat16).pack()
+
+
+def test_a_packed_model_answers_as_the_unpacked_one(hf_model: LlamaForCausalLM) -> None:
+    """``pack_weights`` packs every backbone matrix (the tied head included) and changes no reply: cached batched
+    decoding gives the unpacked model's tokens and log-likelihoods; ``unpack_weights`` drops the copies."""
+    from sia.backbones.llama import Linear, packing_available
+
+    if not packing_available():
+        pytest.skip("this torch build has no oneDNN to pack weights with")
+    model = open_read(build(hf_model, self_slots=2))
+    states = [random_state(model.config, s) for s in (1, 2, 3, 4)]
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14], [15, 16, 17]]
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    before = generate(model, prompts, model.condition_states(states), params)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert model.pack_weights() == sum(m.weight.numel() * 4 for m in linears)
+    assert all(m.packed is not None for m in linears) and model.lm_head.weight is model.wte.weight
+    after = generate(model, prompts, model.condition_states(states), params)
+    for a, b in zip(before, after, strict=True):
+        assert a.tokens == b.tokens
+        torch.testing.assert_close(a.prompt_nll, b.prompt_nll, atol=1e-5, rtol=0)
+    model.unpack_weights()
+    assert all(m.packed is None for m in linears)
+
+
 def test_the_read_shift_lowers_every_slot_logit_and_a_fresh_identity_still_reads_nothing(hf_model: LlamaForCausalLM) -> None:
     """``set_read_shift``: the slots' bias column moves by exactly the shift, replies move towards the base model's
     as it grows, a fresh identity is the base model at any shift, and a non-finite shift is refused."""

@@ -148,6 +148,22 @@ def test_sia_dtype_bfloat16_decodes_in_bfloat16_and_keeps_the_write_in_float32(s
         Settings(dtype="float16")
 
 
+def test_the_served_model_packs_its_matrices_unless_told_not_to(settings: Settings, tmp_path: Any) -> None:
+    """SIA_PACKED_WEIGHTS (default on): a float32 backbone on a CPU is served with its matrices packed for batched
+    products; off, or in bfloat16, it is not."""
+    from server.runtime.services import served_model
+    from sia.backbones.llama import packing_available
+
+    if not packing_available():
+        pytest.skip("this torch build has no oneDNN to pack weights with")
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab())
+    for update, want in (({}, True), ({"packed_weights": False}, False), ({"dtype": "bfloat16"}, False)):
+        model = load_model(tiny.path, cache_dir=tmp_path / "models")
+        assert isinstance(model, LlamaModel)
+        served_model(settings.model_copy(update=update), model=model)
+        assert (model.lm_head.packed is not None) is want and (model.blocks[0].mlp.up_proj.packed is not None) is want
+
+
 def test_sia_read_shift_weakens_the_served_read_and_is_checked(settings: Settings, tmp_path: Any) -> None:
     """SIA_READ_SHIFT: the served model conditions with its slots' logits lowered by it; a non-finite or absurd value
     is refused at start-up, and so is a shift for the native model, which has no adapter to shift."""
