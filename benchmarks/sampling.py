@@ -1,4 +1,4 @@
-"""Benchmark sampled decoding: the nucleus (top-p) filter found among the most likely tokens vs a full sort.
+"""Benchmark sampled decoding: the nucleus (top-p) filter among the most likely tokens vs a full sort; the draw.
 
 Run: ``python -m benchmarks.sampling [--users 1 8] [--tokens 32] [--threads 1] [--checkpoint DIR] [--out PATH]``.
 
@@ -7,9 +7,12 @@ Measured in one run, with the same rows, states and seeds:
 
 * **filter alone**: the time of ``sample_next`` on the logits a real decode step left, with ``nucleus`` (the most
   likely tokens first) and with ``nucleus_reference`` (the whole vocabulary sorted, what decoding did before);
+* **the draw**: the token drawn among the kept tokens (``draw``) or by one multinomial over the whole vocabulary
+  (``draw_over_vocabulary``, what decoding did before): the same distribution, other tokens for a given seed;
 * **decoding**: ``--users`` identities decoding together in one ``DecodeBatch`` (as the service's batcher runs
-  them), each with its own seed, with either filter: aggregate tokens per second, and whether every row's tokens
-  are the same under both (they must be: the two filters keep the same tokens).
+  them), each with its own seed, as decoding is now (nucleus, kept-token draw), with the whole-vocabulary draw, and
+  with the full sort and the whole-vocabulary draw (as before both changes): aggregate tokens per second, and
+  whether every row's tokens are the same under both filters (they must be: the two keep the same tokens).
 
 Results go to ``--out`` (JSON, with machine info) and a markdown table to stdout.
 """
@@ -29,7 +32,7 @@ from benchmarks.batching import batched, identities, prompts
 from benchmarks.generation import machine_info
 from sia.checkpoint import load_model
 from sia.model import generate as generation
-from sia.model.generate import SamplingParams, nucleus, nucleus_reference, sample_next
+from sia.model.generate import SamplingParams, draw, draw_over_vocabulary, nucleus, nucleus_reference, sample_next
 from sia.personas import CHAT_SAMPLING
 
 
@@ -61,54 +64,59 @@ def main(argv: list[str] | None = None) -> int:
         top_p=float(str(CHAT_SAMPLING["top_p"])),
         seed=0,  # every row's generator seeded alike, so both filters' runs can be compared token for token
     )
-    filters = {"nucleus": nucleus, "full sort": nucleus_reference}
+    variants = {  # name: (filter, draw)
+        "now": (nucleus, draw),
+        "vocabulary draw": (nucleus, draw_over_vocabulary),
+        "full sort, vocabulary draw": (nucleus_reference, draw_over_vocabulary),
+    }
     # the filter alone, on the logits of a real reply's next token
     rows, states = prompts(model, 1), identities(model, 1)
     with torch.inference_mode():
         out = model(torch.tensor(rows), model.condition_states(states))
     logits = out.logits[0, -1]
     alone = {}
-    for name, fn in filters.items():
-        generation.nucleus = fn  # sample_next looks the filter up at each call
+    for name, (fn, pick) in variants.items():
+        generation.nucleus, generation.draw = fn, pick  # sample_next looks both up at each call
         alone[name] = filter_ms(logits, chat)
     results: list[dict[str, Any]] = []
     for n in args.users:
         rows, states = prompts(model, n), identities(model, n)
         runs = {}
-        for name, fn in filters.items():
-            generation.nucleus = fn
+        for name, (fn, pick) in variants.items():
+            generation.nucleus, generation.draw = fn, pick
             runs[name] = batched(model, rows, states, chat)
-        generation.nucleus = nucleus
-        same = runs["nucleus"]["tokens"] == runs["full sort"]["tokens"]
-        total = sum(len(t) for t in runs["nucleus"]["tokens"])
+        generation.nucleus, generation.draw = nucleus, draw
+        same = runs["vocabulary draw"]["tokens"] == runs["full sort, vocabulary draw"]["tokens"]
+        total = sum(len(t) for t in runs["now"]["tokens"])
         entry = {
             "users": n,
             "tokens": total,
             "same_tokens": same,
             "tok_s": {name: sum(len(t) for t in r["tokens"]) / r["seconds"] for name, r in runs.items()},
         }
-        entry["speedup"] = entry["tok_s"]["nucleus"] / entry["tok_s"]["full sort"]
+        entry["speedup"] = entry["tok_s"]["now"] / entry["tok_s"]["full sort, vocabulary draw"]
         results.append(entry)
         sys.stderr.write(json.dumps(entry) + "\n")
-    generation.nucleus = nucleus
+    generation.nucleus, generation.draw = nucleus, draw
     report: dict[str, Any] = {
         "machine": info,
         "sampling": {"temperature": chat.temperature, "top_p": chat.top_p},
-        "filter_ms": alone,
+        "sample_next_ms": alone,
         "decoding": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    names = list(variants)
     sys.stdout.write(
-        f"filter alone (one row, {logits.shape[-1]} logits): nucleus {alone['nucleus']:.2f} ms, "
-        f"full sort {alone['full sort']:.2f} ms\n\n"
-        "| users | tokens | tok/s, nucleus | tok/s, full sort | speed-up | same tokens |\n|---|---|---|---|---|---|\n"
+        f"sample_next alone (one row, {logits.shape[-1]} logits): "
+        + ", ".join(f"{k} {v:.2f} ms" for k, v in alone.items())
+        + "\n\n| users | tokens | "
+        + " | ".join(f"tok/s, {k}" for k in names)
+        + " | now / before | same tokens under both filters |\n|---|---|---|---|---|---|---|\n"
     )
     for e in results:
-        sys.stdout.write(
-            f"| {e['users']} | {e['tokens']} | {e['tok_s']['nucleus']:.1f} | {e['tok_s']['full sort']:.1f} | "
-            f"{e['speedup']:.2f}x | {e['same_tokens']} |\n"
-        )
+        rates = " | ".join(f"{e['tok_s'][k]:.1f}" for k in names)
+        sys.stdout.write(f"| {e['users']} | {e['tokens']} | {rates} | {e['speedup']:.2f}x | {e['same_tokens']} |\n")
     return 0
 
 
