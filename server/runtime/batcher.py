@@ -1,16 +1,18 @@
 """Continuous batching in the service: one thread owns a DecodeBatch and decodes the turns of many identities.
 
-A turn whose identity is held is submitted with its request and decoding parameters; the batcher thread computes
-its conditioning, prefills it (with the turns that join at the same step, in one padded forward) and joins it to
-the running batch between two steps. Every step decodes one token for every row in one forward; a row that stops is
-concluded (shock, summary, new state: the TurnResult it would reach alone) and leaves. What a turn sees, in order,
-through its ``deliver`` callback: its StreamEvents (``row`` 0), then its TurnResult, or an exception instead of the
-rest. Storing the result is the caller's: the identity's lease and transaction stay with the turn, as without
-batching.
+A turn whose identity is held is submitted with its request and decoding parameters. A second thread, the
+prefiller, computes its conditioning and prefills it (with the turns that were waiting with it, in one padded
+forward) while the batch goes on stepping; the batcher thread joins it to the running batch between two steps. Every
+step decodes one token for every row in one forward; a row that stops is concluded (shock, summary, new state: the
+TurnResult it would reach alone) and leaves. What a turn sees, in order, through its ``deliver`` callback: its
+StreamEvents (``row`` 0), then its TurnResult, or an exception instead of the rest. Storing the result is the
+caller's: the identity's lease and transaction stay with the turn, as without batching.
 
 Waiting turns queue in arrival order (at most ``max_queue``; more are refused with OverloadedError) and join as
-rows leave, so no row starves; a cancelled turn leaves before the next step and its row is freed at once. All
-model computation of the batched turns happens on this one thread.
+rows leave, so no row starves; a cancelled turn leaves before the next step and its row is freed at once. One
+prefill runs at a time: the turns that arrive during it are prefilled together next. Decoding and prefilling thus
+share out two cores (a prefill no longer stops every row's stream while it computes), and a row's tokens are still
+the ones it decodes alone.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
@@ -27,7 +30,7 @@ import torch
 from server.errors import OverloadedError
 from server.observability import Metrics
 from sia.identity.turn import TurnPrompt, TurnRequest, TurnResult, conclude_turns, turn_prompt
-from sia.model.batching import DecodeBatch
+from sia.model.batching import DecodeBatch, Prefilled
 from sia.model.generate import SamplingParams, StreamEvent, check_room
 from sia.model.transformer import IdentityModel
 
@@ -36,6 +39,7 @@ __all__ = ["BatchedTurn", "Batcher", "Delivery"]
 log = logging.getLogger("sia.batcher")
 
 Delivery = Callable[[StreamEvent | TurnResult | BaseException], None]
+Prefill = tuple[list["BatchedTurn"], Prefilled | BaseException]  # turns prefilled together, or one turn's error
 
 
 @dataclass(eq=False)
@@ -121,74 +125,97 @@ class Batcher:
     def _run(self) -> None:
         batch = DecodeBatch(self.model, self.tokenizer)
         rows: dict[int, BatchedTurn] = {}
-        while True:
-            joining, leaving = self._next_changes(rows)
-            if joining is None:
-                break
-            for turn in leaving:
-                if turn.row in rows:
-                    batch.cancel(turn.row)
-                    del rows[turn.row]
-            self._join(batch, joining, rows)
-            if not rows:
-                continue
-            try:
-                started = time.perf_counter()
-                events = batch.sample()
-                for event in events:  # streamed before the forward that feeds these tokens back
-                    if not rows[event.row].cancelled:
-                        rows[event.row].deliver(replace(event, row=0))
-                batch.advance()
-                self._observe(len(events), time.perf_counter() - started)
-                for rid in [r for r in rows if r in batch.done]:
-                    turn = rows.pop(rid)
-                    generation = batch.take(rid)
-                    if not turn.cancelled:
-                        turn.deliver(conclude_turns(self.model, [turn.request], [turn.prompt], [generation])[0])
-            except Exception as exc:  # a failed step fails every row in it; the batch starts afresh
-                log.exception("a batched decode step failed; its %d turns fail with it", len(rows))
-                for turn in rows.values():
-                    turn.deliver(exc)
-                rows.clear()
-                batch = DecodeBatch(self.model, self.tokenizer)
-            if self.metrics is not None:
-                self.metrics.batch_rows.set(len(rows))
-        closed = RuntimeError("the service is shutting down")
-        for turn in rows.values():
-            turn.deliver(closed)
-        with self._lock:
-            for turn in self._waiting:
+        prefilling: Future[list[Prefill]] | None = None  # at most one group at a time; the next gathers who came meanwhile
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sia-prefill") as prefiller:
+            while True:
+                joining, leaving = self._next_changes(rows, prefilling is not None)
+                if joining is None:
+                    break
+                for turn in leaving:
+                    if turn.row in rows:
+                        batch.cancel(turn.row)
+                        del rows[turn.row]
+                if joining:
+                    prefilling = prefiller.submit(self._prefill, batch, joining)
+                if prefilling is not None and (prefilling.done() or not rows):  # nothing to step: wait for it
+                    self._admit(batch, prefilling.result(), rows)
+                    prefilling = None
+                if not rows:
+                    continue
+                try:
+                    started = time.perf_counter()
+                    events = batch.sample()
+                    for event in events:  # streamed before the forward that feeds these tokens back
+                        if not rows[event.row].cancelled:
+                            rows[event.row].deliver(replace(event, row=0))
+                    batch.advance()
+                    self._observe(len(events), time.perf_counter() - started)
+                    for rid in [r for r in rows if r in batch.done]:
+                        turn = rows.pop(rid)
+                        generation = batch.take(rid)
+                        if not turn.cancelled:
+                            turn.deliver(conclude_turns(self.model, [turn.request], [turn.prompt], [generation])[0])
+                except Exception as exc:  # a failed step fails every row in it; the batch starts afresh
+                    log.exception("a batched decode step failed; its %d turns fail with it", len(rows))
+                    for turn in rows.values():
+                        turn.deliver(exc)
+                    rows.clear()
+                    batch = DecodeBatch(self.model, self.tokenizer)
+                if self.metrics is not None:
+                    self.metrics.batch_rows.set(len(rows))
+            closed = RuntimeError("the service is shutting down")
+            for turn in rows.values():
                 turn.deliver(closed)
-            self._waiting.clear()
+            if prefilling is not None:
+                for group, _ in prefilling.result():
+                    for turn in group:
+                        turn.deliver(closed)
+            with self._lock:
+                for turn in self._waiting:
+                    turn.deliver(closed)
+                self._waiting.clear()
 
-    def _join(self, batch: DecodeBatch, joining: list[BatchedTurn], rows: dict[int, BatchedTurn]) -> None:
-        """Prefill the joining turns together, in one padded forward, and add them to ``rows``; if that fails, one
-        by one, so that only a turn that fails alone gets its error (the batch goes on)."""
+    def _prefill(self, batch: DecodeBatch, joining: list[BatchedTurn]) -> list[Prefill]:
+        """On the prefill thread, while the batch steps: the joining turns prefilled together, in one padded forward;
+        if that fails, one by one, so that only a turn that fails alone gets its error (the batch goes on)."""
         groups = [joining] if len(joining) > 1 else [[turn] for turn in joining]
+        done: list[Prefill] = []
         while groups:
             group = groups.pop(0)
             try:
                 with torch.no_grad():
                     cond = self.model.condition_states([turn.request.state for turn in group])
                 prompts, counted = [t.prompt.tokens for t in group], [t.prompt.counted for t in group]
-                handles = batch.join_many(prompts, cond, [t.params for t in group], counted)
+                done.append((group, batch.prefill(prompts, cond, [t.params for t in group], counted)))
             except Exception as exc:
                 if len(group) == 1:
-                    group[0].deliver(exc)
+                    done.append((group, exc))
                 else:
                     groups.extend([turn] for turn in group)
+        return done
+
+    def _admit(self, batch: DecodeBatch, prefilled: list[Prefill], rows: dict[int, BatchedTurn]) -> None:
+        """Between two steps: the prefilled turns join the batch (one that was cancelled meanwhile leaves at once)
+        and ``rows``; a turn whose prefill failed gets its error."""
+        for group, result in prefilled:
+            if isinstance(result, BaseException):
+                group[0].deliver(result)
                 continue
-            for turn, handle in zip(group, handles, strict=True):
+            for turn, handle in zip(group, batch.admit(result), strict=True):
+                if turn.cancelled:
+                    batch.cancel(handle)
+                    continue
                 turn.row = handle
                 rows[handle] = turn
 
-    def _next_changes(self, rows: dict[int, BatchedTurn]) -> tuple[list[BatchedTurn] | None, list[BatchedTurn]]:
-        """Block until there is work; the turns that join now (None once closed) and the rows to cancel."""
+    def _next_changes(self, rows: dict[int, BatchedTurn], prefilling: bool) -> tuple[list[BatchedTurn] | None, list[BatchedTurn]]:
+        """Block until there is work; the turns that join now (None once closed; none while a prefill is under way,
+        so that the turns arriving meanwhile are prefilled together next) and the rows to cancel."""
         n_rows = len(rows)
         with self._lock:
-            while not self._closed and not self._waiting and not self._cancelled and n_rows == 0:
+            while not self._closed and not self._waiting and not self._cancelled and n_rows == 0 and not prefilling:
                 self._lock.wait()
-            if n_rows == 0 and self.wait_s > 0 and self._waiting:  # an idle batch waits a moment for batch mates
+            if n_rows == 0 and self.wait_s > 0 and self._waiting and not prefilling:  # an idle batch waits for mates
                 deadline = time.monotonic() + self.wait_s
                 while not self._closed and len(self._waiting) < self.max_batch and (left := deadline - time.monotonic()) > 0:
                     self._lock.wait(left)
@@ -197,7 +224,7 @@ class Batcher:
             leaving, self._cancelled = self._cancelled, []
             joining: list[BatchedTurn] = []
             room = self.max_batch - n_rows + sum(1 for t in leaving if t.row in rows)
-            while self._waiting and len(joining) < room:
+            while self._waiting and len(joining) < room and not prefilling:
                 joining.append(self._waiting.popleft())
             self._gauge_queue()
             return joining, leaving

@@ -37,7 +37,7 @@ from sia.model.generate import (
 from sia.model.tokenizer import Tokenizer
 from sia.model.transformer import Conditioning, IdentityModel, KVCache, TurnStats
 
-__all__ = ["DecodeBatch", "cat_conditioning", "select_conditioning"]
+__all__ = ["DecodeBatch", "Prefilled", "cat_conditioning", "select_conditioning"]
 
 HEADROOM = 64  # token columns allocated beyond what the batch needs now, so most steps write in place
 
@@ -80,6 +80,19 @@ class _Member:
     prompt_nll: Tensor  # (prompt_len - 1,)
     stats: TurnStats  # (1 row) sums over counted prompt tokens and every generated token fed back
     last: Tensor  # (V,) logits of its next token
+
+
+@dataclass
+class Prefilled:
+    """Rows prefilled by ``DecodeBatch.prefill``, not yet in the batch: ``admit`` them."""
+
+    cache: KVCache  # (B rows) their keys and values, left-padded to the longest prompt
+    cond: Conditioning  # (B rows)
+    lengths: list[int]  # each prompt's tokens
+    params: list[SamplingParams]
+    prompt_nll: Tensor  # (B, L - 1)
+    stats: TurnStats  # (B rows)
+    last: Tensor  # (B, V) the logits of each row's first reply token
 
 
 class DecodeBatch:
@@ -128,7 +141,6 @@ class DecodeBatch:
             raise ValueError(f"a row joins with a one-row Conditioning; got {cond.batch_size} rows")
         return self.join_many([prompt], cond, [params], None if summary_mask is None else [summary_mask])[0]
 
-    @torch.inference_mode()
     def join_many(
         self,
         prompts: Sequence[Sequence[int]],
@@ -139,6 +151,18 @@ class DecodeBatch:
         """Prefill ``prompts`` together, one left-padded forward under ``cond`` (a row each), and add them to the
         batch in order; returns their handles. The padding is masked: each row is the row it would be alone."""
         self._check_whole()
+        return self.admit(self.prefill(prompts, cond, params, summary_masks))
+
+    @torch.inference_mode()
+    def prefill(
+        self,
+        prompts: Sequence[Sequence[int]],
+        cond: Conditioning,
+        params: Sequence[SamplingParams],
+        summary_masks: Sequence[Sequence[bool]] | None = None,
+    ) -> Prefilled:
+        """The computation of ``join_many`` without joining: it reads the model and nothing of the batch's rows, so
+        it may run on another thread while the batch steps; ``admit`` the result between two steps."""
         model, device = self.model, self.model.device
         B = len(prompts)
         if B < 1 or cond.batch_size != B or len(params) != B:
@@ -164,17 +188,26 @@ class DecodeBatch:
         out = model(idx, cond, cache=own, positions=positions, attn_mask=attn_mask, summary_mask=counted)
         log_probs = F.log_softmax(out.logits[:, :-1].float(), dim=-1)  # (B, L-1, V)
         prompt_nll = -log_probs.gather(-1, idx[:, 1:, None]).squeeze(-1)  # (B, L-1)
+        last = out.logits[:, -1].clone()  # a copy: a view would keep every position's logits alive
+        return Prefilled(own, cond, lengths, list(params), prompt_nll, out.stats, last)
+
+    @torch.inference_mode()
+    def admit(self, pre: Prefilled) -> list[int]:
+        """Add prefilled rows to the batch, in order, between two steps; returns their handles."""
+        self._check_whole()
+        device = self.model.device
+        B, L = len(pre.lengths), max(pre.lengths)
         rids: list[int] = []
-        for b, (n, p) in enumerate(zip(lengths, params, strict=True)):
+        for b, (n, p) in enumerate(zip(pre.lengths, pre.params, strict=True)):
             rid = self._next
             self._next += 1
             row = ReplyDecoder(p, device, self.tok)
-            self.members.append(_Member(rid, p, row, prompt_nll[b, L - n :], out.stats.row(b), out.logits[b, -1]))
+            self.members.append(_Member(rid, p, row, pre.prompt_nll[b, L - n :], pre.stats.row(b), pre.last[b]))
             if B == 1:
-                self._admit(own, cond, n, 0)
+                self._admit(pre.cache, pre.cond, n, 0)
             else:
                 index = torch.tensor([b], dtype=torch.long, device=device)
-                self._admit(own.select(index), select_conditioning(cond, index), n, L - n)
+                self._admit(pre.cache.select(index), select_conditioning(pre.cond, index), n, L - n)
             rids.append(rid)
         return rids
 

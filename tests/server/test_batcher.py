@@ -175,6 +175,49 @@ def test_a_cancelled_turn_frees_its_row_and_gets_nothing_more(model: IdentityMod
     assert metrics.batch_tokens.collect()[0].samples[0].value < 40 + 2 * 6  # the long row did not run to its end
 
 
+def test_a_prefill_runs_on_its_own_thread_while_the_batch_goes_on_stepping(
+    model: IdentityModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a joining turn is prefilled (held here on the prefiller thread), the running row keeps streaming; then
+    the turn joins and ends as it would alone. A turn cancelled during its prefill gets nothing, and its row leaves."""
+    from sia.model.batching import DecodeBatch
+
+    requests = requests_for(model, 3)
+    long = SamplingParams(max_new_tokens=30, temperature=0.0)
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    release, holding = threading.Event(), threading.Event()
+    threads: list[str] = []
+    original = DecodeBatch.prefill
+
+    def held_prefill(self: DecodeBatch, *args: object, **kw: object) -> object:
+        threads.append(threading.current_thread().name)
+        if len(threads) > 1:  # the first turn's prefill goes through; the later ones wait for the test
+            holding.set()
+            assert release.wait(WAIT)
+        return original(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DecodeBatch, "prefill", held_prefill)
+    metrics = Metrics()
+    for b in batcher_of(model, metrics=metrics):
+        first, joining, dropped = Reader(), Reader(), Reader()
+        first.turn = b.submit(requests[0], long, first.deliver)
+        first.next_event()
+        joining.turn = b.submit(requests[1], params, joining.deliver)
+        dropped.turn = b.submit(requests[2], params, dropped.deliver)
+        assert holding.wait(WAIT)
+        for _ in range(5):
+            first.next_event()  # the first row decodes on while the others are being prefilled
+        b.cancel(dropped.turn)
+        release.set()
+        got, first_result = joining.result(), first.result()
+    assert {name.startswith("sia-prefill") for name in threads} == {True} and len(threads) == 2  # one group of two
+    assert_same_turn(got, run_turn(model, requests[1], params))
+    assert_same_turn(first_result, run_turn(model, requests[0], long))
+    assert dropped.inbox.empty()
+    tokens = metrics.batch_tokens.collect()[0].samples[0].value
+    assert tokens == first_result.completion_tokens + got.completion_tokens  # the cancelled row never decoded
+
+
 def test_a_turn_that_cannot_fit_is_refused_at_submit_and_a_failing_turn_fails_alone(model: IdentityModel) -> None:
     requests = requests_for(model, 2)
     params = SamplingParams(max_new_tokens=5, temperature=0.0)
