@@ -10,9 +10,10 @@ caller's: the identity's lease and transaction stay with the turn, as without ba
 
 Waiting turns queue in arrival order (at most ``max_queue``; more are refused with OverloadedError) and join as
 rows leave, so no row starves; a cancelled turn leaves before the next step and its row is freed at once. One
-prefill runs at a time: the turns that arrive during it are prefilled together next. Decoding and prefilling thus
-share out two cores (a prefill no longer stops every row's stream while it computes), and a row's tokens are still
-the ones it decodes alone.
+prefill runs at a time: the turns that arrive during it are prefilled together next. When at least as many turns
+join as rows decode, the batcher thread pauses the steps and prefills half of them while the prefiller does the
+other half. Decoding and prefilling thus share out two cores (a prefill no longer
+stops every row's stream while it computes), and a row's tokens are still the ones it decodes alone.
 """
 
 from __future__ import annotations
@@ -135,7 +136,11 @@ class Batcher:
                     if turn.row in rows:
                         batch.cancel(turn.row)
                         del rows[turn.row]
-                if joining:
+                if len(joining) > 1 and len(joining) >= len(rows):  # more to prefill than to decode: half each
+                    ahead = prefiller.submit(self._prefill, batch, joining[: len(joining) // 2])
+                    mine = self._prefill(batch, joining[len(joining) // 2 :])
+                    self._admit(batch, ahead.result() + mine, rows)
+                elif joining:
                     prefilling = prefiller.submit(self._prefill, batch, joining)
                 if prefilling is not None and (prefilling.done() or not rows):  # nothing to step: wait for it
                     self._admit(batch, prefilling.result(), rows)

@@ -193,51 +193,41 @@ class DecodeBatch:
 
     @torch.inference_mode()
     def admit(self, pre: Prefilled) -> list[int]:
-        """Add prefilled rows to the batch, in order, between two steps; returns their handles."""
+        """Add prefilled rows to the batch, in order, between two steps; returns their handles. A left-padded
+        prefill is already right-aligned, as the batch keeps its rows: the group joins in one copy per layer."""
         self._check_whole()
-        device = self.model.device
+        device, P = self.model.device, self.prefix
         B, L = len(pre.lengths), max(pre.lengths)
-        rids: list[int] = []
-        for b, (n, p) in enumerate(zip(pre.lengths, pre.params, strict=True)):
-            rid = self._next
-            self._next += 1
-            row = ReplyDecoder(p, device, self.tok)
-            self.members.append(_Member(rid, p, row, pre.prompt_nll[b, L - n :], pre.stats.row(b), pre.last[b]))
-            if B == 1:
-                self._admit(pre.cache, pre.cond, n, 0)
-            else:
-                index = torch.tensor([b], dtype=torch.long, device=device)
-                self._admit(pre.cache.select(index), select_conditioning(pre.cond, index), n, L - n)
-            rids.append(rid)
-        return rids
-
-    def _admit(self, own: KVCache, cond: Conditioning, n: int, offset: int) -> None:
-        """Put a prefilled one-row cache into the batch cache, right-aligned: its n tokens, ``offset`` token columns
-        after its prefix (the padding before them in a padded prefill)."""
-        P = self.prefix
-        if self.cache is None:  # the first row: an empty batch of its layout
+        if self.cache is None:  # the first rows: an empty batch of their layout
             self.cache = object.__new__(KVCache)
             self.cache.prefix, self.cache.length, self.cache.capacity = P, P, P
-            self.cache.keys = [t.new_zeros((0, t.shape[1], P, t.shape[3])) for t in own.keys]
-            self.cache.values = [t.new_zeros((0, t.shape[1], P, t.shape[3])) for t in own.values]
+            self.cache.keys = [t.new_zeros((0, t.shape[1], P, t.shape[3])) for t in pre.cache.keys]
+            self.cache.values = [t.new_zeros((0, t.shape[1], P, t.shape[3])) for t in pre.cache.values]
         columns = self.cache.length - P
-        if n > columns:  # widen every row to the left
-            self._shift(n - columns)
-            columns = n
+        if columns < L:  # widen every row to the left
+            self._shift(L - columns)
+            columns = L
         self._reserve(columns + 1 + self.n_memory)
-        start = P + columns - n
-        for layer in range(len(self.cache.keys)):
-            key = self.cache.keys[layer].new_zeros((1, *self.cache.keys[layer].shape[1:]))
-            value = torch.zeros_like(key)
-            key[:, :, :P], value[:, :, :P] = own.keys[layer][:, :, :P], own.values[layer][:, :, :P]
-            key[:, :, start : P + columns] = own.keys[layer][:, :, P + offset : P + offset + n]
-            value[:, :, start : P + columns] = own.values[layer][:, :, P + offset : P + offset + n]
-            self.cache.keys[layer] = torch.cat([self.cache.keys[layer], key], dim=0)
-            self.cache.values[layer] = torch.cat([self.cache.values[layer], value], dim=0)
-        row_valid = self.valid.new_zeros(1, P + columns)
-        row_valid[:, :P], row_valid[:, start:] = True, True
-        self.valid = torch.cat([self.valid, row_valid], dim=0)
-        self.cond = cond if self.cond is None else cat_conditioning([self.cond, cond])
+        first = P + columns - L  # where the group's L token columns start in the batch
+        lengths = torch.tensor(pre.lengths, device=device)
+        at = torch.arange(self.cache.capacity, device=device)
+        own_columns = ((at >= P + columns - lengths[:, None]) & (at < P + columns)) | (at < P)  # (B, capacity)
+        for store, own in ((self.cache.keys, pre.cache.keys), (self.cache.values, pre.cache.values)):
+            for layer, t in enumerate(store):
+                group = t.new_zeros((B, *t.shape[1:]))
+                group[:, :, :P] = own[layer][:, :, :P]
+                group[:, :, first : P + columns] = own[layer][:, :, P : P + L]
+                group.mul_(own_columns[:, None, :, None])  # a padded prompt's padding columns hold zeros, as unused ones
+                store[layer] = torch.cat([t, group], dim=0)
+        self.valid = torch.cat([self.valid, own_columns[:, : P + columns]], dim=0)
+        self.cond = pre.cond if self.cond is None else cat_conditioning([self.cond, pre.cond])
+        rids: list[int] = []
+        for b, (n, p) in enumerate(zip(pre.lengths, pre.params, strict=True)):
+            rids.append(self._next)
+            row = ReplyDecoder(p, device, self.tok)
+            self.members.append(_Member(self._next, p, row, pre.prompt_nll[b, L - n :], pre.stats.row(b), pre.last[b]))
+            self._next += 1
+        return rids
 
     def _shift(self, k: int) -> None:
         """Insert k empty token columns before every row's first token (a longer row joins)."""

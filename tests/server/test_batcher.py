@@ -178,20 +178,21 @@ def test_a_cancelled_turn_frees_its_row_and_gets_nothing_more(model: IdentityMod
 def test_a_prefill_runs_on_its_own_thread_while_the_batch_goes_on_stepping(
     model: IdentityModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While a joining turn is prefilled (held here on the prefiller thread), the running row keeps streaming; then
-    the turn joins and ends as it would alone. A turn cancelled during its prefill gets nothing, and its row leaves."""
+    """While fewer turns join than rows decode, the joining turns are prefilled (held here) on the prefiller thread
+    and the running rows keep streaming; then they join and end as they would alone. A turn cancelled during its
+    prefill gets nothing, and its row leaves."""
     from sia.model.batching import DecodeBatch
 
-    requests = requests_for(model, 3)
+    requests = requests_for(model, 5)
     long = SamplingParams(max_new_tokens=30, temperature=0.0)
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
-    release, holding = threading.Event(), threading.Event()
+    hold, release, holding = threading.Event(), threading.Event(), threading.Event()
     threads: list[str] = []
     original = DecodeBatch.prefill
 
     def held_prefill(self: DecodeBatch, *args: object, **kw: object) -> object:
-        threads.append(threading.current_thread().name)
-        if len(threads) > 1:  # the first turn's prefill goes through; the later ones wait for the test
+        if hold.is_set():  # the running rows' prefills went through; the later ones wait for the test
+            threads.append(threading.current_thread().name)
             holding.set()
             assert release.wait(WAIT)
         return original(self, *args, **kw)  # type: ignore[arg-type]
@@ -199,23 +200,55 @@ def test_a_prefill_runs_on_its_own_thread_while_the_batch_goes_on_stepping(
     monkeypatch.setattr(DecodeBatch, "prefill", held_prefill)
     metrics = Metrics()
     for b in batcher_of(model, metrics=metrics):
-        first, joining, dropped = Reader(), Reader(), Reader()
-        first.turn = b.submit(requests[0], long, first.deliver)
-        first.next_event()
-        joining.turn = b.submit(requests[1], params, joining.deliver)
-        dropped.turn = b.submit(requests[2], params, dropped.deliver)
+        running = [Reader() for _ in range(3)]
+        for reader, request in zip(running, requests[:3], strict=True):
+            reader.turn = b.submit(request, long, reader.deliver)
+            reader.next_event()  # one at a time: three rows decode
+        hold.set()
+        joining, dropped = Reader(), Reader()
+        joining.turn = b.submit(requests[3], params, joining.deliver)
+        dropped.turn = b.submit(requests[4], params, dropped.deliver)
         assert holding.wait(WAIT)
         for _ in range(5):
-            first.next_event()  # the first row decodes on while the others are being prefilled
+            running[0].next_event()  # the rows decode on while the others are being prefilled
         b.cancel(dropped.turn)
         release.set()
-        got, first_result = joining.result(), first.result()
-    assert {name.startswith("sia-prefill") for name in threads} == {True} and len(threads) == 2  # one group of two
-    assert_same_turn(got, run_turn(model, requests[1], params))
-    assert_same_turn(first_result, run_turn(model, requests[0], long))
+        got = joining.result()
+        results = [r.result() for r in running]
+    assert threads and {name.startswith("sia-prefill") for name in threads} == {True}
+    assert_same_turn(got, run_turn(model, requests[3], params))
+    for result, request in zip(results, requests[:3], strict=True):
+        assert_same_turn(result, run_turn(model, request, long))
     assert dropped.inbox.empty()
     tokens = metrics.batch_tokens.collect()[0].samples[0].value
-    assert tokens == first_result.completion_tokens + got.completion_tokens  # the cancelled row never decoded
+    assert tokens == sum(r.completion_tokens for r in results) + got.completion_tokens  # the cancelled row never decoded
+
+
+def test_turns_that_outnumber_the_rows_are_prefilled_half_on_each_thread(
+    model: IdentityModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four turns gathered by an idle batch (``wait_s``: more to prefill than to decode) are prefilled two on the
+    batcher thread and two on the prefiller, at the same time, and each ends as it would alone."""
+    from sia.model.batching import DecodeBatch
+
+    requests = requests_for(model, 4)
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    calls: list[tuple[str, int]] = []
+    original = DecodeBatch.prefill
+
+    def recorded(self: DecodeBatch, prompts: list[list[int]], *args: object, **kw: object) -> object:
+        calls.append((threading.current_thread().name, len(prompts)))
+        return original(self, prompts, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DecodeBatch, "prefill", recorded)
+    for b in batcher_of(model, wait_s=2.0):
+        readers = [Reader() for _ in requests]
+        for reader, request in zip(readers, requests, strict=True):
+            reader.turn = b.submit(request, params, reader.deliver)
+        results = [r.result() for r in readers]
+    assert sorted((name.split("_")[0], n) for name, n in calls) == [("sia-batcher", 2), ("sia-prefill", 2)]
+    for got, request in zip(results, requests, strict=True):
+        assert_same_turn(got, run_turn(model, request, params))
 
 
 def test_a_turn_that_cannot_fit_is_refused_at_submit_and_a_failing_turn_fails_alone(model: IdentityModel) -> None:
