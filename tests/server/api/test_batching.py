@@ -4,6 +4,7 @@ the reply and state it gets without batching; a full queue is a 503 that loses n
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -104,6 +105,9 @@ def test_a_full_queue_is_503_and_nothing_is_lost(app_settings: Settings) -> None
         state = client.get("/admin/personas/sia/identities/kept").json()
         assert state["version"] == before["state_version"] and state["turns"] == 1  # the refused turn wrote nothing
         gate.set()
+        deadline = time.monotonic() + 30
+        while batcher.queued and time.monotonic() < deadline:  # the queued turn takes the freed row
+            time.sleep(0.01)
         after = client.post("/v1/personas/sia/chat", json={"user": "kept", "message": "again", "max_tokens": 4})
         assert after.status_code == 200 and after.json()["turn"] == 1  # the identity was let go
         metrics = client.get("/metrics").text
