@@ -7,8 +7,6 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from server.core.config import Settings
 from server.runtime.health import Health
 from server.runtime.identities import Identities
@@ -16,7 +14,7 @@ from server.runtime.keys import KeyRing
 from server.runtime.personas import Personas
 from server.runtime.turns import Turns
 from server.store import Store
-from sia.backbones.llama import LlamaModel, packing_available
+from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
 from sia.model.config import STATE_DTYPES
 from sia.model.transformer import IdentityModel
@@ -37,15 +35,9 @@ def served_model(settings: Settings, model: IdentityModel | None = None, checkpo
         loaded.set_read_shift(settings.read_shift)
     if settings.dtype != "float32":
         loaded.decode_in(STATE_DTYPES[settings.dtype])
-    elif settings.packed_weights and isinstance(loaded, LlamaModel) and packable(loaded):
+    elif settings.packed_weights and isinstance(loaded, LlamaModel) and loaded.packable:
         log.info("packed the backbone's matrices for batched products: %.0f MB", loaded.pack_weights() / 2**20)
     return loaded
-
-
-def packable(model: LlamaModel) -> bool:
-    """Whether ``model``'s matrices can be packed here: float32 on a CPU, with a build that has oneDNN."""
-    weight = model.wte.weight
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and packing_available()
 
 
 @dataclass(frozen=True)

@@ -404,6 +404,12 @@ class LlamaModel(IdentityModel):
                 rows = torch.randint(0, self.config.vocab_size, (self.memory.shape[0],), generator=generator)
                 self.memory.copy_(self.wte.weight[rows].float())
 
+    @property
+    def packable(self) -> bool:
+        """Whether ``pack_weights`` can pack here: float32 weights on a CPU, with a build that has oneDNN."""
+        weight = self.wte.weight
+        return weight.device.type == "cpu" and weight.dtype == torch.float32 and packing_available()
+
     def pack_weights(self) -> int:
         """Pack the backbone's matrices (projections and head) for oneDNN's float32 CPU products of three rows or
         more (``Linear.pack``): batched decoding and prefill run faster, at the cost of a second copy of those
