@@ -1,7 +1,7 @@
 """Benchmark continuous batching in the library: N identities decoding together vs one after another.
 
 Run: ``python -m benchmarks.batching [--users 1 2 4 8 16] [--tokens 32] [--threads 1] [--checkpoint DIR] [--out PATH]
-[--device cuda] [--dtype bfloat16] [--weights plain packed]``.
+[--device cuda] [--dtype bfloat16] [--weights plain packed packed-bf16]``.
 
 Setup: the bundled model (or ``--checkpoint``), N distinct identity states (random traces and self states), each
 with its own message under the persona ``sia``'s system prompt, greedy decoding of at most ``--tokens`` tokens.
@@ -13,8 +13,9 @@ with its own message under the persona ``sia``'s system prompt, greedy decoding 
 * **prefilled together**: the same, the N prompts prefilled in one left-padded forward (``join_many``), as the
   service's batcher does for turns that arrive together.
 
-``--weights``: each of the three with the matrices as loaded (``plain``) and/or packed for oneDNN's float32 CPU
-products (``packed``, ``LlamaModel.pack_weights``, what the service does by default), one after the other in the
+``--weights``: each of the three with the matrices as loaded (``plain``), packed for oneDNN's float32 CPU
+products (``packed``, ``LlamaModel.pack_weights``, what the service does by default) and/or packed in bfloat16
+(``packed-bf16``, ``pack_weights(torch.bfloat16)``, ``SIA_PACKED_WEIGHTS=bfloat16``), one after the other in the
 same run. All produce the same tokens (checked here, row by row). Reported per N: aggregate generated tokens per second,
 the ratio batched / sequential, and the p50 / p95 time to each row's first token when all N arrive at once.
 Results go to ``--out`` (JSON, with machine info) and a markdown table to stdout.
@@ -43,6 +44,7 @@ from sia.model.transformer import IdentityModel
 from sia.personas import PERSONAS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+PACKINGS = {"packed": torch.float32, "packed-bf16": torch.bfloat16}  # --weights: LlamaModel.pack_weights(dtype)
 
 MESSAGES = [
     "What is the capital of France?",
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/batching.json"))
     parser.add_argument("--device", default="cpu", help="the torch device to decode on (e.g. cuda)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--weights", nargs="+", choices=("plain", "packed"), default=["plain"])
+    parser.add_argument("--weights", nargs="+", choices=("plain", *PACKINGS), default=["plain"])
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     info = machine_info(args.threads)
@@ -133,10 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     generate(model, warm, model.condition_states(identities(model, 2)), params)  # warm-up
     results = []
     for weights, n in [(w, n) for w in args.weights for n in args.users]:
-        if weights == "packed":
+        if weights in PACKINGS:
             if not isinstance(model, LlamaModel):
-                raise SystemExit("--weights packed: only a pretrained backbone's matrices are packed")
-            model.pack_weights()
+                raise SystemExit(f"--weights {weights}: only a pretrained backbone's matrices are packed")
+            model.unpack_weights()
+            model.pack_weights(PACKINGS[weights])
         elif isinstance(model, LlamaModel):
             model.unpack_weights()
         rows, states = prompts(model, n), identities(model, n)

@@ -14,7 +14,7 @@ from server.runtime.keys import KeyRing
 from server.runtime.personas import Personas
 from server.runtime.turns import Turns
 from server.store import Store
-from sia.backbones.llama import LlamaModel
+from sia.backbones.llama import LlamaModel, bfloat16_products_fast
 from sia.checkpoint import load_model
 from sia.model.config import STATE_DTYPES
 from sia.model.transformer import IdentityModel
@@ -27,7 +27,7 @@ log = logging.getLogger("sia.runtime")
 def served_model(settings: Settings, model: IdentityModel | None = None, checkpoint: Path | None = None) -> IdentityModel:
     """The model the service computes with: ``model``, or the one at ``checkpoint`` (default: the settings'),
     decoding in ``settings.dtype``, its read shifted by ``settings.read_shift``, its float32 matrices packed for
-    batched products where ``settings.packed_weights`` asks for it and the build can."""
+    faster products (a float32 or bfloat16 copy) where ``settings.packed_weights`` asks for it and the build can."""
     loaded = model or load_model(checkpoint or settings.checkpoint, cache_dir=settings.model_cache)
     if settings.read_shift:
         if not isinstance(loaded, LlamaModel):
@@ -35,8 +35,12 @@ def served_model(settings: Settings, model: IdentityModel | None = None, checkpo
         loaded.set_read_shift(settings.read_shift)
     if settings.dtype != "float32":
         loaded.decode_in(STATE_DTYPES[settings.dtype])
-    elif settings.packed_weights and isinstance(loaded, LlamaModel) and loaded.packable:
-        log.info("packed the backbone's matrices for batched products: %.0f MB", loaded.pack_weights() / 2**20)
+    elif settings.packed_weights != "off" and isinstance(loaded, LlamaModel) and loaded.packable:
+        packing = settings.packed_weights
+        if packing == "auto":
+            packing = "bfloat16" if bfloat16_products_fast() else "float32"
+        size = loaded.pack_weights(STATE_DTYPES[packing])
+        log.info("packed the backbone's matrices (%s) for faster products: %.0f MB", packing, size / 2**20)
     return loaded
 
 

@@ -24,8 +24,10 @@ model's, whatever the read gate adds.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import re
+import time
 from dataclasses import dataclass, replace
 
 import torch
@@ -82,6 +84,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 SMALL_PRODUCT_ROWS = 32  # up to this many rows (decoding: one per batch row), a float32 CPU product runs as W·xᵀ
 PACKED_MIN_ROWS = 3  # from this many rows on, a float32 CPU product uses the packed copy of its weight, if it has one
+PACKED_DTYPES = (torch.float32, torch.bfloat16)  # what a packed copy may hold
 
 
 def packing_available() -> bool:
@@ -89,6 +92,21 @@ def packing_available() -> bool:
     ops = torch.ops.mkldnn
     built = bool(torch._C._has_mkldnn)  # what torch.backends.mkldnn.is_available() reads
     return built and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
+
+
+@functools.cache
+def bfloat16_products_fast() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices no slower than float32 ones (timed once): it does with native
+    bfloat16 instructions (AVX-512 BF16, AMX); without them bfloat16 is emulated, measured 86x slower."""
+    times = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(128, 576, dtype=dtype), torch.randn(576, 576, dtype=dtype)
+        a @ b
+        start = time.perf_counter()
+        for _ in range(5):
+            a @ b
+        times[dtype] = time.perf_counter() - start
+    return times[torch.bfloat16] <= 1.2 * times[torch.float32]
 
 
 class Linear(nn.Linear):
@@ -100,24 +118,36 @@ class Linear(nn.Linear):
     * after ``pack()``, from PACKED_MIN_ROWS rows on (batched decoding, prefill), oneDNN's product with a copy of W
       in its own blocked layout: eight rows 1.6x and sixteen 1.8x faster again, and a row's result does not depend
       on how many rows are multiplied with it. The copy costs W's size in memory, so packing is asked for, not
-      automatic; it is used only while W is the tensor it was made from (an in-place change of W retires it).
+      automatic; it is used only while W is the tensor it was made from (an in-place change of W retires it);
+    * after ``pack(torch.bfloat16)``, every product (any number of rows) with a bfloat16 copy of W in that layout,
+      x rounded to bfloat16 on the way in and the result returned in float32, as under bfloat16 autocast: half the
+      bytes to read, so decoding, which is bound by reading the weights, runs faster on CPUs with bfloat16
+      instructions, and a row's result still does not depend on its mates (the same kernel for one row or many).
 
     Anything else (a GPU, bfloat16, gradients) is ``nn.Linear`` as it is."""
 
     packed: Tensor | None = None
+    packed_dtype: torch.dtype = torch.float32  # the copy's: float32, or bfloat16 (every product then uses it)
+    min_rows = PACKED_MIN_ROWS  # products of this many rows or more use the copy
     _packed_from: tuple[int, int] = (0, -1)  # W's storage and version when packed
 
-    def pack(self) -> int:
-        """Keep a packed copy of the weight for products of PACKED_MIN_ROWS rows or more; returns its bytes."""
+    def pack(self, dtype: torch.dtype = torch.float32, *, every_row: bool = False) -> int:
+        """Keep a packed copy of the weight in ``dtype``: float32 (for products of PACKED_MIN_ROWS rows or more, or
+        of any number with ``every_row``) or bfloat16 (for every product, rounded as under bfloat16 autocast);
+        returns the copy's bytes."""
         w = self.weight
         if w.device.type != "cpu" or w.dtype != torch.float32:
             raise ValueError(f"only float32 weights on a CPU are packed; this one is {w.dtype} on {w.device}")
+        if dtype not in PACKED_DTYPES:
+            raise ValueError(f"weights are packed in float32 or bfloat16; got {dtype}")
         if not packing_available():
             raise ValueError("this torch build cannot pack weights (oneDNN is not available)")
         with torch.no_grad():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().to(dtype), None)
+        self.packed_dtype = dtype
+        self.min_rows = 1 if every_row or dtype == torch.bfloat16 else PACKED_MIN_ROWS
         self._packed_from = (w.data_ptr(), w._version)
-        return w.numel() * w.element_size()
+        return w.numel() * dtype.itemsize
 
     def unpack(self) -> None:
         """Drop the packed copy (its memory is freed): back to the unpacked paths."""
@@ -130,8 +160,13 @@ class Linear(nn.Linear):
         if not cpu_float32 or torch.is_grad_enabled():
             return super().forward(x)
         flat = x.reshape(rows, x.shape[-1])
-        if rows >= PACKED_MIN_ROWS and self.packed is not None and self._packed_from == (w.data_ptr(), w._version):
-            out: Tensor = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), self.packed, None, "none", [], "")
+        packed = self.packed is not None and self._packed_from == (w.data_ptr(), w._version)
+        if packed and rows >= self.min_rows:
+            # one row doubled to two: oneDNN multiplies a single row with another kernel, whose rounding differs
+            rows_in = torch.cat([flat, flat]) if rows == 1 else flat
+            out: Tensor = torch.ops.mkldnn._linear_pointwise(
+                rows_in.to(self.packed_dtype).contiguous(), self.packed, None, "none", [], ""
+            )[:rows].to(x.dtype)
         elif rows <= SMALL_PRODUCT_ROWS:
             pair = torch.cat([flat, flat]) if rows == 1 else flat
             out = torch.mm(w, pair.t()).t()[:rows].contiguous()  # (rows, out)
@@ -174,6 +209,15 @@ def init_slot_map(m: nn.Module, std: float, generator: torch.Generator) -> None:
         draw(m.weight, std)
 
 
+def _row_by_row(m: nn.Module, s: Tensor, alone: bool) -> Tensor:
+    """``m(s)`` for (B, d) rows; with ``alone`` one row at a time, so that a row's result is bit for bit the one it
+    gets alone (a product's rounding can depend on how many rows it multiplies)."""
+    if s.shape[0] == 1 or not alone:
+        out: Tensor = m(s)
+        return out
+    return torch.cat([m(s[b : b + 1]) for b in range(s.shape[0])])
+
+
 class InjectedAttention(nn.Module):
     """Grouped-query attention with RoPE, plus (when stateful) the metric deformation and the self slot."""
 
@@ -198,19 +242,19 @@ class InjectedAttention(nn.Module):
         if self.gated:
             self.slot_gate = nn.Linear(C, self.H, bias=False)  # per query head, a token's shift of the slots' logits
 
-    def condition(self, metric: Tensor | None, s: Tensor, shift: float = 0.0) -> InjectedLayer:
+    def condition(self, metric: Tensor | None, s: Tensor, shift: float = 0.0, rows_alone: bool = False) -> InjectedLayer:
         """metric (B, H_kv, d, d) or None, s (B, d_s) -> this layer's InjectedLayer; every slot's logit lowered by
-        ``shift`` (the model's read_shift)."""
+        ``shift`` (the model's read_shift); ``rows_alone``: each row's slots computed as if it were alone."""
         B, H_kv, S, d, w = s.shape[0], self.H_kv, self.S, self.d, self.w
         energy = s.float().square().mean(-1)  # (B,) |s|^2 / d_s, in [0, 1]
         gate = torch.where(energy > 0, torch.log(energy.clamp_min(1e-30)), torch.full_like(energy, CLOSED_GATE))
-        k_s = self.self_key(s).view(B, H_kv, S, d)  # (B, H_kv, S, d)
+        k_s = _row_by_row(self.self_key, s, rows_alone).view(B, H_kv, S, d)  # (B, H_kv, S, d)
         bias = gate.view(B, 1, 1, 1) + (self.slot_bias - shift).view(1, H_kv, S, 1)  # (B, H_kv, S, 1)
         mid = d if self.has_trace else 0  # the slots have no pre-rotation key: the metric does not score them
         ones = s.new_ones(B, H_kv, S, int(self.gated))  # the read gate's column: the query's g·x lands on the slots only
         zeros = s.new_zeros(B, H_kv, S, mid), s.new_zeros(B, H_kv, S, w - d - mid - 1 - ones.shape[-1])
         slot_key = torch.cat([k_s, zeros[0], bias.to(s.dtype), ones, zeros[1]], dim=-1)  # (B, H_kv, S, w)
-        slot_value = F.pad(self.self_value(s).view(B, H_kv, S, d), (0, w - d))  # (B, H_kv, S, w)
+        slot_value = F.pad(_row_by_row(self.self_value, s, rows_alone).view(B, H_kv, S, d), (0, w - d))  # (B, H_kv, S, w)
         return InjectedLayer(metric, slot_key, slot_value)
 
     def forward(
@@ -221,7 +265,10 @@ class InjectedAttention(nn.Module):
         cache: KVCache | None,
         layer: int,
         attn_mask: Tensor | None,
+        starts: list[int] | None = None,
     ) -> Tensor:
+        """``starts``: instead of ``attn_mask``, each row's keys as the prefix and the columns from its start on
+        (``row_starts``): every row then attends alone, as it would unbatched, bit for bit."""
         B, L, _ = x.shape
         H, H_kv, d, w = self.H, self.H_kv, self.d, self.w
         cos, sin = rope
@@ -257,10 +304,46 @@ class InjectedAttention(nn.Module):
                 v_aug = torch.cat([lc.slot_value.to(v_aug.dtype), v_aug], dim=2)
         else:
             k_aug, v_aug = cache.extend(layer, k_aug, v_aug)  # (B, H_kv, slot+cached+L, w)
-        y = attend(q_aug, k_aug, v_aug, causal=True, attn_mask=attn_mask, enable_gqa=H_kv != H)  # (B, H, L, w)
+        if starts is None:
+            y = attend(q_aug, k_aug, v_aug, causal=True, attn_mask=attn_mask, enable_gqa=H_kv != H)  # (B, H, L, w)
+        else:
+            y = self._attend_rows(q_aug, k_aug, v_aug, starts, cache.prefix if cache is not None else 0)
         y = y[..., :d].transpose(1, 2).reshape(B, L, H * d)
         out: Tensor = self.o_proj(y)
         return out
+
+    def _attend_rows(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int], prefix: int) -> Tensor:
+        """Each row alone: its queries that are not padding against the prefix and its own key columns."""
+        B, H, Lq, w = q.shape
+        Lk = k.shape[2]
+        y = q.new_zeros(B, H, Lq, w)
+        for b, start in enumerate(starts):
+            keys, values = k[b : b + 1], v[b : b + 1]
+            if start > prefix:
+                keys = torch.cat([keys[:, :, :prefix], keys[:, :, start:]], dim=2)
+                values = torch.cat([values[:, :, :prefix], values[:, :, start:]], dim=2)
+            n = min(Lq, Lk - start)  # the queries at the row's own columns (padding queries stay zero)
+            if n == 0:
+                continue
+            y[b : b + 1, :, Lq - n :] = attend(q[b : b + 1, :, Lq - n :], keys, values, causal=True, enable_gqa=self.H_kv != H)
+        return y
+
+
+def row_starts(attn_mask: Tensor, prefix: int) -> list[int] | None:
+    """Where each left-padded row's own key columns start, if ``attn_mask`` (B, 1, Lq, Lk) is what ``padded_inputs``
+    makes (the prefix and one run of columns to the end visible, causal): the rows can then attend one by one;
+    None for any other mask. A row whose last column is hidden (a row fed padding while it leaves) starts at Lk:
+    nothing of it is computed."""
+    visible = attn_mask[:, 0, -1]  # (B, Lk): the last query sees every key of its row
+    Lq, Lk = attn_mask.shape[2], attn_mask.shape[3]
+    live = visible[:, -1]  # (B,)
+    first = torch.where(live, prefix + visible[:, prefix:].int().argmax(dim=1), Lk)  # (B,)
+    at = torch.arange(Lk, device=attn_mask.device)
+    own = (at < prefix) | (at >= first[:, None])  # (B, Lk)
+    causal = torch.ones(Lq, Lk, dtype=torch.bool, device=attn_mask.device).tril(diagonal=Lk - Lq)
+    if not torch.equal(attn_mask[live, 0], (causal & own[:, None, :])[live]):
+        return None
+    return [int(f) for f in first.tolist()]
 
 
 def injected_attention_reference(
@@ -337,15 +420,20 @@ class Block(nn.Module):
         cache: KVCache | None,
         layer: int,
         attn_mask: Tensor | None,
+        starts: list[int] | None = None,
     ) -> tuple[Tensor, Tensor]:
         h = self.attn_norm(x)  # (B, L, C), also the input the turn summary reads
-        x = x + self.attn(h, lc, rope, cache, layer, attn_mask)
+        x = x + self.attn(h, lc, rope, cache, layer, attn_mask, starts)
         x = x + self.mlp(self.mlp_norm(x))
         return x, h
 
 
 class LlamaModel(IdentityModel):
     """A pretrained LLaMA-family backbone whose attention one identity state per batch row deforms."""
+
+    # set by pack_weights(bfloat16): without gradients, padded rows attend one by one (``row_starts``), so that with
+    # its row-independent products and per-row conditioning a batched row computes bit for bit what it does alone
+    exact_rows = False
 
     def __init__(self, config: LlamaConfig, tokenizer: Tokenizer, *, init: bool = True) -> None:
         super().__init__()
@@ -410,14 +498,28 @@ class LlamaModel(IdentityModel):
         weight = self.wte.weight
         return weight.device.type == "cpu" and weight.dtype == torch.float32 and packing_available()
 
-    def pack_weights(self) -> int:
-        """Pack the backbone's matrices (projections and head) for oneDNN's float32 CPU products of three rows or
-        more (``Linear.pack``): batched decoding and prefill run faster, at the cost of a second copy of those
-        matrices. Returns the bytes the copies take. For inference: training keeps ``nn.Linear``'s products."""
-        return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
+    def pack_weights(self, dtype: torch.dtype = torch.float32) -> int:
+        """Pack the backbone's matrices for oneDNN's CPU products (``Linear.pack``), at the cost of a second copy of
+        them. float32: products of three rows or more (batched decoding, prefill) run faster. bfloat16: the
+        projections' products, of any number of rows, read half the bytes and round as under bfloat16 autocast; the
+        head stays float32 (packed in float32), so logits keep their precision. Returns the bytes the copies take.
+        For inference: training keeps ``nn.Linear``'s products."""
+        if dtype not in PACKED_DTYPES:
+            raise ValueError(f"weights are packed in float32 or bfloat16; got {dtype}")
+        self.exact_rows = dtype == torch.bfloat16
+        if dtype == torch.float32:
+            return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
+        # the head in float32, but with its copy for one row too: a row's logits then come from the same kernel
+        # whether it decodes alone or batched, as every bfloat16 product does
+        return sum(
+            m.pack(torch.float32, every_row=True) if m is self.lm_head else m.pack(dtype)
+            for m in self.modules()
+            if isinstance(m, Linear)
+        )
 
     def unpack_weights(self) -> None:
         """Drop every packed copy ``pack_weights`` made."""
+        self.exact_rows = False
         for m in self.modules():
             if isinstance(m, Linear):
                 m.unpack()
@@ -512,7 +614,7 @@ class LlamaModel(IdentityModel):
         layers = []
         for layer, attn in enumerate(self.attentions):
             m = metric[:, slot_of[layer]] if layer in slot_of else None
-            layers.append(attn.condition(m, self_state.to(self.wte.weight.dtype), self.read_shift))
+            layers.append(attn.condition(m, self_state.to(self.wte.weight.dtype), self.read_shift, self.exact_rows))
         return Conditioning(layers=layers, self_state=self_state)
 
     def base_view(self) -> LlamaModel:
@@ -575,10 +677,13 @@ class LlamaModel(IdentityModel):
             positions = torch.cat([positions, after], dim=1)
             weight = F.pad(weight, (0, 0, 0, K))  # memory tokens never count towards the summary
         rope = self.rope(positions)
+        starts = None
+        if self.exact_rows and attn_mask is not None:
+            starts = row_starts(attn_mask, cache.prefix if cache is not None else 0)
         layer_inputs = []
         for i, (block, lc) in enumerate(zip(self.blocks, cond.layers, strict=True)):
             assert lc is None or isinstance(lc, InjectedLayer)
-            x, h = block(x, lc, rope, cache, i, attn_mask)
+            x, h = block(x, lc, rope, cache, i, None if starts is not None else attn_mask, starts)
             if i in self.trace_layers:
                 layer_inputs.append((h.float() * weight).sum(dim=1))  # (B, C)
         if cache is not None:

@@ -95,6 +95,36 @@ class Prefilled:
     last: Tensor  # (B, V) the logits of each row's first reply token
 
 
+def _stack(parts: Sequence[Prefilled], cond: Conditioning, n_memory: int) -> Prefilled:
+    """Rows prefilled one by one, as one left-padded Prefilled (what a padded prefill of them all returns)."""
+    lengths = [n for p in parts for n in p.lengths]
+    B, L = len(lengths), max(lengths)
+    first = parts[0].cache
+    cache = object.__new__(KVCache)
+    P = cache.prefix = first.prefix
+    cache.capacity, cache.length = P + L + 1 + n_memory, P + L
+    cache.keys, cache.values = [], []
+    for store, sources in ((cache.keys, [p.cache.keys for p in parts]), (cache.values, [p.cache.values for p in parts])):
+        for layer, t in enumerate(sources[0]):
+            padded = t.new_zeros((B, t.shape[1], cache.capacity, t.shape[3]))
+            for b, (n, src) in enumerate(zip(lengths, sources, strict=True)):
+                padded[b, :, :P] = src[layer][0, :, :P]
+                padded[b, :, P + L - n : P + L] = src[layer][0, :, P : P + n]
+            store.append(padded)
+    nll = parts[0].prompt_nll.new_zeros(B, L - 1)
+    for b, (n, p) in enumerate(zip(lengths, parts, strict=True)):
+        nll[b, L - n :] = p.prompt_nll[0]
+    return Prefilled(
+        cache,
+        cond,
+        lengths,
+        [q for p in parts for q in p.params],
+        nll,
+        TurnStats.cat([p.stats for p in parts]),
+        torch.cat([p.last for p in parts]),
+    )
+
+
 class DecodeBatch:
     """Rows decoding together; ``join`` a prompt under a one-row Conditioning, ``step`` until rows finish.
 
@@ -178,6 +208,13 @@ class DecodeBatch:
         for mask, n in zip(masks, lengths, strict=True):
             if len(mask) != n:
                 raise ValueError(f"summary mask has {len(mask)} entries for {n} tokens")
+        if getattr(model, "exact_rows", False) and B > 1 and min(lengths) != max(lengths):
+            # padding would change a row's sums (its prompt's reductions run over more columns): one by one instead
+            alone = [
+                self.prefill([p], select_conditioning(cond, torch.tensor([b], device=device)), [params[b]], [masks[b]])
+                for b, p in enumerate(prompts)
+            ]
+            return _stack(alone, cond, self.n_memory)
         idx, valid = left_padded(prompts, self.tok.pad_id, device)  # (B, L)
         counted = left_padded([[int(m) for m in mask] for mask in masks], 0, device)[0].bool()
         L = idx.shape[1]

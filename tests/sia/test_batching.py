@@ -30,10 +30,11 @@ def llama(memory_tokens: int, slots: int) -> LlamaModel:
     return open_read(model)
 
 
-def packed(model: LlamaModel) -> LlamaModel:
-    """The model with its matrices packed, as the service runs it on a CPU (three rows or more: oneDNN)."""
+def packed(model: LlamaModel, dtype: torch.dtype = torch.float32) -> LlamaModel:
+    """The model with its matrices packed, as the service runs it on a CPU (float32: three rows or more through
+    oneDNN; bfloat16: every projection)."""
     if packing_available():
-        model.pack_weights()
+        model.pack_weights(dtype)
     return model
 
 
@@ -75,14 +76,75 @@ JOIN_AT = [0, 2, 2, 5]  # the step before which each row joins: the longer secon
 @pytest.mark.parametrize("together", [False, True], ids=["prefilled-alone", "prefilled-together"])
 @pytest.mark.parametrize(
     "build",
-    [lambda: llama(0, 1), lambda: llama(2, 2), lambda: packed(llama(2, 2)), native],
-    ids=["llama", "llama-memory-slots", "llama-packed", "native"],
+    [
+        lambda: llama(0, 1),
+        lambda: llama(2, 2),
+        lambda: packed(llama(2, 2)),
+        lambda: packed(llama(2, 2), torch.bfloat16),
+        native,
+    ],
+    ids=["llama", "llama-memory-slots", "llama-packed", "llama-packed-bf16", "native"],
 )
 def test_rows_joining_at_different_steps_decode_as_they_would_alone(build: object, together: bool) -> None:
     """Rows 1 and 2 join at the same step: one by one, or (``together``) in one left-padded prefill."""
     model = build()  # type: ignore[operator]
     identity = states(model, len(PROMPTS))
     expected = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, PARAMS, strict=True)]
+    batch, handles, sizes, texts = decode_joining(model, identity, together)
+    assert max(sizes) >= 3  # rows really shared steps
+    for i, want in enumerate(expected):
+        got = batch.take(handles[i])
+        assert got.tokens == want.tokens, i
+        assert got.text == want.text == texts[i] and got.finish_reason == want.finish_reason
+        torch.testing.assert_close(got.prompt_nll, want.prompt_nll, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got.stats.hidden, want.stats.hidden, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.stats.layer_inputs, want.stats.layer_inputs, atol=1e-4, rtol=1e-4)
+        assert float(got.stats.count) == float(want.stats.count)
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["prefilled-alone", "prefilled-together"])
+def test_with_bfloat16_packed_weights_a_batched_row_is_bit_for_bit_the_row_alone(together: bool) -> None:
+    """``pack_weights(torch.bfloat16)``: every product is row-independent, the slots are computed row by row, padded
+    rows attend one by one and a padded group is prefilled row by row, so a batched row's log-probabilities, prompt
+    NLL, turn statistics and the summary its turn writes the state from are exactly (not nearly) the ones it computes
+    alone; without that, bfloat16's coarser rounding turns the batch's different summation orders into other tokens."""
+    if not packing_available():
+        pytest.skip("this torch build has no oneDNN to pack weights with")
+    torch.manual_seed(0)
+    wider = dict(HF_TINY, hidden_size=256, intermediate_size=768, head_dim=64, num_hidden_layers=2)  # big enough for
+    hf = LlamaForCausalLM(HFLlamaConfig(**wider)).eval()  # the kernels' summation orders to differ with the rows
+    config = LlamaConfig.from_hf(wider, d_self=32, trace_layers=[0, 1], memory_tokens=2, self_slots=2)
+    model = LlamaModel(config, ByteTokenizer()).eval()
+    model.load_base(hf.state_dict())
+    model = packed(open_read(model), torch.bfloat16)
+    assert model.exact_rows
+    identity = states(model, len(PROMPTS))
+    expected, alone = [], []
+    for p, s, q in zip(PROMPTS, identity, PARAMS, strict=True):
+        one = DecodeBatch(model)
+        handle = one.join(p, model.condition_states([s]), q)
+        steps: list[float] = []
+        while len(one):
+            steps += [e.logprob for e in one.step()]
+        alone.append(steps)
+        expected.append(one.take(handle))
+    logprobs: dict[int, list[float]] = {}
+    batch, handles, _, _ = decode_joining(model, identity, together, logprobs)
+    for i, want in enumerate(expected):
+        got = batch.take(handles[i])
+        assert got.tokens == want.tokens and logprobs[handles[i]] == alone[i], i
+        assert torch.equal(got.prompt_nll, want.prompt_nll)
+        for name, value in vars(got.stats).items():  # what the turn's write reads, memory tokens included
+            assert value is None or torch.equal(value, getattr(want.stats, name)), (i, name)
+        a, b = model.summarize(got.stats), model.summarize(want.stats)
+        assert all(torch.equal(x, y) for x, y in zip(vars(a).values(), vars(b).values(), strict=True) if x is not None)
+
+
+def decode_joining(
+    model: IdentityModel, identity: list[IdentityState], together: bool, logprobs: dict[int, list[float]] | None = None
+) -> tuple[DecodeBatch, dict[int, int], list[int], dict[int, str]]:
+    """PROMPTS joining one batch at JOIN_AT, stepped until every row stopped: the batch, each prompt's handle, the
+    batch size at each step, each prompt's streamed text (and each handle's log-probabilities, if asked)."""
     batch = DecodeBatch(model)
     handles: dict[int, int] = {}
     sizes, texts = [], {i: "" for i in range(len(PROMPTS))}
@@ -99,16 +161,10 @@ def test_rows_joining_at_different_steps_decode_as_they_would_alone(build: objec
         sizes.append(len(batch))
         for event in batch.step():
             texts[next(i for i, h in handles.items() if h == event.row)] += event.text
+            if logprobs is not None:
+                logprobs.setdefault(event.row, []).append(event.logprob)
         step += 1
-    assert max(sizes) >= 3  # rows really shared steps
-    for i, want in enumerate(expected):
-        got = batch.take(handles[i])
-        assert got.tokens == want.tokens, i
-        assert got.text == want.text == texts[i] and got.finish_reason == want.finish_reason
-        torch.testing.assert_close(got.prompt_nll, want.prompt_nll, atol=1e-5, rtol=0)
-        torch.testing.assert_close(got.stats.hidden, want.stats.hidden, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(got.stats.layer_inputs, want.stats.layer_inputs, atol=1e-4, rtol=1e-4)
-        assert float(got.stats.count) == float(want.stats.count)
+    return batch, handles, sizes, texts
 
 
 def test_a_cancelled_row_leaves_at_once_and_the_others_go_on_unchanged() -> None:

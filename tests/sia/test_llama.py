@@ -485,6 +485,49 @@ def test_packed_weights_compute_what_nn_linear_computes_and_a_row_does_not_depen
         Linear(4, 4, bias=False).to(torch.bfloat16).pack()
 
 
+def test_bfloat16_packed_weights_round_as_autocast_and_a_row_never_depends_on_its_mates() -> None:
+    """``Linear.pack(torch.bfloat16)``: every product (one row too) multiplies the bfloat16 copy, x rounded to
+    bfloat16 and the result returned in float32: nn.Linear's result to bfloat16's rounding, and each row bit for bit
+    the same alone or with any rows (one row is doubled: oneDNN's one-row kernel sums in another order)."""
+    from sia.backbones.llama import Linear, packing_available
+
+    if not packing_available():
+        pytest.skip("this torch build has no oneDNN to pack weights with")
+    g = torch.Generator().manual_seed(0)
+    layer = Linear(576, 192, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(192, 576, generator=g) * 0.05)
+    assert layer.pack(torch.bfloat16) == 192 * 576 * 2 and layer.packed_dtype == torch.bfloat16
+    x = torch.randn(40, 576, generator=g)
+    want = torch.nn.functional.linear(x, layer.weight)
+    with torch.inference_mode():
+        whole = layer(x)
+        assert whole.dtype == torch.float32
+        torch.testing.assert_close(whole, want, atol=0.05, rtol=0.02)  # bfloat16 keeps 8 bits of each factor
+        assert not torch.equal(whole, want)  # and it is really the bfloat16 product
+        for rows in (1, 2, 3, 8, 17):
+            assert torch.equal(layer(x[:rows]), whole[:rows]), rows
+        assert torch.equal(layer(x[5:6]), whole[5:6])
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        layer.pack(torch.float16)
+
+
+def test_row_starts_reads_left_padded_masks_and_refuses_any_other() -> None:
+    """``row_starts``: the first own key column of each row of a ``padded_inputs`` mask (a row fed padding while it
+    leaves starts at the end); None for a mask of another shape, so those rows attend through the mask."""
+    from sia.backbones.llama import row_starts
+    from sia.model.generate import padded_inputs
+
+    valid = torch.tensor([[1, 1, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1], [1, 1, 0, 1, 1, 1, 1]], dtype=torch.bool)
+    _, mask = padded_inputs(valid, 3, prefix_len=2)
+    assert row_starts(mask, prefix=2) == [4, 2, 3]
+    _, decode = padded_inputs(torch.cat([valid, torch.tensor([[True], [False], [True]])], dim=1), 1, prefix_len=2)
+    assert row_starts(decode, prefix=2) == [4, 8, 3]
+    holed = mask.clone()
+    holed[0, 0, :, 5] = False  # a hole in a row's own columns
+    assert row_starts(holed, prefix=2) is None
+
+
 def test_a_packed_model_answers_as_the_unpacked_one(hf_model: LlamaForCausalLM) -> None:
     """``pack_weights`` packs every backbone matrix (the tied head included) and changes no reply: cached batched
     decoding gives the unpacked model's tokens and log-likelihoods; ``unpack_weights`` drops the copies."""
@@ -505,7 +548,17 @@ def test_a_packed_model_answers_as_the_unpacked_one(hf_model: LlamaForCausalLM) 
         assert a.tokens == b.tokens
         torch.testing.assert_close(a.prompt_nll, b.prompt_nll, atol=1e-5, rtol=0)
     model.unpack_weights()
-    assert all(m.packed is None for m in linears)
+    assert all(m.packed is None for m in linears) and not model.exact_rows
+    # bfloat16: the projections in bfloat16 (half the bytes), the head in float32 for every row count, rows exact
+    head = model.lm_head.weight.numel()
+    assert model.pack_weights(torch.bfloat16) == sum(m.weight.numel() * 2 for m in linears) + head * 2
+    assert model.exact_rows and model.lm_head.packed_dtype == torch.float32 and model.lm_head.min_rows == 1
+    assert all(m.packed_dtype == torch.bfloat16 for m in linears if m is not model.lm_head)
+    rounded = generate(model, prompts, model.condition_states(states), params)
+    for a, b in zip(before, rounded, strict=True):  # bfloat16 products move a log-likelihood by rounding only
+        torch.testing.assert_close(a.prompt_nll, b.prompt_nll, atol=0.05, rtol=0.05)
+    model.unpack_weights()
+    assert not model.exact_rows and all(m.packed is None for m in linears)
 
 
 def test_the_read_shift_lowers_every_slot_logit_and_a_fresh_identity_still_reads_nothing(hf_model: LlamaForCausalLM) -> None:

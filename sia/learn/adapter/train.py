@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from sia.backbones.chat_tokenizer import ChatTokenizer
-from sia.backbones.llama import IDENTITY_PARAMETERS, LlamaModel
+from sia.backbones.llama import IDENTITY_PARAMETERS, LlamaModel, bfloat16_products_fast
 from sia.backbones.weights import read_hf, resolve_base
 from sia.checkpoint import (
     BASE_FILE,
@@ -694,15 +694,7 @@ def use_bf16(precision: str, device: torch.device) -> bool:
         return precision == "bf16"
     if device.type == "cuda":
         return True
-    times = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a, b = torch.randn(128, 576, dtype=dtype), torch.randn(576, 576, dtype=dtype)
-        a @ b
-        start = time.perf_counter()
-        for _ in range(5):
-            a @ b
-        times[dtype] = time.perf_counter() - start
-    return times[torch.bfloat16] <= 1.2 * times[torch.float32]
+    return bfloat16_products_fast()
 
 
 def _lr(config: TrainConfig, step: int, peak: float) -> float:

@@ -149,19 +149,36 @@ def test_sia_dtype_bfloat16_decodes_in_bfloat16_and_keeps_the_write_in_float32(s
 
 
 def test_the_served_model_packs_its_matrices_unless_told_not_to(settings: Settings, tmp_path: Any) -> None:
-    """SIA_PACKED_WEIGHTS (default on): a float32 backbone on a CPU is served with its matrices packed for batched
-    products; off, or in bfloat16, it is not."""
+    """SIA_PACKED_WEIGHTS (default float32): a float32 backbone on a CPU is served with its matrices packed, in
+    float32, in bfloat16, or (auto) in bfloat16 where the CPU multiplies it natively; off, or in bfloat16 weights, not.
+    The setting's earlier true / false still read as float32 / off; anything else is refused."""
     from server.runtime.services import served_model
-    from sia.backbones.llama import packing_available
+    from sia.backbones.llama import bfloat16_products_fast, packing_available
 
     if not packing_available():
         pytest.skip("this torch build has no oneDNN to pack weights with")
     tiny = write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab())
-    for update, want in (({}, True), ({"packed_weights": False}, False), ({"dtype": "bfloat16"}, False)):
+    auto = torch.bfloat16 if bfloat16_products_fast() else torch.float32
+    cases: list[tuple[dict[str, Any], torch.dtype | None]] = [
+        ({}, torch.float32),
+        ({"packed_weights": "auto"}, auto),
+        ({"packed_weights": "float32"}, torch.float32),
+        ({"packed_weights": "bfloat16"}, torch.bfloat16),
+        ({"packed_weights": "off"}, None),
+        ({"dtype": "bfloat16"}, None),
+    ]
+    for update, want in cases:
         model = load_model(tiny.path, cache_dir=tmp_path / "models")
         assert isinstance(model, LlamaModel)
         served_model(settings.model_copy(update=update), model=model)
-        assert (model.lm_head.packed is not None) is want and (model.blocks[0].mlp.up_proj.packed is not None) is want
+        up = model.blocks[0].mlp.up_proj
+        assert (model.lm_head.packed is not None) is (want is not None) and (up.packed is not None) is (want is not None)
+        if want is not None:
+            assert up.packed_dtype == want and model.exact_rows is (want == torch.bfloat16)
+    assert Settings(packed_weights=True).packed_weights == "float32"  # type: ignore[arg-type]
+    assert Settings(packed_weights="false").packed_weights == "off"
+    with pytest.raises(ValueError, match="packed_weights"):
+        Settings(packed_weights="half")
 
 
 def test_sia_read_shift_weakens_the_served_read_and_is_checked(settings: Settings, tmp_path: Any) -> None:
