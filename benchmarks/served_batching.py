@@ -1,7 +1,7 @@
 """Benchmark continuous batching through HTTP: concurrent users streaming turns from a real ``sia serve``.
 
 Run: ``python -m benchmarks.served_batching [--users 1 2 4 8 16] [--turns 3] [--max-tokens 32] [--dtype bfloat16]
-[--servers unbatched batched batched-unpacked unbatched-float32 batched-float32] [--out PATH]``.
+[--servers unbatched batched batched-unpacked unbatched-bf16 batched-bf16] [--out PATH]``.
 
 Two servers are started one after the other, each with the bundled model on a fresh SQLite file and the
 service's default settings except:
@@ -12,9 +12,8 @@ service's default settings except:
   per step;
 * **batched-unpacked** (only with ``--servers``): the batched server with ``SIA_PACKED_WEIGHTS=off``, its
   matrices multiplied unpacked, as before packing;
-* **unbatched-float32**, **batched-float32** (only with ``--servers``): the two servers with
-  ``SIA_PACKED_WEIGHTS=float32``, the float32 packed copy (the default ``auto`` takes bfloat16 on CPUs that
-  multiply it natively).
+* **unbatched-bf16**, **batched-bf16** (only with ``--servers``): the two servers with
+  ``SIA_PACKED_WEIGHTS=bfloat16``, every projection multiplied with a packed bfloat16 copy of its matrix.
 
 ``--torch-threads`` and ``--dtype`` (default: the service's defaults) are given to both. After one untimed warm-up turn, for each
 N in ``--users``: N client threads, each with its own user id (an identity of its own) and its own connection,
@@ -67,8 +66,8 @@ SERVERS = {
     "unbatched": {"SIA_MAX_BATCH": "0"},
     "batched": {},
     "batched-unpacked": {"SIA_PACKED_WEIGHTS": "off"},  # the batched server without the packed matrices
-    "unbatched-float32": {"SIA_MAX_BATCH": "0", "SIA_PACKED_WEIGHTS": "float32"},  # the two with float32 copies of
-    "batched-float32": {"SIA_PACKED_WEIGHTS": "float32"},  # the matrices, as before bfloat16 packing
+    "unbatched-bf16": {"SIA_MAX_BATCH": "0", "SIA_PACKED_WEIGHTS": "bfloat16"},  # the two with bfloat16 copies of
+    "batched-bf16": {"SIA_PACKED_WEIGHTS": "bfloat16"},  # the matrices: every projection's product in bfloat16
 }
 
 
