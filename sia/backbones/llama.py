@@ -160,15 +160,14 @@ class Linear(nn.Linear):
         if not cpu_float32 or torch.is_grad_enabled():
             return super().forward(x)
         flat = x.reshape(rows, x.shape[-1])
+        # one row doubled to two: both kernels multiply a single row in another, slower or differently rounded way
+        pair = torch.cat([flat, flat]) if rows == 1 else flat
         packed = self.packed is not None and self._packed_from == (w.data_ptr(), w._version)
         if packed and rows >= self.min_rows:
-            # one row doubled to two: oneDNN multiplies a single row with another kernel, whose rounding differs
-            rows_in = torch.cat([flat, flat]) if rows == 1 else flat
             out: Tensor = torch.ops.mkldnn._linear_pointwise(
-                rows_in.to(self.packed_dtype).contiguous(), self.packed, None, "none", [], ""
+                pair.to(self.packed_dtype).contiguous(), self.packed, None, "none", [], ""
             )[:rows].to(x.dtype)
         elif rows <= SMALL_PRODUCT_ROWS:
-            pair = torch.cat([flat, flat]) if rows == 1 else flat
             out = torch.mm(w, pair.t()).t()[:rows].contiguous()  # (rows, out)
         else:
             return super().forward(x)
@@ -431,9 +430,9 @@ class Block(nn.Module):
 class LlamaModel(IdentityModel):
     """A pretrained LLaMA-family backbone whose attention one identity state per batch row deforms."""
 
-    # set by pack_weights(bfloat16): without gradients, padded rows attend one by one (``row_starts``), so that with
-    # its row-independent products and per-row conditioning a batched row computes bit for bit what it does alone
-    exact_rows = False
+    # exact_rows (IdentityModel) is set by pack_weights(bfloat16): padded rows then attend one by one (``row_starts``)
+    # and the slots are conditioned row by row, so that with its row-independent products a batched row computes bit
+    # for bit what it does alone
 
     def __init__(self, config: LlamaConfig, tokenizer: Tokenizer, *, init: bool = True) -> None:
         super().__init__()

@@ -208,7 +208,7 @@ class DecodeBatch:
         for mask, n in zip(masks, lengths, strict=True):
             if len(mask) != n:
                 raise ValueError(f"summary mask has {len(mask)} entries for {n} tokens")
-        if getattr(model, "exact_rows", False) and B > 1 and min(lengths) != max(lengths):
+        if model.exact_rows and B > 1 and min(lengths) != max(lengths):
             # padding would change a row's sums (its prompt's reductions run over more columns): one by one instead
             alone = [
                 self.prefill([p], select_conditioning(cond, torch.tensor([b], device=device)), [params[b]], [masks[b]])

@@ -281,6 +281,9 @@ class IdentityModel(nn.Module):
     wte: nn.Embedding
     self_update: SelfUpdate
     pool: nn.Linear | None
+    # whether a batched row computes bit for bit what it computes alone (LlamaModel with bfloat16 packed weights):
+    # then a padded group is prefilled row by row (sia.model.batching)
+    exact_rows: bool = False
 
     def condition(self, trace: Tensor, self_state: Tensor) -> Conditioning:
         raise NotImplementedError
