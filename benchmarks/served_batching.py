@@ -1,7 +1,7 @@
 """Benchmark continuous batching through HTTP: concurrent users streaming turns from a real ``sia serve``.
 
 Run: ``python -m benchmarks.served_batching [--users 1 2 4 8 16] [--turns 3] [--max-tokens 32] [--dtype bfloat16]
-[--servers unbatched batched batched-unpacked unbatched-bf16 batched-bf16] [--out PATH]``.
+[--servers unbatched batched batched-unpacked batched-1thread unbatched-bf16 batched-bf16] [--out PATH]``.
 
 Two servers are started one after the other, each with the bundled model on a fresh SQLite file and the
 service's default settings except:
@@ -12,6 +12,8 @@ service's default settings except:
   per step;
 * **batched-unpacked** (only with ``--servers``): the batched server with ``SIA_PACKED_WEIGHTS=off``, its
   matrices multiplied unpacked, as before packing;
+* **batched-1thread** (only with ``--servers``): the batched server with ``SIA_BATCH_THREADS=1``: its steps
+  and a lone turn's prefill on one torch thread (the default uses every core while no prefill runs beside them);
 * **unbatched-bf16**, **batched-bf16** (only with ``--servers``): the two servers with
   ``SIA_PACKED_WEIGHTS=bfloat16``, every projection multiplied with a packed bfloat16 copy of its matrix.
 
@@ -66,6 +68,7 @@ SERVERS = {
     "unbatched": {"SIA_MAX_BATCH": "0"},
     "batched": {},
     "batched-unpacked": {"SIA_PACKED_WEIGHTS": "off"},  # the batched server without the packed matrices
+    "batched-1thread": {"SIA_BATCH_THREADS": "1"},  # the batched server decoding on one thread, as before
     "unbatched-bf16": {"SIA_MAX_BATCH": "0", "SIA_PACKED_WEIGHTS": "bfloat16"},  # the two with bfloat16 copies of
     "batched-bf16": {"SIA_PACKED_WEIGHTS": "bfloat16"},  # the matrices: every projection's product in bfloat16
 }
@@ -232,10 +235,14 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| users / identities | server | tokens/s | × unbatched | TTFT p50 | TTFT p95 | p95 / solo p50 | peak RSS | errors |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def ratio(x: float | None) -> str:
+        return "–" if x is None else f"{x:.2f}×"
+
     for r in sorted(rows, key=lambda r: (r["users"] != r["identities"], r["users"], r["server"] != "unbatched")):
         lines.append(
-            f"| {r['users']} / {r['identities']} | {r['server']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× | "
-            f"{r['ttft_p50_ms']:.0f} ms | {r['ttft_p95_ms']:.0f} ms | {r['ttft_p95_vs_solo']:.2f}× | "
+            f"| {r['users']} / {r['identities']} | {r['server']} | {r['tokens_per_s']:.1f} | {ratio(r['speedup'])} | "
+            f"{r['ttft_p50_ms']:.0f} ms | {r['ttft_p95_ms']:.0f} ms | {ratio(r['ttft_p95_vs_solo'])} | "
             f"{r['peak_rss_mb']:.0f} MB | {r['errors']} |"
         )
     return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ from server.api.middleware import RequestContext
 from server.api.routes import admin, chat, health, identity, openai, web
 from server.core.config import Settings, get_settings
 from server.observability import Metrics
-from server.runtime.batcher import Batcher
+from server.runtime.batcher import Batcher, available_cores
 from server.runtime.services import Services, served_model
 from server.runtime.serving import TurnService
 from server.store import Store
@@ -44,9 +44,10 @@ def create_app(settings: Settings | None = None, *, model: IdentityModel | None 
                 max_batch=settings.max_batch,
                 max_queue=settings.max_queued_turns,
                 wait_s=settings.batch_wait_ms / 1000,
+                threads=settings.batch_threads or available_cores(),
                 metrics=metrics,
             ).start()
-        serving = TurnService(services.turns, metrics, settings.max_concurrent_turns, batcher)
+        serving = TurnService(services.turns, metrics, settings.max_concurrent_turns, batcher, settings.torch_threads)
         app.state.serving = serving
         try:
             if services.health.at_schema_head():

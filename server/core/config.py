@@ -55,6 +55,12 @@ class Settings(BaseSettings):
         0.0, ge=0, le=1000, description="how long an idle batch waits for batch mates before its first step"
     )
     max_queued_turns: int = Field(64, ge=1, description="turns waiting for a place in a full batch; more get 503")
+    batch_threads: int = Field(
+        0,
+        ge=0,
+        description="torch threads a batch decodes on while no prefill computes beside it (and a turn that arrives"
+        " when nothing decodes prefills on); 0: the cores this process may use",
+    )
     max_concurrent_turns: int = Field(
         4, ge=1, description="counterfactuals (and, with SIA_MAX_BATCH=0, turns) computing at once per process"
     )

@@ -19,6 +19,7 @@ stops every row's stream while it computes), and a row's tokens are still the on
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -35,7 +36,7 @@ from sia.model.batching import DecodeBatch, Prefilled
 from sia.model.generate import SamplingParams, StreamEvent, check_room
 from sia.model.transformer import IdentityModel
 
-__all__ = ["BatchedTurn", "Batcher", "Delivery"]
+__all__ = ["BatchedTurn", "Batcher", "Delivery", "use_threads"]
 
 log = logging.getLogger("sia.batcher")
 
@@ -55,18 +56,41 @@ class BatchedTurn:
     row: int | None = None  # its handle in the DecodeBatch once it joined
 
 
+def available_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def use_threads(n: int) -> None:
+    """This thread's torch computations on ``n`` threads. torch keeps the count per thread once a thread has computed
+    (OpenMP's and MKL's per-thread settings), so the batcher and the prefiller set theirs apart; the count is also
+    what threads that have not computed yet start with."""
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 class Batcher:
     """Turns of many identities decoding in one batch, on a thread of its own (``start()``, ``close()``)."""
 
     def __init__(
-        self, model: IdentityModel, *, max_batch: int, max_queue: int, wait_s: float = 0.0, metrics: Metrics | None = None
+        self,
+        model: IdentityModel,
+        *,
+        max_batch: int,
+        max_queue: int,
+        wait_s: float = 0.0,
+        threads: int = 1,
+        metrics: Metrics | None = None,
     ) -> None:
-        if max_batch < 1 or max_queue < 1 or wait_s < 0:
-            raise ValueError(f"need max_batch >= 1, max_queue >= 1, wait_s >= 0; got {max_batch}, {max_queue}, {wait_s}")
+        if max_batch < 1 or max_queue < 1 or wait_s < 0 or threads < 1:
+            raise ValueError(
+                "need max_batch >= 1, max_queue >= 1, wait_s >= 0, threads >= 1;"
+                f" got {max_batch}, {max_queue}, {wait_s}, {threads}"
+            )
         if not model.stateful:
             raise ValueError(f"batched turns need a stateful model; {model.config.attention!r} keeps no identity state")
         self.model, self.tokenizer = model, model.tokenizer
-        self.max_batch, self.max_queue, self.wait_s = max_batch, max_queue, wait_s
+        self.max_batch, self.max_queue, self.wait_s, self.threads = max_batch, max_queue, wait_s, threads
         self.metrics = metrics
         self._waiting: deque[BatchedTurn] = deque()
         self._cancelled: list[BatchedTurn] = []
@@ -127,7 +151,7 @@ class Batcher:
         batch = DecodeBatch(self.model, self.tokenizer)
         rows: dict[int, BatchedTurn] = {}
         prefilling: Future[list[Prefill]] | None = None  # at most one group at a time; the next gathers who came meanwhile
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sia-prefill") as prefiller:
+        with ThreadPoolExecutor(1, "sia-prefill", use_threads, (1,)) as prefiller:
             while True:
                 joining, leaving = self._next_changes(rows, prefilling is not None)
                 if joining is None:
@@ -137,10 +161,14 @@ class Batcher:
                         batch.cancel(turn.row)
                         del rows[turn.row]
                 if len(joining) > 1 and len(joining) >= len(rows):  # more to prefill than to decode: half each
+                    use_threads(1)
                     ahead = prefiller.submit(self._prefill, batch, joining[: len(joining) // 2])
                     mine = self._prefill(batch, joining[len(joining) // 2 :])
                     self._admit(batch, ahead.result() + mine, rows)
-                elif joining:
+                elif joining and not rows and prefilling is None:  # nothing decodes: prefilled here, on every thread
+                    use_threads(self.threads)
+                    self._admit(batch, self._prefill(batch, joining), rows)
+                elif joining:  # beside the steps, which then run on one thread
                     prefilling = prefiller.submit(self._prefill, batch, joining)
                 if prefilling is not None and (prefilling.done() or not rows):  # nothing to step: wait for it
                     self._admit(batch, prefilling.result(), rows)
@@ -148,6 +176,7 @@ class Batcher:
                 if not rows:
                     continue
                 try:
+                    use_threads(1 if prefilling is not None else self.threads)  # the cores are shared with a prefill
                     started = time.perf_counter()
                     events = batch.sample()
                     for event in events:  # streamed before the forward that feeds these tokens back

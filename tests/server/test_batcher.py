@@ -251,6 +251,44 @@ def test_turns_that_outnumber_the_rows_are_prefilled_half_on_each_thread(
         assert_same_turn(got, run_turn(model, request, params))
 
 
+def test_the_batch_computes_on_its_threads_unless_a_prefill_computes_beside_it(
+    model: IdentityModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``threads``: a turn that arrives while nothing decodes is prefilled on the batcher thread with all of them, and
+    the steps run on all of them while no prefill computes beside them; a prefill beside the steps runs on the
+    prefiller with one thread (and the steps meanwhile on one). Each turn ends as it would alone."""
+    from sia.model.batching import DecodeBatch
+
+    requests = requests_for(model, 2)
+    long = SamplingParams(max_new_tokens=30, temperature=0.0)
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    prefills: list[tuple[str, int]] = []
+    steps: list[int] = []
+    prefill, advance = DecodeBatch.prefill, DecodeBatch.advance
+
+    def counted_prefill(self: DecodeBatch, *args: object, **kw: object) -> object:
+        prefills.append((threading.current_thread().name.split("_")[0], torch.get_num_threads()))
+        return prefill(self, *args, **kw)  # type: ignore[arg-type]
+
+    def counted_advance(self: DecodeBatch) -> None:
+        steps.append(torch.get_num_threads())
+        advance(self)
+
+    monkeypatch.setattr(DecodeBatch, "prefill", counted_prefill)
+    monkeypatch.setattr(DecodeBatch, "advance", counted_advance)
+    for b in batcher_of(model, threads=2):
+        first, second = Reader(), Reader()
+        first.turn = b.submit(requests[0], long, first.deliver)
+        for _ in range(3):
+            first.next_event()  # two steps of the lone row
+        second.turn = b.submit(requests[1], params, second.deliver)
+        results = [first.result(), second.result()]
+    assert prefills == [("sia-batcher", 2), ("sia-prefill", 1)]
+    assert steps[:2] == [2, 2] and set(steps) <= {1, 2}
+    for got, request, p in zip(results, requests, (long, params), strict=True):
+        assert_same_turn(got, run_turn(model, request, p))
+
+
 def test_a_turn_that_cannot_fit_is_refused_at_submit_and_a_failing_turn_fails_alone(model: IdentityModel) -> None:
     requests = requests_for(model, 2)
     params = SamplingParams(max_new_tokens=5, temperature=0.0)
@@ -288,6 +326,7 @@ def test_bad_settings_are_refused(model: IdentityModel) -> None:
         {"max_batch": 0, "max_queue": 1},
         {"max_batch": 1, "max_queue": 0},
         {"max_batch": 1, "max_queue": 1, "wait_s": -1},
+        {"max_batch": 1, "max_queue": 1, "threads": 0},
     ):
         with pytest.raises(ValueError, match="need max_batch"):
             Batcher(model, **kw)  # type: ignore[arg-type]
