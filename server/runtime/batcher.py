@@ -220,7 +220,8 @@ class Batcher:
                 with torch.no_grad():
                     cond = self.model.condition_states([turn.request.state for turn in group])
                 prompts, counted = [t.prompt.tokens for t in group], [t.prompt.counted for t in group]
-                done.append((group, batch.prefill(prompts, cond, [t.params for t in group], counted)))
+                scored = [t.prompt.scored[0] for t in group]  # the message's NLL on: no logits for the persona's prompt
+                done.append((group, batch.prefill(prompts, cond, [t.params for t in group], counted, scored)))
             except Exception as exc:
                 if len(group) == 1:
                     done.append((group, exc))

@@ -114,7 +114,15 @@ def _turns(
     prompts = [turn_prompt(tok, req) for req in requests]
     with torch.no_grad():
         cond = model.condition_states([r.state for r in requests])
-    decoding = stream(model, [p.tokens for p in prompts], cond, params, tokenizer=tok, summary_masks=[p.counted for p in prompts])
+    decoding = stream(
+        model,
+        [p.tokens for p in prompts],
+        cond,
+        params,
+        tokenizer=tok,
+        summary_masks=[p.counted for p in prompts],
+        nll_from=[p.scored[0] for p in prompts],  # the shock scores the message: the persona's prompt needs no logits
+    )
     yield from decoding
     return conclude_turns(model, requests, prompts, decoding.result)
 

@@ -32,6 +32,8 @@ from sia.model.generate import (
     check_room,
     left_padded,
     padded_inputs,
+    prompt_nll,
+    prompt_scoring,
     sample_next,
 )
 from sia.model.tokenizer import Tokenizer
@@ -111,7 +113,7 @@ def _stack(parts: Sequence[Prefilled], cond: Conditioning, n_memory: int) -> Pre
                 padded[b, :, :P] = src[layer][0, :, :P]
                 padded[b, :, P + L - n : P + L] = src[layer][0, :, P : P + n]
             store.append(padded)
-    nll = parts[0].prompt_nll.new_zeros(B, L - 1)
+    nll = parts[0].prompt_nll.new_full((B, L - 1), float("nan"))
     for b, (n, p) in enumerate(zip(lengths, parts, strict=True)):
         nll[b, L - n :] = p.prompt_nll[0]
     return Prefilled(
@@ -164,12 +166,17 @@ class DecodeBatch:
 
     @torch.inference_mode()
     def join(
-        self, prompt: Sequence[int], cond: Conditioning, params: SamplingParams, summary_mask: Sequence[bool] | None = None
+        self,
+        prompt: Sequence[int],
+        cond: Conditioning,
+        params: SamplingParams,
+        summary_mask: Sequence[bool] | None = None,
+        nll_from: int = 0,
     ) -> int:
         """Prefill ``prompt`` alone under ``cond`` (one row) and add it to the batch; returns its handle."""
         if cond.batch_size != 1:
             raise ValueError(f"a row joins with a one-row Conditioning; got {cond.batch_size} rows")
-        return self.join_many([prompt], cond, [params], None if summary_mask is None else [summary_mask])[0]
+        return self.join_many([prompt], cond, [params], None if summary_mask is None else [summary_mask], [nll_from])[0]
 
     def join_many(
         self,
@@ -177,11 +184,12 @@ class DecodeBatch:
         cond: Conditioning,
         params: Sequence[SamplingParams],
         summary_masks: Sequence[Sequence[bool]] | None = None,
+        nll_from: Sequence[int] | None = None,
     ) -> list[int]:
         """Prefill ``prompts`` together, one left-padded forward under ``cond`` (a row each), and add them to the
         batch in order; returns their handles. The padding is masked: each row is the row it would be alone."""
         self._check_whole()
-        return self.admit(self.prefill(prompts, cond, params, summary_masks))
+        return self.admit(self.prefill(prompts, cond, params, summary_masks, nll_from))
 
     @torch.inference_mode()
     def prefill(
@@ -190,9 +198,11 @@ class DecodeBatch:
         cond: Conditioning,
         params: Sequence[SamplingParams],
         summary_masks: Sequence[Sequence[bool]] | None = None,
+        nll_from: Sequence[int] | None = None,
     ) -> Prefilled:
         """The computation of ``join_many`` without joining: it reads the model and nothing of the batch's rows, so
-        it may run on another thread while the batch steps; ``admit`` the result between two steps."""
+        it may run on another thread while the batch steps; ``admit`` the result between two steps. ``nll_from``
+        as in ``generate.stream``: the prompt NLL from there on only, its logits alone computed."""
         model, device = self.model, self.model.device
         B = len(prompts)
         if B < 1 or cond.batch_size != B or len(params) != B:
@@ -208,10 +218,13 @@ class DecodeBatch:
         for mask, n in zip(masks, lengths, strict=True):
             if len(mask) != n:
                 raise ValueError(f"summary mask has {len(mask)} entries for {n} tokens")
+        starts, logits_from = prompt_scoring(lengths, nll_from)
         if model.exact_rows and B > 1 and min(lengths) != max(lengths):
             # padding would change a row's sums (its prompt's reductions run over more columns): one by one instead
             alone = [
-                self.prefill([p], select_conditioning(cond, torch.tensor([b], device=device)), [params[b]], [masks[b]])
+                self.prefill(
+                    [p], select_conditioning(cond, torch.tensor([b], device=device)), [params[b]], [masks[b]], [starts[b]]
+                )
                 for b, p in enumerate(prompts)
             ]
             return _stack(alone, cond, self.n_memory)
@@ -222,11 +235,11 @@ class DecodeBatch:
         own = model.new_cache(cond, L + 1 + self.n_memory)
         positions, key_mask = padded_inputs(key_valid, L, self.prefix)
         attn_mask = key_mask if min(lengths) != L else None  # rows of one length take the causal kernel
-        out = model(idx, cond, cache=own, positions=positions, attn_mask=attn_mask, summary_mask=counted)
-        log_probs = F.log_softmax(out.logits[:, :-1].float(), dim=-1)  # (B, L-1, V)
-        prompt_nll = -log_probs.gather(-1, idx[:, 1:, None]).squeeze(-1)  # (B, L-1)
+        scored = {"logits_from": logits_from} if logits_from else {}
+        out = model(idx, cond, cache=own, positions=positions, attn_mask=attn_mask, summary_mask=counted, **scored)
+        nll = prompt_nll(out.logits, idx, lengths, starts, logits_from)  # (B, L-1)
         last = out.logits[:, -1].clone()  # a copy: a view would keep every position's logits alive
-        return Prefilled(own, cond, lengths, list(params), prompt_nll, out.stats, last)
+        return Prefilled(own, cond, lengths, list(params), nll, out.stats, last)
 
     @torch.inference_mode()
     def admit(self, pre: Prefilled) -> list[int]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -156,7 +156,7 @@ class Generation:
     tokens: list[int]  # generated ids, the closing end token included when produced
     text: str  # decoded reply, cut before any stop string
     finish_reason: str  # "stop" (end token or stop string) or "length"
-    prompt_nll: Tensor  # (prompt_len - 1,) NLL of each prompt token after the first, under the state
+    prompt_nll: Tensor  # (prompt_len - 1,) NLL of each prompt token after the first, under the state (NaN: not scored)
     stats: TurnStats = field(repr=False)  # sums over counted prompt tokens and every generated token fed back
 
 
@@ -300,6 +300,31 @@ class ReplyDecoder:
         return delta
 
 
+def prompt_scoring(lengths: Sequence[int], nll_from: Sequence[int] | None) -> tuple[list[int], int]:
+    """Each prompt's first scored ``prompt_nll`` index (``nll_from``, default 0: all of them) and the first position of
+    the left-padded prompts whose logits are needed; ValueError for an index outside its prompt."""
+    starts = [0] * len(lengths) if nll_from is None else [int(a) for a in nll_from]
+    if len(starts) != len(lengths):
+        raise ValueError(f"{len(starts)} nll_from values for {len(lengths)} prompts")
+    for a, n in zip(starts, lengths, strict=True):
+        if not 0 <= a <= n - 1:
+            raise ValueError(f"nll_from {a} is outside a prompt of {n} tokens (0 to {n - 1})")
+    L = max(lengths)
+    return starts, min(L - n + a for a, n in zip(starts, lengths, strict=True))
+
+
+def prompt_nll(logits: Tensor, idx: Tensor, lengths: Sequence[int], starts: Sequence[int], logits_from: int) -> Tensor:
+    """logits (B, L - logits_from, V) of the left-padded prompts idx (B, L) from position ``logits_from`` on -> (B, L - 1)
+    NLL of each prompt token after the first (index j scores position j + 1), NaN before each row's scored start."""
+    B, L = idx.shape
+    nll = torch.full((B, L - 1), float("nan"), device=idx.device)
+    if logits_from < L - 1:
+        log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, L - 1 - logits_from, V)
+        nll[:, logits_from:] = -log_probs.gather(-1, idx[:, logits_from + 1 :, None]).squeeze(-1)
+    first = torch.tensor([L - n + a for n, a in zip(lengths, starts, strict=True)], device=idx.device)
+    return nll.masked_fill(torch.arange(L - 1, device=idx.device) < first[:, None], float("nan"))
+
+
 def stream(
     model: IdentityModel,
     prompts: Sequence[Sequence[int]],
@@ -309,13 +334,16 @@ def stream(
     tokenizer: Tokenizer | None = None,
     summary_masks: Sequence[Sequence[bool]] | None = None,
     use_cache: bool = True,
+    nll_from: Sequence[int] | None = None,
 ) -> Stream[list[Generation]]:
     """A StreamEvent per row and step; the result is the list of finished Generations, one per prompt.
 
     ``summary_masks`` marks, per prompt token, whether it counts towards the turn summary (default: all).
+    ``nll_from``: per prompt, the first ``prompt_nll`` index wanted (default 0); the entries before it are NaN and the
+    logits they would need are not computed (a turn scores its message, not the persona's prompt before it).
     With ``use_cache=False`` every step recomputes the whole sequence (the slow reference for the cache).
     """
-    return Stream(_decode(model, prompts, cond, params, tokenizer, summary_masks, use_cache))
+    return Stream(_decode(model, prompts, cond, params, tokenizer, summary_masks, use_cache, nll_from))
 
 
 def check_room(model: IdentityModel, prompt_len: int, max_new_tokens: int) -> None:
@@ -338,6 +366,7 @@ def _decode(
     tokenizer: Tokenizer | None,
     summary_masks: Sequence[Sequence[bool]] | None,
     use_cache: bool,
+    nll_from: Sequence[int] | None = None,
 ) -> Generator[StreamEvent, None, list[Generation]]:
     tok = tokenizer or model.tokenizer
     B = len(prompts)
@@ -348,6 +377,7 @@ def _decode(
         raise ValueError("every prompt needs at least one token")
     L = max(lengths)
     check_room(model, L, params.max_new_tokens)
+    starts, logits_from = prompt_scoring(lengths, nll_from)
     n_memory = model.config.memory_tokens if model.stateful else 0
     device = model.device
     masks = [[True] * len(p) for p in prompts] if summary_masks is None else [list(m) for m in summary_masks]
@@ -360,21 +390,22 @@ def _decode(
     banned = torch.tensor(tok.banned_ids, dtype=torch.long, device=device)  # never sampled
 
     def run(
-        tokens: Tensor, key_valid: Tensor, count: Tensor, cache: KVCache | None, memory: bool = False
+        tokens: Tensor, key_valid: Tensor, count: Tensor, cache: KVCache | None, memory: bool = False, logits_from: int = 0
     ) -> tuple[Tensor, TurnStats, Tensor | None]:
         """Forward over ``tokens`` (B, n) (and then the memory tokens); key_valid (B, prefix + all tokens so far)."""
         positions, mask = padded_inputs(key_valid, tokens.shape[1], model.prefix_len, n_memory if memory else 0)
         attn_mask = mask if padded else None  # unpadded rows take the causal kernel
-        extra = {"memory": True} if memory else {}  # only a model that writes through memory tokens takes it
+        extra: dict[str, Any] = {"memory": True} if memory else {}  # only a model that writes through memory tokens takes it
+        if logits_from:
+            extra["logits_from"] = logits_from
         out = model(tokens, cond, cache=cache, positions=positions, attn_mask=attn_mask, summary_mask=count, **extra)
         return out.logits, out.stats, out.memory
 
     prefix = torch.ones(B, model.prefix_len, dtype=torch.bool, device=device)  # the self slot, if any
     key_valid = torch.cat([prefix, valid], dim=1)  # (B, prefix + L)
     cache = model.new_cache(cond, L + params.max_new_tokens + n_memory) if use_cache else None
-    logits, stats, _ = run(idx, key_valid, counted, cache)  # (B, L, V)
-    log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, L-1, V)
-    prompt_nll = -log_probs.gather(-1, idx[:, 1:, None]).squeeze(-1)  # (B, L-1)
+    logits, stats, _ = run(idx, key_valid, counted, cache, logits_from=logits_from)  # (B, L - logits_from, V)
+    nll = prompt_nll(logits, idx, lengths, starts, logits_from)  # (B, L-1)
     last = logits[:, -1]  # (B, V)
     seq, seq_count = idx, counted
 
@@ -424,7 +455,7 @@ def _decode(
             tokens=row.tokens,
             text=row.text,
             finish_reason=row.finish_reason or "length",
-            prompt_nll=prompt_nll[b, L - lengths[b] :].clone(),
+            prompt_nll=nll[b, L - lengths[b] :].clone(),
             stats=stats.row(b),
         )
         for b, row in enumerate(rows)
@@ -440,6 +471,8 @@ def generate(
     tokenizer: Tokenizer | None = None,
     summary_masks: Sequence[Sequence[bool]] | None = None,
     use_cache: bool = True,
+    nll_from: Sequence[int] | None = None,
 ) -> list[Generation]:
     """Run ``stream`` to the end and return one Generation per prompt."""
-    return stream(model, prompts, cond, params, tokenizer=tokenizer, summary_masks=summary_masks, use_cache=use_cache).finish()
+    options = {"tokenizer": tokenizer, "summary_masks": summary_masks, "use_cache": use_cache, "nll_from": nll_from}
+    return stream(model, prompts, cond, params, **options).finish()  # type: ignore[arg-type]

@@ -313,6 +313,7 @@ class IdentityModel(nn.Module):
         positions: Tensor | None = None,
         attn_mask: Tensor | None = None,
         summary_mask: Tensor | None = None,
+        logits_from: int = 0,
     ) -> ModelOutput:
         raise NotImplementedError
 
@@ -437,8 +438,10 @@ class SIAModel(IdentityModel):
         positions: Tensor | None = None,
         attn_mask: Tensor | None = None,
         summary_mask: Tensor | None = None,
+        logits_from: int = 0,
     ) -> ModelOutput:
-        """idx (B, L) token ids -> logits (B, L, vocab) and the additive turn statistics of these tokens.
+        """idx (B, L) token ids -> logits (B, L - logits_from, vocab) of positions ``logits_from`` on and the additive
+        turn statistics of these tokens.
 
         positions (B, L) default to the next L positions after the cache; attn_mask is a boolean
         (B, 1, L, Lk) mask of visible keys including the self slot at key 0 (only needed for padded rows);
@@ -455,7 +458,7 @@ class SIAModel(IdentityModel):
         x = self.ln_f(x)  # (B, L, C)
         hidden, pool_max, pool_norm = self._pool(x, weight)
         stats = TurnStats(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
-        return ModelOutput(logits=self.lm_head(x), stats=stats)
+        return ModelOutput(logits=self.lm_head(x[:, logits_from:]), stats=stats)
 
     # --- what a turn leaves behind ---
     def summarize(self, stats: TurnStats) -> TurnSummary:

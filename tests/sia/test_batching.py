@@ -140,6 +140,27 @@ def test_with_bfloat16_packed_weights_a_batched_row_is_bit_for_bit_the_row_alone
         assert all(torch.equal(x, y) for x, y in zip(vars(a).values(), vars(b).values(), strict=True) if x is not None)
 
 
+@pytest.mark.parametrize("build", [lambda: packed(llama(2, 2)), lambda: packed(llama(2, 2), torch.bfloat16), native])
+def test_a_prefill_scored_from_a_start_gives_each_row_its_solo_scores(build: object) -> None:
+    """Rows prefilled together with ``nll_from`` (different starts, left-padded) get the prompt NLL each gets alone
+    with its start, NaN before it, and decode the same tokens as without it."""
+    model = build()  # type: ignore[operator]
+    identity = states(model, len(PROMPTS))
+    starts = [3, 6, 0, 2]
+    batch = DecodeBatch(model)
+    handles = batch.join_many(PROMPTS, model.condition_states(identity), PARAMS, nll_from=starts)
+    while len(batch):
+        batch.step()
+    for i, (p, s, q, start) in enumerate(zip(PROMPTS, identity, PARAMS, starts, strict=True)):
+        got = batch.take(handles[i])
+        (alone,) = generate(model, [p], model.condition_states([s]), q, nll_from=[start])
+        assert got.tokens == alone.tokens == solo(model, p, s, q).tokens, i
+        assert bool(got.prompt_nll[:start].isnan().all()) and not bool(got.prompt_nll[start:].isnan().any())
+        torch.testing.assert_close(got.prompt_nll, alone.prompt_nll, atol=1e-5, rtol=0, equal_nan=True)
+    with pytest.raises(ValueError, match="nll_from"):
+        DecodeBatch(model).join(PROMPTS[2], model.condition_states(identity[:1]), PARAMS[0], nll_from=2)
+
+
 def decode_joining(
     model: IdentityModel, identity: list[IdentityState], together: bool, logprobs: dict[int, list[float]] | None = None
 ) -> tuple[DecodeBatch, dict[int, int], list[int], dict[int, str]]:

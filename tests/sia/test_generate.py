@@ -54,6 +54,24 @@ def test_batched_rows_equal_solo_rows(model: SIAModel, config: ModelConfig) -> N
         assert batched[b].prompt_nll.shape == (len(PROMPTS[b]) - 1,)
 
 
+def test_nll_from_scores_the_prompt_from_there_on_and_changes_nothing_else(model: SIAModel, config: ModelConfig) -> None:
+    """``nll_from``: the prompt NLL before each row's start is NaN (its logits are not computed), from there on it
+    is the full computation's, and the tokens and the turn statistics are unchanged; a start outside its prompt
+    is refused."""
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    full = generate(model, PROMPTS, _cond(model, config), params)
+    starts = [5, 0, 9]
+    part = generate(model, PROMPTS, _cond(model, config), params, nll_from=starts)
+    for a, b, start in zip(full, part, starts, strict=True):
+        assert a.tokens == b.tokens
+        assert bool(b.prompt_nll[:start].isnan().all()) and not bool(b.prompt_nll[start:].isnan().any())
+        torch.testing.assert_close(b.prompt_nll[start:], a.prompt_nll[start:], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b.stats.hidden, a.stats.hidden)
+    for bad in ([0, 0], [0, 2, 0], [-1, 0, 0]):  # "hi" scores one token (index 0); index 1 would score none
+        with pytest.raises(ValueError, match="nll_from"):
+            generate(model, PROMPTS, _cond(model, config), params, nll_from=bad)
+
+
 def test_different_states_give_different_tokens(model: SIAModel, config: ModelConfig) -> None:
     sharpen(model)
     params = SamplingParams(max_new_tokens=24, temperature=1.0, seed=0)
