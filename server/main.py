@@ -47,7 +47,7 @@ def create_app(settings: Settings | None = None, *, model: IdentityModel | None 
                 threads=settings.batch_threads or available_cores(),
                 metrics=metrics,
             ).start()
-        serving = TurnService(services.turns, metrics, settings.max_concurrent_turns, batcher, settings.torch_threads)
+        serving = TurnService(services.turns, metrics, settings.max_concurrent_turns, batcher)
         app.state.serving = serving
         try:
             if services.health.at_schema_head():

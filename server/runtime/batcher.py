@@ -14,10 +14,17 @@ prefill runs at a time: the turns that arrive during it are prefilled together n
 join as rows decode, the batcher thread pauses the steps and prefills half of them while the prefiller does the
 other half. Decoding and prefilling thus share out two cores (a prefill no longer
 stops every row's stream while it computes), and a row's tokens are still the ones it decodes alone.
+
+Threads (``threads`` > 1, the service's ``SIA_BATCH_THREADS``): while no prefill computes beside them, the steps run
+on a third thread, ``sia-wide``, whose torch computations use ``threads`` threads, and so does the prefill of turns
+that arrive while nothing decodes; the batcher thread and the prefiller compute on one thread each. Each of these
+threads keeps its count for good (torch's counts are per thread): switching a thread's count would also change the
+default every other thread of the process starts with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -26,6 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import torch
 
@@ -36,9 +44,10 @@ from sia.model.batching import DecodeBatch, Prefilled
 from sia.model.generate import SamplingParams, StreamEvent, check_room
 from sia.model.transformer import IdentityModel
 
-__all__ = ["BatchedTurn", "Batcher", "Delivery", "use_threads"]
+__all__ = ["BatchedTurn", "Batcher", "Delivery", "available_cores"]
 
 log = logging.getLogger("sia.batcher")
+T = TypeVar("T")
 
 Delivery = Callable[[StreamEvent | TurnResult | BaseException], None]
 Prefill = tuple[list["BatchedTurn"], Prefilled | BaseException]  # turns prefilled together, or one turn's error
@@ -61,12 +70,16 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def use_threads(n: int) -> None:
-    """This thread's torch computations on ``n`` threads. torch keeps the count per thread once a thread has computed
-    (OpenMP's and MKL's per-thread settings), so the batcher and the prefiller set theirs apart; the count is also
-    what threads that have not computed yet start with."""
-    if torch.get_num_threads() != n:
-        torch.set_num_threads(n)
+def _own_threads(n: int) -> None:
+    """This thread's torch computations on ``n`` threads for good. torch gives a thread the process's default count
+    when it first computes, after any count set before: asking for the count makes that happen now."""
+    torch.set_num_threads(n)
+    torch.get_num_threads()
+
+
+def _on(pool: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on the pool's thread (waiting for it), or on this one."""
+    return fn(*args) if pool is None else pool.submit(fn, *args).result()
 
 
 class Batcher:
@@ -97,9 +110,17 @@ class Batcher:
         self._lock = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="sia-batcher", daemon=True)
+        self._ready = threading.Event()  # the threads' counts are set
 
     def start(self) -> Batcher:
+        """Start the batcher's threads. torch takes a thread's count as the default of threads yet to compute; the
+        threads' own counts set, the default is put back to the calling thread's, so that no other thread of the
+        process starts computing on the batch's many threads (a second OpenMP team beside the batch's would make
+        every parallel region of every step wait for a sleeping thread: 2 users 26 instead of 43 tokens/s)."""
+        mine = torch.get_num_threads()
         self._thread.start()
+        self._ready.wait()
+        torch.set_num_threads(mine)
         return self
 
     def close(self) -> None:
@@ -148,66 +169,80 @@ class Batcher:
     # --- the batcher thread --------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        _own_threads(1)  # this thread steps the batch beside a prefill: one core each
+        prefiller = ThreadPoolExecutor(1, "sia-prefill", _own_threads, (1,))
+        wide = ThreadPoolExecutor(1, "sia-wide", _own_threads, (self.threads,)) if self.threads > 1 else None
+        with prefiller, wide or contextlib.nullcontext():
+            try:
+                for pool in (prefiller, wide):
+                    if pool is not None:
+                        pool.submit(int).result()  # its count is set now, while start() waits to restore the default
+            finally:
+                self._ready.set()
+            self._loop(prefiller, wide)
+
+    def _loop(self, prefiller: ThreadPoolExecutor, wide: ThreadPoolExecutor | None) -> None:
         batch = DecodeBatch(self.model, self.tokenizer)
         rows: dict[int, BatchedTurn] = {}
         prefilling: Future[list[Prefill]] | None = None  # at most one group at a time; the next gathers who came meanwhile
-        with ThreadPoolExecutor(1, "sia-prefill", use_threads, (1,)) as prefiller:
-            while True:
-                joining, leaving = self._next_changes(rows, prefilling is not None)
-                if joining is None:
-                    break
-                for turn in leaving:
-                    if turn.row in rows:
-                        batch.cancel(turn.row)
-                        del rows[turn.row]
-                if len(joining) > 1 and len(joining) >= len(rows):  # more to prefill than to decode: half each
-                    use_threads(1)
-                    ahead = prefiller.submit(self._prefill, batch, joining[: len(joining) // 2])
-                    mine = self._prefill(batch, joining[len(joining) // 2 :])
-                    self._admit(batch, ahead.result() + mine, rows)
-                elif joining and not rows and prefilling is None:  # nothing decodes: prefilled here, on every thread
-                    use_threads(self.threads)
-                    self._admit(batch, self._prefill(batch, joining), rows)
-                elif joining:  # beside the steps, which then run on one thread
-                    prefilling = prefiller.submit(self._prefill, batch, joining)
-                if prefilling is not None and (prefilling.done() or not rows):  # nothing to step: wait for it
-                    self._admit(batch, prefilling.result(), rows)
-                    prefilling = None
-                if not rows:
-                    continue
-                try:
-                    use_threads(1 if prefilling is not None else self.threads)  # the cores are shared with a prefill
-                    started = time.perf_counter()
-                    events = batch.sample()
-                    for event in events:  # streamed before the forward that feeds these tokens back
-                        if not rows[event.row].cancelled:
-                            rows[event.row].deliver(replace(event, row=0))
-                    batch.advance()
-                    self._observe(len(events), time.perf_counter() - started)
-                    for rid in [r for r in rows if r in batch.done]:
-                        turn = rows.pop(rid)
-                        generation = batch.take(rid)
-                        if not turn.cancelled:
-                            turn.deliver(conclude_turns(self.model, [turn.request], [turn.prompt], [generation])[0])
-                except Exception as exc:  # a failed step fails every row in it; the batch starts afresh
-                    log.exception("a batched decode step failed; its %d turns fail with it", len(rows))
-                    for turn in rows.values():
-                        turn.deliver(exc)
-                    rows.clear()
-                    batch = DecodeBatch(self.model, self.tokenizer)
-                if self.metrics is not None:
-                    self.metrics.batch_rows.set(len(rows))
-            closed = RuntimeError("the service is shutting down")
-            for turn in rows.values():
-                turn.deliver(closed)
-            if prefilling is not None:
-                for group, _ in prefilling.result():
-                    for turn in group:
-                        turn.deliver(closed)
-            with self._lock:
-                for turn in self._waiting:
+        while True:
+            joining, leaving = self._next_changes(rows, prefilling is not None)
+            if joining is None:
+                break
+            for turn in leaving:
+                if turn.row in rows:
+                    batch.cancel(turn.row)
+                    del rows[turn.row]
+            if len(joining) > 1 and len(joining) >= len(rows):  # more to prefill than to decode: half each
+                ahead = prefiller.submit(self._prefill, batch, joining[: len(joining) // 2])
+                mine = self._prefill(batch, joining[len(joining) // 2 :])
+                self._admit(batch, ahead.result() + mine, rows)
+            elif joining and not rows and prefilling is None:  # nothing decodes: prefilled on every thread
+                self._admit(batch, _on(wide, self._prefill, batch, joining), rows)
+            elif joining:  # beside the steps, which then run on this thread alone
+                prefilling = prefiller.submit(self._prefill, batch, joining)
+            if prefilling is not None and (prefilling.done() or not rows):  # nothing to step: wait for it
+                self._admit(batch, prefilling.result(), rows)
+                prefilling = None
+            if not rows:
+                continue
+            try:
+                _on(None if prefilling is not None else wide, self._step, batch, rows)
+            except Exception as exc:  # a failed step fails every row in it; the batch starts afresh
+                log.exception("a batched decode step failed; its %d turns fail with it", len(rows))
+                for turn in rows.values():
+                    turn.deliver(exc)
+                rows.clear()
+                batch = DecodeBatch(self.model, self.tokenizer)
+            if self.metrics is not None:
+                self.metrics.batch_rows.set(len(rows))
+        closed = RuntimeError("the service is shutting down")
+        for turn in rows.values():
+            turn.deliver(closed)
+        if prefilling is not None:
+            for group, _ in prefilling.result():
+                for turn in group:
                     turn.deliver(closed)
-                self._waiting.clear()
+        with self._lock:
+            for turn in self._waiting:
+                turn.deliver(closed)
+            self._waiting.clear()
+
+    def _step(self, batch: DecodeBatch, rows: dict[int, BatchedTurn]) -> None:
+        """One token for every row, streamed before the forward that feeds it back; the rows that stop are concluded
+        and leave ``rows``."""
+        started = time.perf_counter()
+        events = batch.sample()
+        for event in events:
+            if not rows[event.row].cancelled:
+                rows[event.row].deliver(replace(event, row=0))
+        batch.advance()
+        self._observe(len(events), time.perf_counter() - started)
+        for rid in [r for r in rows if r in batch.done]:
+            turn = rows.pop(rid)
+            generation = batch.take(rid)
+            if not turn.cancelled:
+                turn.deliver(conclude_turns(self.model, [turn.request], [turn.prompt], [generation])[0])
 
     def _prefill(self, batch: DecodeBatch, joining: list[BatchedTurn]) -> list[Prefill]:
         """On the prefill thread, while the batch steps: the joining turns prefilled together, in one padded forward;

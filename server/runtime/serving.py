@@ -16,14 +16,13 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from functools import partial
-from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 
 from server.errors import BusyError, OverloadedError
 from server.observability import Metrics
-from server.runtime.batcher import BatchedTurn, Batcher, use_threads
+from server.runtime.batcher import BatchedTurn, Batcher
 from server.runtime.turns import CounterfactualOutcome, PendingTurn, TurnOutcome, Turns
 from sia.identity.turn import TurnResult
 from sia.model.generate import Sampling, Stream, StreamEvent
@@ -32,7 +31,6 @@ from sia.model.tokenizer import Tokenizer
 __all__ = ["ClientGone", "Disconnected", "TurnService", "TurnStream"]
 
 _END = object()
-T = TypeVar("T")
 Disconnected = Callable[[], Awaitable[bool]]
 
 
@@ -65,14 +63,11 @@ class TurnStream:
 
 
 class TurnService:
-    def __init__(
-        self, turns: Turns, metrics: Metrics, max_concurrent: int, batcher: Batcher | None = None, threads: int = 1
-    ) -> None:
+    def __init__(self, turns: Turns, metrics: Metrics, max_concurrent: int, batcher: Batcher | None = None) -> None:
         self.turns = turns
         self.metrics = metrics
         self.limiter = anyio.CapacityLimiter(max_concurrent)
         self.batcher = batcher
-        self.threads = threads  # torch threads of a computation in a worker thread (the batcher sets its own)
 
     def close(self) -> None:
         """Stop the batcher (turns still in it fail); the app's lifespan calls this on shutdown."""
@@ -122,7 +117,7 @@ class TurnService:
                 while True:
                     if gone is not None and await gone():
                         raise ClientGone
-                    item = await anyio.to_thread.run_sync(self._computing(next), gen, _END, limiter=self.limiter)
+                    item = await anyio.to_thread.run_sync(next, gen, _END, limiter=self.limiter)
                     if item is _END:
                         break
                     assert isinstance(item, StreamEvent)
@@ -185,7 +180,7 @@ class TurnService:
         outcome = "abandoned"
         try:
             run = partial(self.turns.counterfactual, persona, user, message, sampling, against=against)
-            result = await anyio.to_thread.run_sync(self._computing(run), limiter=self.limiter)
+            result = await anyio.to_thread.run_sync(run, limiter=self.limiter)
             outcome = "ok"
         except BusyError:
             outcome = "busy"
@@ -198,16 +193,6 @@ class TurnService:
         sides = (result.current, result.other)
         self._record(time.perf_counter() - started, sum(s.prompt_tokens for s in sides), sum(s.completion_tokens for s in sides))
         return result
-
-    def _computing(self, fn: Callable[..., T]) -> Callable[..., T]:
-        """fn, run on this service's torch threads: a worker thread that has not computed yet would start with the
-        count the batcher last set for its own thread."""
-
-        def run(*args: Any) -> T:
-            use_threads(self.threads)
-            return fn(*args)
-
-        return run
 
     def _record(self, seconds: float, prompt_tokens: int, completion_tokens: int) -> None:
         self.metrics.turn_seconds.observe(seconds)

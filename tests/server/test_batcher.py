@@ -254,37 +254,52 @@ def test_turns_that_outnumber_the_rows_are_prefilled_half_on_each_thread(
 def test_the_batch_computes_on_its_threads_unless_a_prefill_computes_beside_it(
     model: IdentityModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``threads``: a turn that arrives while nothing decodes is prefilled on the batcher thread with all of them, and
-    the steps run on all of them while no prefill computes beside them; a prefill beside the steps runs on the
-    prefiller with one thread (and the steps meanwhile on one). Each turn ends as it would alone."""
+    """``threads``: a turn that arrives while nothing decodes is prefilled on the wide thread with all of them, and the
+    steps run there while no prefill computes beside them; a prefill beside the steps runs on the prefiller with one
+    thread, and the steps meanwhile on the batcher thread with one. Each turn ends as it would alone, and a thread
+    that starts computing afterwards still gets the process's count, not the batch's."""
     from sia.model.batching import DecodeBatch
 
     requests = requests_for(model, 2)
     long = SamplingParams(max_new_tokens=30, temperature=0.0)
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     prefills: list[tuple[str, int]] = []
-    steps: list[int] = []
+    steps: list[tuple[str, int]] = []
     prefill, advance = DecodeBatch.prefill, DecodeBatch.advance
 
+    def where() -> tuple[str, int]:
+        return threading.current_thread().name.split("_")[0], torch.get_num_threads()
+
     def counted_prefill(self: DecodeBatch, *args: object, **kw: object) -> object:
-        prefills.append((threading.current_thread().name.split("_")[0], torch.get_num_threads()))
+        prefills.append(where())
         return prefill(self, *args, **kw)  # type: ignore[arg-type]
 
     def counted_advance(self: DecodeBatch) -> None:
-        steps.append(torch.get_num_threads())
+        steps.append(where())
         advance(self)
 
+    def fresh_count() -> int:
+        counts: list[int] = []
+        thread = threading.Thread(target=lambda: counts.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        return counts[0]
+
+    default = fresh_count()
+    wide = default + 1  # differs from the default, so that leaking it would show
     monkeypatch.setattr(DecodeBatch, "prefill", counted_prefill)
     monkeypatch.setattr(DecodeBatch, "advance", counted_advance)
-    for b in batcher_of(model, threads=2):
+    for b in batcher_of(model, threads=wide):
+        assert fresh_count() == default
         first, second = Reader(), Reader()
         first.turn = b.submit(requests[0], long, first.deliver)
         for _ in range(3):
             first.next_event()  # two steps of the lone row
         second.turn = b.submit(requests[1], params, second.deliver)
         results = [first.result(), second.result()]
-    assert prefills == [("sia-batcher", 2), ("sia-prefill", 1)]
-    assert steps[:2] == [2, 2] and set(steps) <= {1, 2}
+        assert fresh_count() == default
+    assert prefills[0] == ("sia-wide", wide) and prefills[1] == ("sia-prefill", 1)
+    assert steps[:2] == [("sia-wide", wide)] * 2 and set(steps) <= {("sia-wide", wide), ("sia-batcher", 1)}
     for got, request, p in zip(results, requests, (long, params), strict=True):
         assert_same_turn(got, run_turn(model, request, p))
 
