@@ -235,8 +235,7 @@ class DecodeBatch:
         own = model.new_cache(cond, L + 1 + self.n_memory)
         positions, key_mask = padded_inputs(key_valid, L, self.prefix)
         attn_mask = key_mask if min(lengths) != L else None  # rows of one length take the causal kernel
-        scored = {"logits_from": logits_from} if logits_from else {}
-        out = model(idx, cond, cache=own, positions=positions, attn_mask=attn_mask, summary_mask=counted, **scored)
+        out = model(idx, cond, cache=own, positions=positions, attn_mask=attn_mask, summary_mask=counted, logits_from=logits_from)
         nll = prompt_nll(out.logits, idx, lengths, starts, logits_from)  # (B, L-1)
         last = out.logits[:, -1].clone()  # a copy: a view would keep every position's logits alive
         return Prefilled(own, cond, lengths, list(params), nll, out.stats, last)

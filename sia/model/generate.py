@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -395,10 +395,17 @@ def _decode(
         """Forward over ``tokens`` (B, n) (and then the memory tokens); key_valid (B, prefix + all tokens so far)."""
         positions, mask = padded_inputs(key_valid, tokens.shape[1], model.prefix_len, n_memory if memory else 0)
         attn_mask = mask if padded else None  # unpadded rows take the causal kernel
-        extra: dict[str, Any] = {"memory": True} if memory else {}  # only a model that writes through memory tokens takes it
-        if logits_from:
-            extra["logits_from"] = logits_from
-        out = model(tokens, cond, cache=cache, positions=positions, attn_mask=attn_mask, summary_mask=count, **extra)
+        extra = {"memory": True} if memory else {}  # only a model that writes through memory tokens takes it
+        out = model(
+            tokens,
+            cond,
+            cache=cache,
+            positions=positions,
+            attn_mask=attn_mask,
+            summary_mask=count,
+            logits_from=logits_from,
+            **extra,
+        )
         return out.logits, out.stats, out.memory
 
     prefix = torch.ones(B, model.prefix_len, dtype=torch.bool, device=device)  # the self slot, if any
@@ -474,5 +481,6 @@ def generate(
     nll_from: Sequence[int] | None = None,
 ) -> list[Generation]:
     """Run ``stream`` to the end and return one Generation per prompt."""
-    options = {"tokenizer": tokenizer, "summary_masks": summary_masks, "use_cache": use_cache, "nll_from": nll_from}
-    return stream(model, prompts, cond, params, **options).finish()  # type: ignore[arg-type]
+    return stream(
+        model, prompts, cond, params, tokenizer=tokenizer, summary_masks=summary_masks, use_cache=use_cache, nll_from=nll_from
+    ).finish()
