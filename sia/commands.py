@@ -104,7 +104,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The training-config fields given on the command line."""
-    given = {"out_dir": None if args.out is None else str(args.out), "steps": args.steps, "threads": args.threads}
+    given = {
+        "out_dir": None if args.out is None else str(args.out),
+        "steps": args.steps,
+        "threads": args.threads,
+        "seed": args.seed,
+    }
     return {name: value for name, value in given.items() if value is not None}
 
 
@@ -229,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", type=Path, default=None, help="output directory (overrides the config's out_dir)")
     tr.add_argument("--steps", type=int, default=None, help="override the number of steps")
     tr.add_argument("--threads", type=int, default=None, help="torch threads")
+    tr.add_argument("--seed", type=int, default=None, help="override the seed (initialisation and every batch)")
     tr.add_argument("--device", default=None, help="adapter training only: the torch device to train on (e.g. cuda)")
     tr.add_argument(
         "--cache",

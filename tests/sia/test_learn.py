@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
@@ -613,3 +613,48 @@ def test_a_state_pool_holds_the_states_its_episodes_leave_and_trains_the_read_al
     write = [n for n in trained if n.startswith(("memory", "pool", "self_update"))]
     assert write and all(torch.equal(trained[n], start[n]) for n in write)
     assert any(not torch.equal(trained[n], start[n]) for n in trained if n.endswith("self_value.weight"))
+
+
+def test_a_recipe_judged_over_seeds_trains_exports_and_measures_each_run(
+    config: TrainConfig, cache: Path, tmp_path: Path
+) -> None:
+    """benchmarks.recipe_seeds: one run per seed (the seeds give different adapters), each exported in float16 and
+    measured; the summary is over the runs; a second sweep finds the runs finished and trains nothing again."""
+    from benchmarks import recipe_seeds
+
+    recipe = tmp_path / "recipe.json"
+    config.to_file(recipe)
+    runs, out = tmp_path / "runs", tmp_path / "result.json"
+    argv = ["--config", str(recipe), "--seeds", "3", "4", "--runs", str(runs), "--parallel", "2", "--slot-rank", "0"]
+    argv += ["--episodes", "2", "--between", "1", "--conversations", "1", "--cache", str(cache), "--out", str(out)]
+    recipe_seeds.main(argv)
+    result = json.loads(out.read_text())
+    assert [r["seed"] for r in result["runs"]] == [3, 4]
+    for r in result["runs"]:
+        assert 0.0 <= r["per_fact"] <= 1.0 and 0.0 <= r["all_three"] <= r["per_fact"]
+        assert r["perplexity_ratio"] > 0 and r["episodes"] == 2 and r["between"] == 1
+        assert json.loads((Path(r["run"]) / "train.json").read_text())["seed"] == r["seed"]
+        assert json.loads((Path(r["run"]) / "served" / "config.json").read_text())["weights_dtype"] == "float16"
+    ratios = [r["perplexity_ratio"] for r in result["runs"]]
+    assert result["summary"]["perplexity_ratio"]["mean"] == pytest.approx(sum(ratios) / 2)
+    assert result["summary"]["perplexity_ratio"]["min"] == min(ratios)
+    first, second = (load_file(str(Path(r["run"]) / "last" / "identity.safetensors")) for r in result["runs"])
+    assert any(not torch.equal(first[k], second[k]) for k in first)  # another seed, another run
+
+    trained = (runs / "recipe-seed3" / "last" / "identity.safetensors").stat().st_mtime_ns
+    recipe_seeds.main(argv)
+    assert (runs / "recipe-seed3" / "last" / "identity.safetensors").stat().st_mtime_ns == trained
+    again = json.loads(out.read_text())
+    assert again["trained"] == [] and result["trained"] == [3, 4]
+    assert again["summary"] == result["summary"]
+
+
+def test_a_recipe_sweep_stops_at_a_failed_run_and_names_its_log(config: TrainConfig, cache: Path, tmp_path: Path) -> None:
+    from benchmarks import recipe_seeds
+
+    recipe = tmp_path / "recipe.json"
+    replace(config, base=str(tmp_path / "missing.gguf")).to_file(recipe)
+    argv = ["--config", str(recipe), "--seeds", "0", "--runs", str(tmp_path / "runs"), "--cache", str(cache)]
+    with pytest.raises(SystemExit, match="train.log"):
+        recipe_seeds.main(argv)
+    assert "missing.gguf" in (tmp_path / "runs" / "recipe-seed0" / "train.log").read_text()
