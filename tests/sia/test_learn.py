@@ -401,6 +401,9 @@ def test_sia_eval_measures_a_tiny_model_end_to_end(config: TrainConfig, cache: P
     assert [f["depth"] for f in figures["retention"]] == [0, 1, 2]  # right after the statement, then each depth
     assert all(0.0 <= f["readout"] <= 1.0 for f in figures["retention"])
     assert "Is it still in the state?" in (tmp_path / "eval" / "report.md").read_text()
+    moved = figures["rewrites"]
+    assert 0.0 <= moved["statement"] <= 1.0 and len(moved["unrelated"]) == 1 and 0.0 <= moved["saturated"] <= 1.0
+    assert "How much each turn rewrites" in (tmp_path / "eval" / "report.md").read_text()
     assert figures["reset"]["fresh_vs_base"] < 1e-4
     assert {t["name"].split(" ")[0] for t in figures["targets"]} >= {"per", "all", "stateless", "other"}
     for name in ("report.md", "figures.json", "recall.png", "self_state.png", "spectra.png", "training.png"):
@@ -655,6 +658,28 @@ def test_a_recipe_sweep_stops_at_a_failed_run_and_names_its_log(config: TrainCon
     recipe = tmp_path / "recipe.json"
     replace(config, base=str(tmp_path / "missing.gguf")).to_file(recipe)
     argv = ["--config", str(recipe), "--seeds", "0", "--runs", str(tmp_path / "runs"), "--cache", str(cache)]
-    with pytest.raises(SystemExit, match="train.log"):
+    with pytest.raises(SystemExit, match=r"train\.log"):
         recipe_seeds.main(argv)
     assert "missing.gguf" in (tmp_path / "runs" / "recipe-seed0" / "train.log").read_text()
+
+
+def test_rewrites_counts_the_dimensions_each_kind_of_turn_moves() -> None:
+    """Episode 0 states its facts in turn 0, then chats twice; episode 1 chats, states, chats once."""
+    from sia.learn.adapter.evaluate import rewrites
+    from sia.learn.dialogue import Exchange
+
+    said = Exchange("I like red.", "Noted.")
+    talk = Exchange("Nice day?", "Yes.")
+    first = facts.Episode("u0", "heldout", (), (said, talk, talk), 0, ())
+    second = facts.Episode("u1", "heldout", (), (talk, said, talk), 1, ())
+    s = [
+        torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]]),  # u0: 4 of 4 moved; u1 (opening): 1 of 4
+        torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]]),  # u0 1st unrelated: 1; u1 statement: 2
+        torch.tensor([[1.0, 1.0, 0.2, 0.0], [0.0, 1.0, 1.0, 0.0]]),  # u0 2nd unrelated (0.8 moved): 1; u1 1st: 1
+    ]
+    states = [Carry(x, torch.zeros(2, 1), torch.zeros(2, 3, dtype=torch.float64)) for x in s]
+    moved = rewrites(states, [first, second])
+    assert moved["statement"] == pytest.approx((1.0 + 0.5) / 2)
+    assert moved["opening"] == pytest.approx(0.25)
+    assert moved["unrelated"] == pytest.approx([(0.25 + 0.25) / 2, 0.25])
+    assert moved["saturated"] == pytest.approx(4 / 8)

@@ -264,6 +264,36 @@ def retention(model: LlamaModel, checkpoint: str | Path | None, options: EvalOpt
     return [{"depth": d, **heldout_readout(model, readout, n, dynamics, between=d)} for d in (0, *options.depths)]
 
 
+def rewrites(states: Sequence[Carry], episodes: Sequence[facts.Episode], moved_by: float = 0.5) -> dict[str, Any]:
+    """How much of the self state each turn rewrites, from the states ``play`` kept: the share of its dimensions that
+    a turn moved by more than ``moved_by`` (s lies in [-1, 1]), on statement turns, on chit-chat before them, and on
+    the 1st, 2nd, ... unrelated turn after them; and the share of dimensions saturated (|s| > 0.9) at the end. What
+    the facts live in is what unrelated turns leave alone."""
+    kinds: dict[str, list[float]] = {"statement": [], "opening": []}
+    after: dict[int, list[float]] = {}
+    before = torch.zeros_like(states[0].self_state, dtype=torch.float32)
+    for t, carry in enumerate(states):
+        now = carry.self_state.float()
+        share = ((now - before).abs() > moved_by).float().mean(-1)  # (B,)
+        for b, episode in enumerate(episodes):
+            if t >= len(episode.turns):
+                continue
+            if t == episode.stated_at:
+                kinds["statement"].append(float(share[b]))
+            elif t < episode.stated_at:
+                kinds["opening"].append(float(share[b]))
+            else:
+                after.setdefault(t - episode.stated_at, []).append(float(share[b]))
+        before = now
+    final = states[-1].self_state.float()
+    return {
+        "moved_by": moved_by,
+        **{kind: sum(v) / len(v) if v else None for kind, v in kinds.items()},
+        "unrelated": [sum(after[k]) / len(after[k]) for k in sorted(after)],
+        "saturated": float((final.abs() > 0.9).float().mean()),
+    }
+
+
 @torch.no_grad()
 def reset_determinism(model: LlamaModel) -> dict[str, float]:
     """A fresh (or reset) state reads nothing: its logits equal the base model's (the injection switched off)."""
@@ -426,6 +456,17 @@ def report(figures: dict[str, Any]) -> str:
         lines += ["| unrelated turns since the statement | " + " | ".join(str(f["depth"]) for f in figures["retention"]) + " |"]
         lines += ["|---|" + "---|" * len(figures["retention"])]
         lines += ["| read-out accuracy (chance 16.7 %) | " + " | ".join(_pct(f["readout"]) for f in figures["retention"]) + " |"]
+    if figures.get("rewrites"):
+        w = figures["rewrites"]
+        lines += ["", f"## How much each turn rewrites ({figures['options']['target_depth']}-turn episodes)", ""]
+        lines += [
+            f"Share of the self state's dimensions a turn moved by more than {w['moved_by']:g} (s lies in [-1, 1]): "
+            f"statement turns {_pct(w['statement'])}"
+            + ("" if w["opening"] is None else f", chit-chat before them {_pct(w['opening'])}")
+            + ", unrelated turns after them "
+            + " / ".join(_pct(x) for x in w["unrelated"])
+            + f" (1st, 2nd, ...); dimensions saturated (|s| > 0.9) after the last turn: {_pct(w['saturated'])}."
+        ]
     if figures.get("read_strength"):
         depth = figures["options"]["target_depth"]
         lines += ["", f"## The read's strength: memory against language ({depth} unrelated turns)", ""]
@@ -531,6 +572,7 @@ def run_eval(
     figures["history_kl"] = history_kl(model, states[-1])
     figures["reset"] = reset_determinism(model)
     figures["retention"] = retention(model, checkpoint, options, dynamics)
+    figures["rewrites"] = rewrites(states, episodes)
     if options.read_shifts:
         figures["read_strength"] = read_strength(model, dynamics, options)
     figures["targets"] = targets(figures, options)
