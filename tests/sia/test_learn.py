@@ -683,3 +683,21 @@ def test_rewrites_counts_the_dimensions_each_kind_of_turn_moves() -> None:
     assert moved["opening"] == pytest.approx(0.25)
     assert moved["unrelated"] == pytest.approx([(0.25 + 0.25) / 2, 0.25])
     assert moved["saturated"] == pytest.approx(4 / 8)
+
+
+def test_write_input_splits_the_variance_of_z_between_turn_and_state(config: TrainConfig, cache: Path) -> None:
+    from benchmarks.write_input import measure, variance_shares
+
+    turn_part = torch.tensor([1.0, -1.0, 3.0]).view(3, 1, 1) * torch.ones(3, 4, 5)
+    state_part = torch.tensor([2.0, 0.0, -2.0, 0.0]).view(1, 4, 1) * torch.ones(3, 4, 5)
+    assert variance_shares(turn_part) == pytest.approx({"turn": 1.0, "state": 0.0, "rest": 0.0})
+    assert variance_shares(state_part) == pytest.approx({"turn": 0.0, "state": 1.0, "rest": 0.0})
+    mixed = variance_shares(turn_part + state_part)  # per cell: the turns vary by 8/3, the states by 2
+    assert mixed["turn"] == pytest.approx((8 / 3) / (8 / 3 + 2)) and mixed["rest"] == pytest.approx(0.0, abs=1e-12)
+
+    model, _ = build_model(config, cache)
+    open_read(model, 2)
+    result = measure(model.eval(), users=2, turns=2, between=1)
+    shares = [result["all"], result["pooled"], *result["memory_tokens"]]
+    assert len(result["memory_tokens"]) == model.config.memory_tokens
+    assert all(s["turn"] >= 0 and s["state"] >= 0 and s["turn"] + s["state"] + s["rest"] == pytest.approx(1) for s in shares)
