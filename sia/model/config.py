@@ -29,6 +29,10 @@ class IdentityConfig:
     pooling: str = "mean"  # how a turn's hidden states pool into z: "mean", or "attention" (a learned score per token)
     memory_tokens: int = 0  # K > 0: z is the final hidden states of K learned tokens read after each turn (LLaMA only)
     write_gate: bool = False  # the self update is gated per dimension, s + eta sigma(G[z; s]) (tanh(W[z; s]) - s)
+    # the memory tokens (and the pooled hidden state) read the turn in a pass of its own with a fresh identity, as the
+    # base model reads it, instead of after the reply under the state being written: z is then what the turn says,
+    # independent of the read (the state still enters the update itself). Costs a prefill of the turn per turn.
+    fresh_write: bool = False
 
     # --- identity dynamics (defaults; a persona may override them) ---
     alpha: float = 0.1  # plasticity: how strongly a turn imprints the trace
@@ -70,6 +74,8 @@ class IdentityConfig:
             raise ValueError(f"memory_tokens must be an integer >= 0; got {self.memory_tokens!r}")
         if not isinstance(self.write_gate, bool):
             raise ValueError(f"write_gate must be true or false; got {self.write_gate!r}")
+        if not isinstance(self.fresh_write, bool) or (self.fresh_write and not self.memory_tokens):
+            raise ValueError(f"fresh_write must be true or false, and true only with memory_tokens; got {self.fresh_write!r}")
         if not self.alpha >= 0.0:
             raise ValueError(f"alpha (plasticity) must be >= 0; got {self.alpha}")
         if not 0.0 < self.decay <= 1.0:
