@@ -4,9 +4,10 @@ One run of a recipe says little: three runs of the shipped recipe span 54-65 % p
 trains ``sia train --config CONFIG --seed S`` for every seed (``--parallel`` runs at once: one GPU holds several of
 these small runs), exports each as the shipped adapter is exported (slot maps factored to ``--slot-rank``, float16),
 and measures each exported adapter on the same held-out episodes: recall of colour, pet and hobby through the state
-after ``--between`` unrelated turns (per fact, all three, per kind; a fresh state beside it), and reply perplexity on
-the held-out dialogue with the state carried against the base model. Then the mean, standard deviation and range
-over seeds. Runs resume: a finished run is not trained again, a stopped one goes on from its last checkpoint.
+after ``--between`` unrelated turns (per fact, all three, per kind; a fresh state and another user's state beside
+it), and reply perplexity on the held-out dialogue with the state carried against the base model. Then the mean,
+standard deviation and range over seeds. Runs resume: a finished run is not trained again, a stopped one goes on
+from its last checkpoint.
 
     python -m benchmarks.recipe_seeds --config configs/train-smollm2.json --seeds 0 1 2 \\
         [--device cuda] [--parallel 3] [--runs runs/seeds] [--episodes 32] [--conversations 60] [--out FILE]
@@ -49,7 +50,7 @@ def measure(
     dynamics = Dynamics.from_config(model.config)
     options = EvalOptions(episodes=episodes, depths=(between,), target_depth=between, conversations=conversations)
     began = time.perf_counter()
-    recall, _, _ = recall_at(model, between, CLOSED_TRIO, options, dynamics, ("state", "stateless"))
+    recall, _, _ = recall_at(model, between, CLOSED_TRIO, options, dynamics, ("state", "stateless", "other_user"))
     ppl = dialogue_perplexity(model, dynamics, conversations)
     return {
         "checkpoint": str(checkpoint),
@@ -59,6 +60,7 @@ def measure(
         "all_three": recall["state"]["all_three"],
         "by_kind": recall["state"]["by_kind"],
         "stateless": recall["stateless"]["per_fact"],
+        "other_user": recall["other_user"]["per_fact"],
         "chance": recall["chance"],
         "perplexity_ratio": ppl["ratio"],
         "perplexity": ppl,

@@ -636,6 +636,7 @@ def test_a_recipe_judged_over_seeds_trains_exports_and_measures_each_run(
     assert [r["seed"] for r in result["runs"]] == [3, 4]
     for r in result["runs"]:
         assert 0.0 <= r["per_fact"] <= 1.0 and 0.0 <= r["all_three"] <= r["per_fact"]
+        assert 0.0 <= r["stateless"] <= 1.0 and 0.0 <= r["other_user"] <= 1.0
         assert r["perplexity_ratio"] > 0 and r["episodes"] == 2 and r["between"] == 1
         assert json.loads((Path(r["run"]) / "train.json").read_text())["seed"] == r["seed"]
         assert json.loads((Path(r["run"]) / "served" / "config.json").read_text())["weights_dtype"] == "float16"
