@@ -54,7 +54,7 @@ def write_inputs(model: LlamaModel, carry: Carry, turns: list[Exchange], context
     forward = update.forward
 
     def keep(z: Tensor, s: Tensor) -> Tensor:
-        seen.append(((update.standardise(z) - update.centre.to(z.dtype)) / update.spread.to(z.dtype)).float())
+        seen.append(update.inputs(z).float())
         return forward(z, s)
 
     update.forward = keep  # type: ignore[method-assign]

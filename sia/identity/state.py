@@ -230,12 +230,16 @@ class SelfUpdate(nn.Module):
         self.spread.lerp_(x.std(0).clamp_min(1e-3).to(self.spread.dtype), rate)
         self.observed += 1
 
+    def inputs(self, z: Tensor) -> Tensor:
+        """z as the update reads it: each part standardised, then each feature by the running statistics."""
+        if not self.parts:
+            return z
+        # copies: training moves the statistics in place between turns of one backpropagated episode
+        return (self.standardise(z) - self.centre.to(z.dtype, copy=True)) / self.spread.to(z.dtype, copy=True)
+
     def forward(self, z: Tensor, s: Tensor) -> Tensor:
         """z (..., C or (K + 1)·C), s (..., d_s) -> (..., d_s)."""
-        if self.parts:
-            # copies: training moves the statistics in place between turns of one backpropagated episode
-            z = (self.standardise(z) - self.centre.to(z.dtype, copy=True)) / self.spread.to(z.dtype, copy=True)
-        x = torch.cat([z, s], dim=-1)
+        x = torch.cat([self.inputs(z), s], dim=-1)
         step = torch.tanh(self.proj(x)) - s
         if self.gate is not None:
             step = torch.sigmoid(self.gate(x)) * step

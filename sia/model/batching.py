@@ -140,8 +140,7 @@ class DecodeBatch:
     def __init__(self, model: IdentityModel, tokenizer: Tokenizer | None = None) -> None:
         self.model = model
         self.tok = tokenizer or model.tokenizer
-        # the write after the reply, in the batch's cache (a fresh write reads the turn in a pass of its own)
-        self.n_memory = model.config.memory_tokens if model.stateful and not model.config.fresh_write else 0
+        self.n_memory = model.memory_after_reply
         self.prefix = model.prefix_len
         self.members: list[_Member] = []
         self.cond: Conditioning | None = None  # (B rows)

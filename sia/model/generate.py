@@ -378,8 +378,7 @@ def _decode(
     L = max(lengths)
     check_room(model, L, params.max_new_tokens)
     starts, logits_from = prompt_scoring(lengths, nll_from)
-    # the write after the reply, in this cache (a fresh write reads the turn in a pass of its own: conclude_turns)
-    n_memory = model.config.memory_tokens if model.stateful and not model.config.fresh_write else 0
+    n_memory = model.memory_after_reply
     device = model.device
     masks = [[True] * len(p) for p in prompts] if summary_masks is None else [list(m) for m in summary_masks]
     for b, (mask, prompt) in enumerate(zip(masks, prompts, strict=True)):

@@ -330,6 +330,12 @@ class IdentityModel(nn.Module):
         return self.config.attention != "dot"
 
     @property
+    def memory_after_reply(self) -> int:
+        """Memory tokens a generation reads after the reply, in its own cache: the write's (none when the model ignores
+        the state, or when ``config.fresh_write`` reads the turn in a pass of its own, in ``conclude_turns``)."""
+        return self.config.memory_tokens if self.stateful and not self.config.fresh_write else 0
+
+    @property
     def prefix_len(self) -> int:
         """Keys before the first token: the self slot, or none."""
         return 1 if self.stateful else 0
