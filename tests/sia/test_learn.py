@@ -310,6 +310,8 @@ def test_scoring_candidates_is_scoring_each_reply_in_full(config: TrainConfig, c
     [
         ({"curriculum": [[5, 1], [10, 2]]}, "curriculum"),
         ({"curriculum": [[0, 2], [10, 0]]}, "curriculum"),
+        ({"min_between": 0}, "min_between"),
+        ({"min_between": 1.5}, "min_between"),
         ({"precision": "fp16"}, "precision"),
         ({"value_weight": -1.0}, "weights"),
         ({"distill_weight": -0.5}, "weights"),
@@ -431,6 +433,19 @@ def test_the_write_stage_plays_statements_alone_and_trains_the_write_by_the_read
     losses["readout"].backward()  # type: ignore[no-untyped-call]
     grad = model.self_update.proj.weight.grad
     assert grad is not None and float(grad.abs().sum()) > 0
+
+
+def test_min_between_keeps_shallow_depths_in_a_deep_stage(config: TrainConfig, cache: Path) -> None:
+    """By default a stage of up to 6 unrelated turns plays 3 to 6; with min_between 1, every depth from 1 to 6."""
+    model, _ = build_model(config, cache)
+
+    def depths(config: TrainConfig) -> set[int]:
+        return {ex.episode.between for step in range(40) for ex in sample_batch(config, model, step)}
+
+    deep = replace(config, curriculum=[[0, 6]], batch_size=4)
+    assert depths(deep) == {3, 4, 5, 6}
+    assert depths(replace(deep, min_between=1)) == set(range(1, 7))
+    assert replace(deep, min_between=9).between_range(6) == (6, 6)  # never beyond the stage
 
 
 def test_a_probe_differentiated_from_the_question_on_reads_the_logits_of_the_full_probe(config: TrainConfig, cache: Path) -> None:

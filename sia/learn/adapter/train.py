@@ -136,6 +136,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     slot_bias: float = 0.0  # where the slot's bias starts: open, so the read has a gradient
     curriculum: list[list[int]] = field(default_factory=lambda: [[0, 1], [200, 2], [400, 4], [700, 6]])  # [step, max turns]
+    # the fewest unrelated turns an episode gets: null, half the stage's most (at least 1); a number, that many (at most
+    # the stage's most), so that shallower depths than the stage's keep being trained
+    min_between: int | None = None
     # [[step, length], ...]: from each step on, the cosine decays as if the run had that many steps (null: steps);
     # a run lengthened or shortened while it trained, stated so that one command replays it
     cosine_steps: list[list[int]] | None = None
@@ -195,6 +198,8 @@ class TrainConfig:
             raise ValueError(f"curriculum must be [[0, turns], [step, turns], ...] with turns >= 1; got {stages}")
         if [s[0] for s in stages] != sorted(s[0] for s in stages):
             raise ValueError(f"curriculum steps must increase; got {stages}")
+        if self.min_between is not None and (not isinstance(self.min_between, int) or self.min_between < 1):
+            raise ValueError(f"min_between must be an integer >= 1 or null; got {self.min_between!r}")
         spans = self.cosine_steps
         if spans is not None:
             if not spans or any(len(c) != 2 or c[1] <= self.warmup_steps for c in spans) or spans[0][0] != 0:
@@ -231,6 +236,10 @@ class TrainConfig:
     def max_between(self, step: int) -> int:
         """The curriculum: the most unrelated turns between statement and question at ``step``."""
         return max(turns for start, turns in self.curriculum if start <= step)
+
+    def between_range(self, top: int) -> tuple[int, int]:
+        """The fewest and the most unrelated turns of an episode in a stage whose most is ``top``."""
+        return (max(1, top // 2) if self.min_between is None else min(self.min_between, top)), top
 
     @classmethod
     def from_file(cls, path: str | Path) -> TrainConfig:
@@ -316,7 +325,7 @@ def sample_batch(config: TrainConfig, model: LlamaModel, step: int) -> list[Exam
             batch.append(Example(episode, context, -1, ()))
         return batch
     for _ in range(config.batch_size):
-        between = rng.randint(max(1, top // 2), top)  # mostly the current stage, sometimes shorter
+        between = rng.randint(*config.between_range(top))  # mostly the current stage, sometimes shorter
         episode = facts.make_episode(rng, "train", between=between, n_facts=config.n_facts)
         persona = rng.choice(sorted(PERSONAS))
         context = tok.system_prompt(PERSONAS[persona].system_prompt)
@@ -471,8 +480,8 @@ class StatePool:
 
 @torch.no_grad()
 def build_pool(config: TrainConfig, model: LlamaModel, dynamics: Dynamics, chunk: int = 16) -> StatePool:
-    """``config.state_pool`` training episodes of the curriculum's longest stage (between half of its unrelated turns
-    and all of them), each played from a fresh identity as ``episode_losses`` plays it; a function of the seed only."""
+    """``config.state_pool`` training episodes of the curriculum's longest stage (``config.between_range`` of its
+    unrelated turns), each played from a fresh identity as ``episode_losses`` plays it; a function of the seed only."""
     assert config.state_pool is not None
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
@@ -480,7 +489,7 @@ def build_pool(config: TrainConfig, model: LlamaModel, dynamics: Dynamics, chunk
     top = max(turns for _, turns in config.curriculum)
     examples = []
     for _ in range(config.state_pool):
-        episode = facts.make_episode(rng, "train", between=rng.randint(max(1, top // 2), top), n_facts=config.n_facts)
+        episode = facts.make_episode(rng, "train", between=rng.randint(*config.between_range(top)), n_facts=config.n_facts)
         context = tok.system_prompt(PERSONAS[rng.choice(sorted(PERSONAS))].system_prompt)
         ordinary = [t for t in range(1, len(episode.turns)) if t != episode.stated_at]
         examples.append(Example(episode, context, rng.choice(ordinary), ()))
