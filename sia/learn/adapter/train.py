@@ -325,7 +325,7 @@ def sample_batch(config: TrainConfig, model: LlamaModel, step: int) -> list[Exam
             batch.append(Example(episode, context, -1, ()))
         return batch
     for _ in range(config.batch_size):
-        between = rng.randint(*config.between_range(top))  # mostly the current stage, sometimes shorter
+        between = rng.randint(*config.between_range(top))  # the stage's depths, down to min_between (or half its most)
         episode = facts.make_episode(rng, "train", between=between, n_facts=config.n_facts)
         persona = rng.choice(sorted(PERSONAS))
         context = tok.system_prompt(PERSONAS[persona].system_prompt)
