@@ -5,6 +5,7 @@ brute-force score, bad configs are refused, and ``sia train`` sends an adapter c
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -148,10 +149,12 @@ def test_a_few_steps_on_one_batch_lower_its_loss_and_move_the_adapter(config: Tr
     assert not torch.allclose(final_states(), states, atol=1e-4)
 
 
+@pytest.mark.parametrize("momentum", [None, 0.5])
 def test_a_run_resumes_where_it_stopped_and_its_checkpoint_loads_bit_for_bit(
-    config: TrainConfig, cache: Path, tmp_path: Path, built: list[LlamaModel]
+    config: TrainConfig, cache: Path, tmp_path: Path, built: list[LlamaModel], momentum: float | None
 ) -> None:
     config = replace(config, model={**config.model, "weights_dtype": "float16"})  # the served adapter's storage
+    config = replace(config, readout_momentum=momentum)  # with a momentum, the read-out's running moments resume too
     torch.manual_seed(0)  # the read-out's initialisation
     out = train(replace(config, steps=2), progress=False, cache_dir=cache)
     with (out / "history.jsonl").open("a") as f:  # a step recorded after the checkpoint, then the run was stopped
@@ -327,6 +330,10 @@ def test_scoring_candidates_is_scoring_each_reply_in_full(config: TrainConfig, c
         ({"state_pool": 4}, "write that does not train"),
         ({"state_pool": 4, "train_only": ["memory", "self_value"]}, "write that does not train"),
         ({"state_pool": 1, "freeze_write": True}, "state_pool"),
+        ({"readout_momentum": 0}, "readout_momentum"),
+        ({"readout_momentum": 1.5}, "readout_momentum"),
+        ({"readout_momentum": True}, "readout_momentum"),
+        ({"readout_momentum": "0.1"}, "readout_momentum"),
     ],
 )
 def test_a_bad_training_config_is_refused(config: TrainConfig, change: dict[str, Any], match: str) -> None:
@@ -433,6 +440,72 @@ def test_the_write_stage_plays_statements_alone_and_trains_the_write_by_the_read
     losses["readout"].backward()  # type: ignore[no-untyped-call]
     grad = model.self_update.proj.weight.grad
     assert grad is not None and float(grad.abs().sum()) > 0
+
+
+def _one_users_facts(rng: torch.Generator, codes: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[facts.Fact]]:
+    """A synthetic self state of one user who stated a colour, a pet and a hobby: a large offset common to every user,
+    a small code per stated value, noise; the state once per fact, as the trainer passes it to the read-out."""
+    said, parts = [], []
+    for kind, code in codes.items():  # each kind in 8 features of its own
+        options = facts.values(kind, "train")
+        pick = int(torch.randint(len(options), (1,), generator=rng))
+        said.append(facts.Fact(kind, options[pick]))
+        parts.append(4.0 + 0.3 * code[pick])
+    s = torch.cat(parts) + 0.01 * torch.randn(24, generator=rng)
+    return s.expand(len(said), 24), said
+
+
+@pytest.mark.parametrize("momentum", [None, 0.1])
+def test_running_moments_let_the_read_out_name_the_facts_of_one_user_alone(momentum: float | None) -> None:
+    """At a turn where one episode of the batch still plays, the read-out gets one user's state (once per fact).
+    Standardised across those rows it is all zeros, and the read-out names nothing beyond its prior; by running
+    moments it is read as well as in a batch."""
+    rng = torch.Generator().manual_seed(0)
+    kinds = ("colour", "pet", "hobby")
+    codes = {kind: torch.randn(len(facts.values(kind, "train")), 8, generator=rng) for kind in kinds}
+    torch.manual_seed(0)
+    readout = ReadOut(24, momentum)
+    optimizer = torch.optim.Adam(readout.parameters(), lr=0.05)
+    for _ in range(400):
+        s, said = _one_users_facts(rng, codes)
+        loss, _ = readout.loss(s, said, update=True)
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+    named = [readout.loss(*_one_users_facts(rng, codes))[1] for _ in range(60)]
+    accuracy = sum(named) / len(named)
+    chance = sum(1 / len(facts.values(kind, "train")) for kind in kinds) / 3
+    if momentum is None:
+        assert int(readout.updates) == 0 and accuracy < chance + 0.2
+    else:
+        assert int(readout.updates) == 400 and accuracy > 0.9
+
+
+def test_running_moments_move_by_the_momentum_in_training_calls_alone(tmp_path: Path) -> None:
+    readout = ReadOut(3, momentum=0.25)
+    first = torch.tensor([[1.0, 2.0, 0.0], [3.0, 2.0, 4.0]])
+    fact = facts.Fact("colour", facts.values("colour", "train")[0])
+    readout.loss(first, [fact, fact], update=True)  # the first call sets the moments
+    assert torch.allclose(readout.moments, torch.tensor([[2.0, 2.0, 2.0], [5.0, 4.0, 8.0]]))
+    readout.loss(torch.zeros(2, 3), [fact, fact], update=False)  # an evaluation leaves them
+    assert int(readout.updates) == 1 and torch.allclose(readout.moments[0], torch.tensor([2.0, 2.0, 2.0]))
+    second = torch.tensor([[6.0, 2.0, 2.0]])
+    readout.loss(second, [fact], update=True)  # then each training call moves them by the momentum
+    assert torch.allclose(readout.moments, torch.tensor([[3.0, 2.0, 2.0], [12.75, 4.0, 7.0]]))
+    assert torch.allclose(readout.standardise(torch.tensor([[3.0, 2.0, 2.0]])), torch.zeros(1, 3))  # the running mean
+    deviation = float(readout.standardise(torch.tensor([[5.0, 2.0, 2.0]]))[0, 0])  # by the running deviation
+    assert deviation == pytest.approx(2.0 / (math.sqrt(12.75 - 9.0) + 1e-3), rel=1e-5)
+    save_file(readout.state_dict(), str(tmp_path / "running.safetensors"))
+    again = ReadOut(3)  # the moments are the read-out's, whatever momentum it is built with
+    again.load(tmp_path / "running.safetensors")
+    assert int(again.updates) == 2 and torch.equal(again.moments, readout.moments)
+    older = {k: v for k, v in ReadOut(3).state_dict().items() if k not in ("moments", "updates")}
+    save_file(older, str(tmp_path / "older.safetensors"))  # saved before running moments existed
+    again.load(tmp_path / "older.safetensors")
+    assert int(again.updates) == 0  # standardises per call, as it was trained
+    assert torch.allclose(again.standardise(first), (first - first.mean(0)) / (first.std(0) + 1e-3))
+    with pytest.raises(ValueError, match="momentum"):
+        ReadOut(3, momentum=0.0)
 
 
 def test_min_between_keeps_shallow_depths_in_a_deep_stage(config: TrainConfig, cache: Path) -> None:

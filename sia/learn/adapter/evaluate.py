@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import Tensor
 
 from sia.backbones.chat_tokenizer import ChatTokenizer
@@ -258,8 +257,9 @@ def retention(model: LlamaModel, checkpoint: str | Path | None, options: EvalOpt
     path = None if checkpoint is None else Path(checkpoint) / READOUT_FILE
     if path is None or not path.is_file():
         return []
-    readout = ReadOut(model.config.d_self).to(model.device)
-    readout.load_state_dict(load_file(str(path)))
+    readout = ReadOut(model.config.d_self)
+    readout.load(path)
+    readout.to(model.device)
     n = 2 * options.episodes
     return [{"depth": d, **heldout_readout(model, readout, n, dynamics, between=d)} for d in (0, *options.depths)]
 

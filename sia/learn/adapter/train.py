@@ -147,6 +147,10 @@ class TrainConfig:
     distill_every: int = 4  # distil from the transcript teacher every N steps (its transcript forward is the dearest part)
     value_weight: float = 3.0
     readout_weight: float = 1.0
+    # how the read-out standardises the states it names facts from: null, across each turn's rows of the batch (few
+    # at a deep turn, where only the longer episodes still play); a number in (0, 1], by running moments of the
+    # states moved by that share at every turn (ReadOut)
+    readout_momentum: float | None = None
     distill_weight: float = 1.0
     # whom the distillation matches on an ordinary turn: "transcript" (the base model reading the whole conversation)
     # or "base" (the base model reading the same turn: language as it was, the measure of reply perplexity)
@@ -221,6 +225,12 @@ class TrainConfig:
                 )
             if not (self.freeze_write or (self.train_only is not None and not any(map(_is_write, self.train_only)))):
                 raise ValueError("state_pool needs a write that does not train: set freeze_write, or train_only to read parts")
+        if self.readout_momentum is not None and (
+            isinstance(self.readout_momentum, bool)
+            or not isinstance(self.readout_momentum, (int, float))
+            or not 0 < self.readout_momentum <= 1
+        ):
+            raise ValueError(f"readout_momentum must be a number in (0, 1] or null; got {self.readout_momentum!r}")
         if self.distill_teacher not in ("transcript", "base"):
             raise ValueError(f"distill_teacher must be transcript or base; got {self.distill_teacher!r}")
         if self.precision not in ("auto", "bf16", "fp32"):
@@ -252,26 +262,58 @@ class TrainConfig:
 
 
 class ReadOut(nn.Module):
-    """Training only: per fact kind, a linear classifier of the self state over that kind's training values."""
+    """Training only: per fact kind, a linear classifier of the self state over that kind's training values.
 
-    def __init__(self, d_self: int) -> None:
+    The states are standardised first, so that what tells users apart is what counts, at any scale. With ``momentum``
+    null, across the rows of each call (the shipped recipe): a turn at which few episodes of the batch are still
+    playing then gives a noisy standardisation, one episode alone a zero input, and the write no signal. With a
+    momentum, by running first and second moments of the states, moved by that share at every training call: one
+    row is read as well as many."""
+
+    def __init__(self, d_self: int, momentum: float | None = None) -> None:
         super().__init__()
+        if momentum is not None and not 0 < momentum <= 1:
+            raise ValueError(f"the read-out's momentum must be in (0, 1] or None; got {momentum}")
         self.heads = nn.ModuleDict({kind: nn.Linear(d_self, len(facts.values(kind, "train"))) for kind in facts.KINDS})
         self.index = {kind: {v: i for i, v in enumerate(facts.values(kind, "train"))} for kind in facts.KINDS}
+        self.momentum = momentum
+        self.moments: Tensor
+        self.updates: Tensor
+        self.register_buffer("moments", torch.zeros(2, d_self))  # running mean of s and of s², per feature
+        self.register_buffer("updates", torch.zeros((), dtype=torch.long))  # 0: no running moments (standardise per call)
 
-    def loss(self, s: Tensor, stated: list[facts.Fact]) -> tuple[Tensor, float]:
-        """s (N, d_s): row i should name stated[i]'s value; mean cross-entropy over rows, and the share named right.
-
-        The states are standardised across the rows first: what tells users apart is what counts, at any scale."""
-        terms, right = [], 0
+    def standardise(self, s: Tensor, update: bool = False) -> Tensor:
+        """s (N, d_s) standardised per feature: by the running moments where there are any (moved first, with
+        ``update`` and a momentum), else across the N rows."""
         s = s.float()
-        s = (s - s.mean(0)) / (s.std(0) + 1e-3) if s.shape[0] > 1 else s
+        if update and self.momentum is not None:
+            with torch.no_grad():
+                share = 1.0 if int(self.updates) == 0 else self.momentum
+                self.moments.lerp_(torch.stack([s.mean(0), (s * s).mean(0)]), share)
+                self.updates += 1
+        if int(self.updates) > 0:
+            mean, square = self.moments
+            return (s - mean) / ((square - mean * mean).clamp_min(0).sqrt() + 1e-3)
+        return (s - s.mean(0)) / (s.std(0) + 1e-3) if s.shape[0] > 1 else s
+
+    def loss(self, s: Tensor, stated: list[facts.Fact], update: bool = False) -> tuple[Tensor, float]:
+        """s (N, d_s): row i should name stated[i]'s value; mean cross-entropy over rows, and the share named right.
+        ``update``: a training call, which moves the running moments (with a momentum)."""
+        terms, right = [], 0
+        s = self.standardise(s, update)
         for i, fact in enumerate(stated):
             logits = self.heads[fact.kind](s[i])
             target = self.index[fact.kind][fact.value]
             terms.append(F.cross_entropy(logits.unsqueeze(0), torch.tensor([target], device=s.device)))
             right += int(int(logits.argmax()) == target)
         return torch.stack(terms).mean(), right / len(stated)
+
+    def load(self, path: str | Path) -> None:
+        """The read-out saved at ``path``; one saved before running moments existed standardises per call."""
+        tensors = load_file(str(path))
+        if "moments" not in tensors:
+            tensors = {**tensors, "moments": torch.zeros_like(self.moments), "updates": torch.zeros_like(self.updates)}
+        self.load_state_dict(tensors)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -376,7 +418,7 @@ def episode_losses(
         if stated and config.readout_weight > 0:
             owners = [b for b in stated for _ in batch[b].episode.facts]
             said = [f for b in stated for f in batch[b].episode.facts]
-            term, right = readout.loss(carry.self_state[torch.tensor(owners, device=model.device)], said)
+            term, right = readout.loss(carry.self_state[torch.tensor(owners, device=model.device)], said, update=True)
             readout_terms.append(term)
             readout_right.append(right)
     reading = carry if not shielded else Carry(carry.self_state.detach(), carry.trace, carry.shock)
@@ -659,7 +701,7 @@ def _resume(directory: Path, model: LlamaModel, readout: ReadOut, optimizer: tor
     if missing:
         raise ValueError(f"{directory} lacks adapter tensors {sorted(missing)[:3]}; was it made with another config?")
     model.load_state_dict(identity, strict=False)
-    readout.load_state_dict(load(str(directory / READOUT_FILE)))
+    readout.load(directory / READOUT_FILE)
     meta = read_json_object(directory / TRAINER_FILE)
     state: dict[int, dict[str, Tensor]] = {}
     for key, value in load_file(str(directory / OPTIMIZER_FILE)).items():
@@ -677,7 +719,7 @@ def _start_from(directory: Path, model: LlamaModel, ref: BaseRef, readout: ReadO
         raise ValueError(f"init {directory} was trained over other base weights than this run's")
     load_identity(model, directory)
     if (directory / READOUT_FILE).is_file():
-        readout.load_state_dict(load_file(str(directory / READOUT_FILE)))
+        readout.load(directory / READOUT_FILE)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -741,7 +783,7 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
     model, ref = build_model(config, cache_dir)
     model.to(device).train()
     torch.manual_seed(config.seed)  # the read-out's initial weights
-    readout = ReadOut(model.config.d_self).to(device)
+    readout = ReadOut(model.config.d_self, config.readout_momentum).to(device)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     gates = [p for n, p in named if n.endswith(GATE_PARAMETERS)]
     read = [p for n, p in named if _is_read(n)]
