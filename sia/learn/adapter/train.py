@@ -292,7 +292,7 @@ class ReadOut(nn.Module):
                 self.moments.lerp_(torch.stack([s.mean(0), (s * s).mean(0)]), share)
                 self.updates += 1
         if int(self.updates) > 0:
-            mean, square = self.moments
+            mean, square = self.moments[0], self.moments[1]
             return (s - mean) / ((square - mean * mean).clamp_min(0).sqrt() + 1e-3)
         return (s - s.mean(0)) / (s.std(0) + 1e-3) if s.shape[0] > 1 else s
 
