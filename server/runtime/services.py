@@ -14,7 +14,7 @@ from server.runtime.keys import KeyRing
 from server.runtime.personas import Personas
 from server.runtime.turns import Turns
 from server.store import Store
-from sia.backbones.llama import LlamaModel, bfloat16_products_fast
+from sia.backbones.llama import NO_BFLOAT16_PACKING, LlamaModel, bfloat16_packing_available, bfloat16_products_fast
 from sia.checkpoint import load_model
 from sia.model.config import STATE_DTYPES
 from sia.model.transformer import IdentityModel
@@ -38,7 +38,10 @@ def served_model(settings: Settings, model: IdentityModel | None = None, checkpo
     elif settings.packed_weights != "off" and isinstance(loaded, LlamaModel) and loaded.packable:
         packing = settings.packed_weights
         if packing == "auto":
-            packing = "bfloat16" if bfloat16_products_fast() else "float32"
+            packing = "bfloat16" if bfloat16_products_fast() and bfloat16_packing_available() else "float32"
+        elif packing == "bfloat16" and not bfloat16_packing_available():
+            log.warning("SIA_PACKED_WEIGHTS=bfloat16: %s; packing in float32 instead", NO_BFLOAT16_PACKING)
+            packing = "float32"
         size = loaded.pack_weights(STATE_DTYPES[packing])
         log.info("packed the backbone's matrices (%s) for faster products: %.0f MB", packing, size / 2**20)
     return loaded

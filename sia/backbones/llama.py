@@ -96,6 +96,24 @@ def packing_available() -> bool:
     return built and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
 
 
+NO_BFLOAT16_PACKING = (
+    "this CPU cannot pack bfloat16 weights (oneDNN's bfloat16 products need AVX-512 BW, VL and DQ, or AVX-NE-CONVERT)"
+)
+
+
+@functools.cache
+def bfloat16_packing_available() -> bool:
+    """Whether oneDNN can pack bfloat16 weights on this CPU (tried once on a small matrix): its bfloat16 path needs
+    AVX-512 BW, VL and DQ or AVX-NE-CONVERT, which AVX2-only CPUs lack."""
+    if not packing_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), None)
+    except RuntimeError:
+        return False
+    return True
+
+
 @functools.cache
 def bfloat16_products_fast() -> bool:
     """Whether this CPU multiplies bfloat16 matrices no slower than float32 ones (timed once): it does with native
@@ -144,6 +162,8 @@ class Linear(nn.Linear):
             raise ValueError(f"weights are packed in float32 or bfloat16; got {dtype}")
         if not packing_available():
             raise ValueError("this torch build cannot pack weights (oneDNN is not available)")
+        if dtype == torch.bfloat16 and not bfloat16_packing_available():
+            raise ValueError(f"{NO_BFLOAT16_PACKING}; pack them in float32")
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().to(dtype), None)
         self.packed_dtype = dtype
@@ -507,6 +527,8 @@ class LlamaModel(IdentityModel):
         For inference: training keeps ``nn.Linear``'s products."""
         if dtype not in PACKED_DTYPES:
             raise ValueError(f"weights are packed in float32 or bfloat16; got {dtype}")
+        if dtype == torch.bfloat16 and not bfloat16_packing_available():  # before any matrix is packed: nothing changes
+            raise ValueError(f"{NO_BFLOAT16_PACKING}; pack them in float32")
         self.exact_rows = dtype == torch.bfloat16
         if dtype == torch.float32:
             return sum(m.pack() for m in self.modules() if isinstance(m, Linear))

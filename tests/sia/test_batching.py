@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
-from sia.backbones.llama import LlamaModel, packing_available
+from sia.backbones.llama import NO_BFLOAT16_PACKING, LlamaModel, bfloat16_packing_available, packing_available
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, conclude_turns, run_turn, turn_prompt
 from sia.model.batching import DecodeBatch
@@ -35,6 +35,8 @@ def llama(memory_tokens: int, slots: int, fresh_write: bool = False) -> LlamaMod
 def packed(model: LlamaModel, dtype: torch.dtype = torch.float32) -> LlamaModel:
     """The model with its matrices packed, as the service runs it on a CPU (float32: three rows or more through
     oneDNN; bfloat16: every projection)."""
+    if dtype == torch.bfloat16 and not bfloat16_packing_available():
+        pytest.skip(NO_BFLOAT16_PACKING)
     if packing_available():
         model.pack_weights(dtype)
     return model

@@ -506,7 +506,7 @@ def test_bfloat16_packed_weights_round_as_autocast_and_a_row_never_depends_on_it
     the same alone or with up to 32 rows (one row is doubled: oneDNN's one-row kernel sums in another order). On CPUs
     with AMX, oneDNN multiplies more than 32 rows with another kernel that sums in another order (measured: 33 rows
     and more differ by ~5e-7); a batch (SIA_MAX_BATCH, default 16) stays under that."""
-    from sia.backbones.llama import Linear, packing_available
+    from sia.backbones.llama import NO_BFLOAT16_PACKING, Linear, bfloat16_packing_available, packing_available
 
     if not packing_available():
         pytest.skip("this torch build has no oneDNN to pack weights with")
@@ -514,6 +514,11 @@ def test_bfloat16_packed_weights_round_as_autocast_and_a_row_never_depends_on_it
     layer = Linear(576, 192, bias=False)
     with torch.no_grad():
         layer.weight.copy_(torch.randn(192, 576, generator=g) * 0.05)
+    if not bfloat16_packing_available():  # an AVX2-only CPU: refused with the reason, nothing packed
+        with pytest.raises(ValueError, match="cannot pack bfloat16"):
+            layer.pack(torch.bfloat16)
+        assert layer.packed is None
+        pytest.skip(f"{NO_BFLOAT16_PACKING}: its refusal checked")
     assert layer.pack(torch.bfloat16) == 192 * 576 * 2 and layer.packed_dtype == torch.bfloat16
     x = torch.randn(32, 576, generator=g)
     want = torch.nn.functional.linear(x, layer.weight)
@@ -548,7 +553,7 @@ def test_row_starts_reads_left_padded_masks_and_refuses_any_other() -> None:
 def test_a_packed_model_answers_as_the_unpacked_one(hf_model: LlamaForCausalLM) -> None:
     """``pack_weights`` packs every backbone matrix (the tied head included) and changes no reply: cached batched
     decoding gives the unpacked model's tokens and log-likelihoods; ``unpack_weights`` drops the copies."""
-    from sia.backbones.llama import Linear, packing_available
+    from sia.backbones.llama import Linear, bfloat16_packing_available, packing_available
 
     if not packing_available():
         pytest.skip("this torch build has no oneDNN to pack weights with")
@@ -566,6 +571,11 @@ def test_a_packed_model_answers_as_the_unpacked_one(hf_model: LlamaForCausalLM) 
         torch.testing.assert_close(a.prompt_nll, b.prompt_nll, atol=1e-5, rtol=0)
     model.unpack_weights()
     assert all(m.packed is None for m in linears) and not model.exact_rows
+    if not bfloat16_packing_available():  # an AVX2-only CPU: refused before any matrix is packed
+        with pytest.raises(ValueError, match="cannot pack bfloat16"):
+            model.pack_weights(torch.bfloat16)
+        assert all(m.packed is None for m in linears) and not model.exact_rows
+        return
     # bfloat16: the projections in bfloat16 (half the bytes), the head in float32 for every row count, rows exact
     head = model.lm_head.weight.numel()
     assert model.pack_weights(torch.bfloat16) == sum(m.weight.numel() * 2 for m in linears) + head * 2

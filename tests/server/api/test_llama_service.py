@@ -150,20 +150,23 @@ def test_sia_dtype_bfloat16_decodes_in_bfloat16_and_keeps_the_write_in_float32(s
 
 def test_the_served_model_packs_its_matrices_unless_told_not_to(settings: Settings, tmp_path: Any) -> None:
     """SIA_PACKED_WEIGHTS (default float32): a float32 backbone on a CPU is served with its matrices packed, in
-    float32, in bfloat16, or (auto) in bfloat16 where the CPU multiplies it natively; off, or in bfloat16 weights, not.
+    float32, in bfloat16 (float32 where the CPU cannot pack bfloat16), or (auto) in bfloat16 where the CPU multiplies
+    it natively; off, or in bfloat16 weights, not.
     The setting's earlier true / false still read as float32 / off; anything else is refused."""
     from server.runtime.services import served_model
-    from sia.backbones.llama import bfloat16_products_fast, packing_available
+    from sia.backbones.llama import bfloat16_packing_available, bfloat16_products_fast, packing_available
 
     if not packing_available():
         pytest.skip("this torch build has no oneDNN to pack weights with")
     tiny = write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab())
-    auto = torch.bfloat16 if bfloat16_products_fast() else torch.float32
+    # a CPU that cannot pack bfloat16 (AVX2 alone) packs float32 when asked for bfloat16, and says so in the log
+    bfloat16 = torch.bfloat16 if bfloat16_packing_available() else torch.float32
+    auto = bfloat16 if bfloat16_products_fast() else torch.float32
     cases: list[tuple[dict[str, Any], torch.dtype | None]] = [
         ({}, torch.float32),
         ({"packed_weights": "auto"}, auto),
         ({"packed_weights": "float32"}, torch.float32),
-        ({"packed_weights": "bfloat16"}, torch.bfloat16),
+        ({"packed_weights": "bfloat16"}, bfloat16),
         ({"packed_weights": "off"}, None),
         ({"dtype": "bfloat16"}, None),
     ]
