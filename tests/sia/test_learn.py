@@ -821,3 +821,14 @@ def test_a_fresh_write_reads_what_the_turn_says_whoever_it_is_written_for(
     assert torch.equal(seen[0], seen[1]) == fresh_write
     new.self_state.sum().backward()  # type: ignore[no-untyped-call]
     assert model.memory is not None and model.memory.grad is not None and model.memory.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "configs").glob("*.json")), ids=lambda p: p.name)
+def test_every_shipped_config_is_a_valid_config_of_its_trainer(path: Path) -> None:
+    """Each recipe in configs/ loads as what ``sia train`` would read it as: an adapter config where it names a base
+    (null: the bundled one), else a native one; a field renamed or a value out of range fails here, not at a run."""
+    from sia.learn.native.train import TrainConfig as NativeConfig
+
+    data = json.loads(path.read_text())
+    config = TrainConfig.from_file(path) if "base" in data else NativeConfig.from_file(path)
+    assert asdict(config) == {**asdict(config), **data}  # every field it states is the one it holds
