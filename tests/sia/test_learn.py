@@ -229,6 +229,21 @@ def test_a_run_started_from_a_checkpoint_begins_at_its_identity_parameters(
         train(replace(still, out_dir=str(tmp_path / "moved")), progress=False, cache_dir=cache)
 
 
+def test_an_init_brings_running_moments_only_to_a_recipe_with_them(config: TrainConfig, cache: Path, tmp_path: Path) -> None:
+    """A run started from a training checkpoint takes its read-out; with a momentum it moves the moments it brought,
+    without one it standardises per call as its recipe says."""
+
+    def updates(run: Path) -> int:
+        return int(load_file(str(run / "last" / READOUT_FILE))["updates"])
+
+    first = train(replace(config, steps=1, readout_momentum=0.5), progress=False, cache_dir=cache)
+    assert updates(first) > 0
+    init = replace(config, steps=1, init=str(first / "last"))
+    kept = train(replace(init, readout_momentum=0.5, out_dir=str(tmp_path / "kept")), progress=False, cache_dir=cache)
+    assert updates(kept) > updates(first)
+    assert updates(train(replace(init, out_dir=str(tmp_path / "per-call")), progress=False, cache_dir=cache)) == 0
+
+
 def served_turn(model: LlamaModel, state: IdentityState, message: str, context: list[int]) -> tuple[list[int], TurnResult]:
     """The service's turn (sia.identity.turn, greedy) and the tokens it generated."""
     request = TurnRequest(state=state, message=message, dynamics=Dynamics.from_config(model.config), context=tuple(context))

@@ -805,6 +805,8 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
     elif config.init is not None:
         _start_from(Path(config.init), model, ref, readout)
         log.info("started from the identity parameters of %s", config.init)
+    if config.readout_momentum is None:  # standardise per call, whatever read-out an init brought its moments from
+        readout.updates.zero_()
     dynamics = Dynamics.from_config(model.config)
     history = out / HISTORY_FILE
     _keep_history(history, step)
