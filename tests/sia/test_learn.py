@@ -523,6 +523,30 @@ def test_running_moments_move_by_the_momentum_in_training_calls_alone(tmp_path: 
         ReadOut(3, momentum=0.0)
 
 
+def test_read_out_loss_is_the_mean_of_each_rows_cross_entropy_over_mixed_kinds() -> None:
+    """Rows of one kind are read together: the loss is still each row's own cross-entropy, averaged over all rows
+    in the order given, and the share counts each row named right."""
+    torch.manual_seed(0)
+    readout = ReadOut(6)
+    said = [
+        facts.Fact(kind, facts.values(kind, "train")[i])
+        for kind, i in [("pet", 1), ("colour", 0), ("pet", 3), ("job", 2), ("colour", 4)]
+    ]
+    s = torch.randn(len(said), 6)
+    with torch.no_grad():  # row 0 named right, row 1 not: the share is exact
+        readout.heads["pet"].bias.copy_(torch.arange(len(facts.values("pet", "train"))) == 1).mul_(100.0)
+        readout.heads["colour"].bias.copy_(torch.arange(len(facts.values("colour", "train"))) == 2).mul_(100.0)
+        readout.heads["job"].bias.copy_(torch.arange(len(facts.values("job", "train"))) == 2).mul_(100.0)
+    loss, share = readout.loss(s, said)
+    z = readout.standardise(s)
+    rows = [
+        F.cross_entropy(readout.heads[f.kind](z[i]).unsqueeze(0), torch.tensor([readout.index[f.kind][f.value]]))
+        for i, f in enumerate(said)
+    ]
+    assert float(loss.detach()) == pytest.approx(float(torch.stack(rows).mean().detach()), rel=1e-6)
+    assert share == pytest.approx(2 / 5)  # pet 1 and job 2 named; pet 3, colour 0 and colour 4 not
+
+
 def test_min_between_keeps_shallow_depths_in_a_deep_stage(config: TrainConfig, cache: Path) -> None:
     """By default a stage of up to 6 unrelated turns plays 3 to 6; with min_between 1, every depth from 1 to 6."""
     model, _ = build_model(config, cache)

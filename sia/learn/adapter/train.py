@@ -298,15 +298,17 @@ class ReadOut(nn.Module):
 
     def loss(self, s: Tensor, stated: list[facts.Fact], update: bool = False) -> tuple[Tensor, float]:
         """s (N, d_s): row i should name stated[i]'s value; mean cross-entropy over rows, and the share named right.
-        ``update``: a training call, which moves the running moments (with a momentum)."""
-        terms, right = [], 0
+        ``update``: a training call, which moves the running moments (with a momentum). The rows of one kind are
+        read together and the share is counted on the device: one host read per call, not one per row."""
         s = self.standardise(s, update)
-        for i, fact in enumerate(stated):
-            logits = self.heads[fact.kind](s[i])
-            target = self.index[fact.kind][fact.value]
-            terms.append(F.cross_entropy(logits.unsqueeze(0), torch.tensor([target], device=s.device)))
-            right += int(int(logits.argmax()) == target)
-        return torch.stack(terms).mean(), right / len(stated)
+        total, right = s.new_zeros(()), s.new_zeros((), dtype=torch.long)
+        for kind in dict.fromkeys(fact.kind for fact in stated):
+            rows = [i for i, fact in enumerate(stated) if fact.kind == kind]
+            targets = torch.tensor([self.index[kind][stated[i].value] for i in rows], device=s.device)
+            logits = self.heads[kind](s[torch.tensor(rows, device=s.device)])
+            total = total + F.cross_entropy(logits, targets, reduction="sum")
+            right = right + (logits.argmax(-1) == targets).sum()
+        return total / len(stated), int(right) / len(stated)
 
     def load(self, path: str | Path) -> None:
         """The read-out saved at ``path``; one saved before running moments existed standardises per call."""
