@@ -349,6 +349,7 @@ def test_scoring_candidates_is_scoring_each_reply_in_full(config: TrainConfig, c
         ({"readout_momentum": 1.5}, "readout_momentum"),
         ({"readout_momentum": True}, "readout_momentum"),
         ({"readout_momentum": "0.1"}, "readout_momentum"),
+        ({"readout_tokens": 1}, "readout_tokens"),
     ],
 )
 def test_a_bad_training_config_is_refused(config: TrainConfig, change: dict[str, Any], match: str) -> None:
@@ -545,6 +546,75 @@ def test_read_out_loss_is_the_mean_of_each_rows_cross_entropy_over_mixed_kinds()
     ]
     assert float(loss.detach()) == pytest.approx(float(torch.stack(rows).mean().detach()), rel=1e-6)
     assert share == pytest.approx(2 / 5)  # pet 1 and job 2 named; pet 3, colour 0 and colour 4 not
+
+
+def test_a_token_read_out_names_open_values_by_their_tokens(config: TrainConfig, cache: Path) -> None:
+    """Names and cities are scored against every token embedding of the backbone: each row's loss is the mean
+    cross-entropy of its value's tokens, and it is named right where its top token is one of them. Closed kinds keep
+    their classifiers, and a read-out trained on some names learns to name them from the states that carry them."""
+    model, _ = build_model(config, cache)
+    torch.manual_seed(0)
+    readout = ReadOut(model.config.d_self, model=model)
+    assert readout.tokens and set(readout.spell) == set(facts.OPEN_KINDS) and set(readout.heads) == set(facts.CLOSED_KINDS)
+    assert "vocab" not in readout.state_dict()  # the backbone's embeddings are read, never saved with the read-out
+    said = [
+        facts.Fact("name", facts.values("name", "heldout")[0]),
+        facts.Fact("colour", facts.values("colour", "train")[1]),
+        facts.Fact("city", facts.values("city", "train")[2]),
+    ]
+    assert all(len(readout.value_tokens(f.value)) >= 1 for f in said if f.kind in facts.OPEN_KINDS)
+    s = torch.randn(3, model.config.d_self)
+    loss, share = readout.loss(s, said)
+    z, vocab = readout.standardise(s), model.wte.weight.detach()
+    terms, named = [], 0
+    for i, f in enumerate(said):
+        if f.kind in facts.OPEN_KINDS:
+            logits = readout.spell[f.kind](z[i]) @ vocab.T
+            ids = readout.value_tokens(f.value)
+            terms.append(F.cross_entropy(logits.expand(len(ids), -1), torch.tensor(ids)))
+            named += int(int(logits.argmax()) in ids)
+        else:
+            logits = readout.heads[f.kind](z[i])
+            target = readout.index[f.kind][f.value]
+            terms.append(F.cross_entropy(logits.unsqueeze(0), torch.tensor([target])))
+            named += int(int(logits.argmax()) == target)
+    assert float(loss.detach()) == pytest.approx(float(torch.stack(terms).mean().detach()), rel=1e-5)
+    assert share == pytest.approx(named / 3)
+
+    names = [facts.Fact("name", v) for v in facts.values("name", "train")[:6]]
+    codes = torch.randn(len(names), model.config.d_self, generator=torch.Generator().manual_seed(1))
+    optimizer = torch.optim.Adam(readout.parameters(), lr=0.05)
+    for _ in range(150):
+        loss, _ = readout.loss(codes, names, update=True)
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+    assert readout.loss(codes, names)[1] == 1.0
+    with pytest.raises(ValueError, match="no kind as tokens"):
+        ReadOut(model.config.d_self).value_tokens("Ada")
+
+
+def test_a_run_with_a_token_read_out_keeps_resumes_and_reports_it(config: TrainConfig, cache: Path, tmp_path: Path) -> None:
+    config = replace(config, steps=2, readout_tokens=True, write_stage_steps=1, write_stage_batch=3, eval_every=1)
+    run = train(config, progress=False, cache_dir=cache)
+    kept = load_file(str(run / "last" / READOUT_FILE))
+    assert {f"spell.{kind}.weight" for kind in facts.OPEN_KINDS} <= set(kept)
+    assert not any(key.startswith(("heads.name", "heads.city")) for key in kept)
+    records = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    assert 0.0 <= records[0]["heldout_readout"]["readout_open"] <= 1.0  # the write stage's held-out names and cities
+    model, _ = build_model(config, cache)
+    again = ReadOut.saved(run / "last" / READOUT_FILE, model)
+    assert again.tokens and torch.equal(again.spell["name"].weight, kept["spell.name.weight"])
+    assert not ReadOut.saved(_classifier_read_out(tmp_path, model), model).tokens
+    assert train(replace(config, steps=3), progress=False, cache_dir=cache) == run  # resumes with its read-out
+    with pytest.raises(ValueError, match="readout_tokens"):
+        train(replace(config, steps=4, readout_tokens=False), progress=False, cache_dir=cache)
+
+
+def _classifier_read_out(tmp_path: Path, model: LlamaModel) -> Path:
+    path = tmp_path / "classifier.safetensors"
+    save_file(ReadOut(model.config.d_self).state_dict(), str(path))
+    return path
 
 
 def test_min_between_keeps_shallow_depths_in_a_deep_stage(config: TrainConfig, cache: Path) -> None:

@@ -26,7 +26,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -151,6 +151,10 @@ class TrainConfig:
     # at a deep turn, where only the longer episodes still play); a number in (0, 1], by running moments of the
     # states moved by that share at every turn (ReadOut)
     readout_momentum: float | None = None
+    # the read-out names the open kinds' values (names, cities) by their tokens, scored against the backbone's token
+    # embeddings, instead of classifying them among the training values (ReadOut): what teaches the write to carry
+    # values it never saw in training
+    readout_tokens: bool = False
     distill_weight: float = 1.0
     # whom the distillation matches on an ordinary turn: "transcript" (the base model reading the whole conversation)
     # or "base" (the base model reading the same turn: language as it was, the measure of reply perplexity)
@@ -231,6 +235,8 @@ class TrainConfig:
             or not 0 < self.readout_momentum <= 1
         ):
             raise ValueError(f"readout_momentum must be a number in (0, 1] or null; got {self.readout_momentum!r}")
+        if not isinstance(self.readout_tokens, bool):
+            raise ValueError(f"readout_tokens must be true or false; got {self.readout_tokens!r}")
         if self.distill_teacher not in ("transcript", "base"):
             raise ValueError(f"distill_teacher must be transcript or base; got {self.distill_teacher!r}")
         if self.precision not in ("auto", "bf16", "fp32"):
@@ -268,19 +274,53 @@ class ReadOut(nn.Module):
     null, across the rows of each call (the shipped recipe): a turn at which few episodes of the batch are still
     playing then gives a noisy standardisation, one episode alone a zero input, and the write no signal. With a
     momentum, by running first and second moments of the states, moved by that share at every training call: one
-    row is read as well as many."""
+    row is read as well as many.
 
-    def __init__(self, d_self: int, momentum: float | None = None) -> None:
+    With ``model`` (the backbone), the open kinds (names, cities) are read as tokens instead: a linear map of the state
+    into the backbone's embedding space, scored against every token's embedding (frozen), should name each token of
+    the value. A classifier over the training names teaches the write to tell those names apart, which no held-out
+    name is; naming tokens teaches it to carry whatever a user said, in the form the read can give back."""
+
+    def __init__(self, d_self: int, momentum: float | None = None, model: LlamaModel | None = None) -> None:
         super().__init__()
         if momentum is not None and not 0 < momentum <= 1:
             raise ValueError(f"the read-out's momentum must be in (0, 1] or None; got {momentum}")
-        self.heads = nn.ModuleDict({kind: nn.Linear(d_self, len(facts.values(kind, "train"))) for kind in facts.KINDS})
-        self.index = {kind: {v: i for i, v in enumerate(facts.values(kind, "train"))} for kind in facts.KINDS}
+        classified = facts.KINDS if model is None else facts.CLOSED_KINDS
+        self.heads = nn.ModuleDict({kind: nn.Linear(d_self, len(facts.values(kind, "train"))) for kind in classified})
+        self.index = {kind: {v: i for i, v in enumerate(facts.values(kind, "train"))} for kind in classified}
+        self.spell = nn.ModuleDict()
+        self.vocab: Tensor | None
+        self.register_buffer("vocab", None if model is None else model.wte.weight.detach(), persistent=False)  # not a copy
+        self.encode: Callable[[str], list[int]] | None = None
+        if model is not None:
+            tok = model.tokenizer
+            assert isinstance(tok, ChatTokenizer)
+            self.spell = nn.ModuleDict({kind: nn.Linear(d_self, model.config.n_embd) for kind in facts.OPEN_KINDS})
+            self.encode = tok.encode
         self.momentum = momentum
         self.moments: Tensor
         self.updates: Tensor
         self.register_buffer("moments", torch.zeros(2, d_self))  # running mean of s and of s², per feature
         self.register_buffer("updates", torch.zeros((), dtype=torch.long))  # 0: no running moments (standardise per call)
+
+    @property
+    def tokens(self) -> bool:
+        """Whether the open kinds are read as tokens."""
+        return len(self.spell) > 0
+
+    def value_tokens(self, value: str) -> list[int]:
+        """The tokens of ``value`` as an answer spells it (after a space)."""
+        if self.encode is None:
+            raise ValueError("this read-out reads no kind as tokens")
+        return self.encode(f" {value}")
+
+    @classmethod
+    def saved(cls, path: str | Path, model: LlamaModel) -> ReadOut:
+        """The read-out saved at ``path`` for ``model``, reading the open kinds as it was trained to."""
+        spelt = any(key.startswith("spell.") for key in load_file(str(path)))
+        readout = cls(model.config.d_self, model=model if spelt else None)
+        readout.load(path)
+        return readout
 
     def standardise(self, s: Tensor, update: bool = False) -> Tensor:
         """s (N, d_s) standardised per feature: by the running moments where there are any (moved first, with
@@ -299,13 +339,27 @@ class ReadOut(nn.Module):
     def loss(self, s: Tensor, stated: list[facts.Fact], update: bool = False) -> tuple[Tensor, float]:
         """s (N, d_s): row i should name stated[i]'s value; mean cross-entropy over rows, and the share named right.
         ``update``: a training call, which moves the running moments (with a momentum). The rows of one kind are
-        read together and the share is counted on the device: one host read per call, not one per row."""
+        read together and the share is counted on the device: one host read per call, not one per row. A kind read
+        as tokens scores each row by the mean cross-entropy of its value's tokens, and names it right where the
+        top token is one of them."""
         s = self.standardise(s, update)
         total, right = s.new_zeros(()), s.new_zeros((), dtype=torch.long)
         for kind in dict.fromkeys(fact.kind for fact in stated):
             rows = [i for i, fact in enumerate(stated) if fact.kind == kind]
+            picked = s[torch.tensor(rows, device=s.device)]
+            if kind in self.spell:
+                assert self.vocab is not None
+                logits = self.spell[kind](picked) @ self.vocab.to(picked.dtype).T  # (rows, V)
+                spelt = [self.value_tokens(stated[i].value) for i in rows]
+                owner = torch.tensor([r for r, ids in enumerate(spelt) for _ in ids], device=s.device)
+                ids = torch.tensor([t for ids in spelt for t in ids], device=s.device)
+                weight = torch.tensor([1 / len(ids) for ids in spelt for _ in ids], device=s.device)
+                total = total + (F.cross_entropy(logits[owner], ids, reduction="none") * weight).sum()
+                top = logits.argmax(-1)
+                right = right + torch.zeros_like(top).index_add_(0, owner, (top[owner] == ids).long()).clamp_max(1).sum()
+                continue
             targets = torch.tensor([self.index[kind][stated[i].value] for i in rows], device=s.device)
-            logits = self.heads[kind](s[torch.tensor(rows, device=s.device)])
+            logits = self.heads[kind](picked)
             total = total + F.cross_entropy(logits, targets, reduction="sum")
             right = right + (logits.argmax(-1) == targets).sum()
         return total / len(stated), int(right) / len(stated)
@@ -313,6 +367,10 @@ class ReadOut(nn.Module):
     def load(self, path: str | Path) -> None:
         """The read-out saved at ``path``; one saved before running moments existed standardises per call."""
         tensors = load_file(str(path))
+        spelt = any(key.startswith("spell.") for key in tensors)
+        if spelt != self.tokens:
+            how = "as tokens" if spelt else "by classifiers over the training values"
+            raise ValueError(f"the read-out at {path} reads the open kinds {how}; this one does not (readout_tokens)")
         if "moments" not in tensors:
             tensors = {**tensors, "moments": torch.zeros_like(self.moments), "updates": torch.zeros_like(self.updates)}
         self.load_state_dict(tensors)
@@ -653,14 +711,20 @@ def heldout_set(model: LlamaModel, n: int, between: int, seed: int = 1) -> tuple
 @torch.no_grad()
 def heldout_readout(model: LlamaModel, readout: ReadOut, n: int, dynamics: Dynamics, between: int = 0) -> dict[str, float]:
     """The training read-out's accuracy on held-out statements of colour, pet and hobby (values it has seen, wordings
-    it has not), from the state ``between`` unrelated turns after the statement turn; chance is 1/6."""
-    episodes = facts.episodes("heldout", n, 2, between=between, kinds=("colour", "pet", "hobby"))
-    contexts = persona_contexts(model, n)
-    carry = unroll_states(model, episodes, contexts, dynamics)
-    said = [f for e in episodes for f in e.facts]
-    owners = torch.tensor([b for b, e in enumerate(episodes) for _ in e.facts], device=model.device)
-    _, right = readout.loss(carry.self_state[owners], said)
-    return {"readout": right}
+    it has not), from the state ``between`` unrelated turns after the statement turn; chance is 1/6. A read-out of
+    tokens also names held-out names and cities (values never trained on): ``readout_open``."""
+
+    def named(kinds: tuple[str, ...]) -> float:
+        episodes = facts.episodes("heldout", n, 2, between=between, kinds=kinds)
+        carry = unroll_states(model, episodes, persona_contexts(model, n), dynamics)
+        said = [f for e in episodes for f in e.facts]
+        owners = torch.tensor([b for b, e in enumerate(episodes) for _ in e.facts], device=model.device)
+        return readout.loss(carry.self_state[owners], said)[1]
+
+    figures = {"readout": named(("colour", "pet", "hobby"))}
+    if readout.tokens:
+        figures["readout_open"] = named(facts.OPEN_KINDS)
+    return figures
 
 
 def heldout_recall(model: LlamaModel, n: int, between: int, dynamics: Dynamics) -> dict[str, float]:
@@ -785,7 +849,7 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
     model, ref = build_model(config, cache_dir)
     model.to(device).train()
     torch.manual_seed(config.seed)  # the read-out's initial weights
-    readout = ReadOut(model.config.d_self, config.readout_momentum).to(device)
+    readout = ReadOut(model.config.d_self, config.readout_momentum, model if config.readout_tokens else None).to(device)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     gates = [p for n, p in named if n.endswith(GATE_PARAMETERS)]
     read = [p for n, p in named if _is_read(n)]
