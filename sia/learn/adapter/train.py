@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -317,7 +318,8 @@ class ReadOut(nn.Module):
     @classmethod
     def saved(cls, path: str | Path, model: LlamaModel) -> ReadOut:
         """The read-out saved at ``path`` for ``model``, reading the open kinds as it was trained to."""
-        spelt = any(key.startswith("spell.") for key in load_file(str(path)))
+        with safe_open(str(path), framework="pt") as f:  # the names alone; load() reads the tensors
+            spelt = any(key.startswith("spell.") for key in f.keys())  # noqa: SIM118 (safe_open is not iterable)
         readout = cls(model.config.d_self, model=model if spelt else None)
         readout.load(path)
         return readout
