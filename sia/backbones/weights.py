@@ -381,6 +381,24 @@ def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def write_random_weights(directory: str | Path, *, seed: int = 0, std: float = 0.02) -> Path:
+    """Give the HF LLaMA directory's config random float32 weights in ``model.safetensors`` (normal with ``std``;
+    the norms' weights one): the model's shape and cost without its values, for timing on a machine the real
+    weights cannot reach. The directory must hold config.json (a tokenizer beside it, to build a model) and no
+    weights yet."""
+    directory = Path(directory)
+    config = _config(directory)
+    if any(directory.glob("*.safetensors")):
+        raise ValueError(f"{directory} already holds weights; random ones go beside a config.json alone")
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {
+        name: (torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=generator) * std).numpy()
+        for name, shape in _expected_shapes(config).items()
+    }
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt", "source": "random"})
+    return directory
+
+
 def _weight_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():

@@ -851,6 +851,37 @@ def test_a_recipe_judged_over_seeds_trains_exports_and_measures_each_run(
     assert again["summary"] == result["summary"]
 
 
+def test_training_throughput_times_each_batch_size_over_the_base_or_random_weights_of_its_shapes(
+    config: TrainConfig, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import train_throughput
+    from sia.backbones.weights import resolve_base
+
+    recipe, out = tmp_path / "recipe.json", tmp_path / "throughput.json"
+    config.to_file(recipe)
+    argv = ["--config", str(recipe), "--steps", "2", "--warmup", "1", "--between", "2", "--cache", str(cache), "--out", str(out)]
+    train_throughput.main([*argv, "--batches", "1", "3"])
+    result = json.loads(out.read_text())
+    assert [r["batch"] for r in result["rows"]] == [1, 3]
+    assert result["stage"].startswith("1-2 unrelated turns") and result["precision"] == "float32"
+    for r in result["rows"]:
+        assert len(r["seconds_each"]) == 2 and min(r["seconds_each"]) > 0
+        assert r["seconds_per_step"] == pytest.approx(sum(r["seconds_each"]) / 2)
+        assert r["episodes_per_min"] == pytest.approx(60 * r["batch"] / r["seconds_per_step"])
+    assert "| 3 |" in capsys.readouterr().out
+
+    shaped = tmp_path / "shaped"  # the base's config and tokenizer alone: random weights of its shapes fill it
+    shaped.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (shaped / name).write_bytes((resolve_base(Path(str(config.base)), cache) / name).read_bytes())
+    train_throughput.main([*argv, "--batches", "2", "--base", str(shaped), "--random-weights"])
+    result = json.loads(out.read_text())
+    assert (shaped / "model.safetensors").is_file() and result["base"].startswith("random weights")
+    assert [r["batch"] for r in result["rows"]] == [2]
+    with pytest.raises(SystemExit):
+        train_throughput.main([*argv, "--random-weights"])
+
+
 def test_a_recipe_sweep_stops_at_a_failed_run_and_names_its_log(config: TrainConfig, cache: Path, tmp_path: Path) -> None:
     from benchmarks import recipe_seeds
 

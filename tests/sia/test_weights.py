@@ -328,3 +328,25 @@ def test_smollm2_answers_through_transformers(smollm2_dir: Path) -> None:
     ids, _ = tokenizer.turn_prompt("What is the capital of France?", tokenizer.system_prompt("You are concise."))
     out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, len(ids) :].tolist())
+
+
+def test_random_weights_fill_a_config_with_the_models_shapes(make_tiny_gguf: MakeGGUF, tmp_path: Path) -> None:
+    hf = gguf_to_hf(make_tiny_gguf(tied=True).path, tmp_path / "hf")
+    shaped = tmp_path / "random"
+    shaped.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (shaped / name).write_bytes((hf / name).read_bytes())
+
+    weights.write_random_weights(shaped, seed=3)
+    config, tensors = read_hf(shaped)
+    _, real = read_hf(hf)
+
+    assert config == read_hf(hf)[0]
+    assert {k: v.shape for k, v in tensors.items()} == {k: v.shape for k, v in real.items()}
+    assert torch.equal(tensors["model.norm.weight"], torch.ones(WIDTH))
+    embed = tensors["model.embed_tokens.weight"]
+    assert 0.015 < float(embed.std()) < 0.025 and not torch.equal(embed, real["model.embed_tokens.weight"])
+    with pytest.raises(ValueError, match="already holds weights"):
+        weights.write_random_weights(shaped)
+    with pytest.raises(ValueError, match=r"no config\.json"):
+        weights.write_random_weights(tmp_path / "nowhere")
