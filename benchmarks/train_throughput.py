@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "base": "random weights of the base's shapes" if args.random_weights else (config.base or "bundled"),
         "steps": args.steps,
         "warmup": args.warmup,
-        "machine": machine_info(config.threads),
+        "machine": machine_info(torch.get_num_threads()),
         "rows": [],
     }
     out = args.out or RESULTS / "train_throughput.json"

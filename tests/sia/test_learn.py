@@ -882,6 +882,30 @@ def test_training_throughput_times_each_batch_size_over_the_base_or_random_weigh
         train_throughput.main([*argv, "--random-weights"])
 
 
+def test_recall_misses_ranks_every_probe_and_agrees_with_the_evals_recall(
+    config: TrainConfig, cache: Path, tmp_path: Path
+) -> None:
+    """benchmarks.recall_misses reads the eval's own episodes: its share of probes whose truth ranks first is
+    recall_at's per-fact recall through the state, to the probe."""
+    from benchmarks import recall_misses
+    from sia.learn.adapter.evaluate import CLOSED_TRIO, EvalOptions, recall_at
+
+    model = build_model(config, cache)[0].eval()
+    dynamics = Dynamics.from_config(model.config)
+    result = recall_misses.misses(model, 1, 3, dynamics)
+    options = EvalOptions(episodes=3, depths=(1,), target_depth=1)
+    with torch.no_grad():
+        recall, _, _ = recall_at(model, 1, CLOSED_TRIO, options, dynamics, ("state",))
+    assert result["per_fact"] == pytest.approx(recall["state"]["per_fact"])
+    assert len(result["probes"]) == 9 and {p["kind"] for p in result["probes"]} == set(CLOSED_TRIO)
+    for kind, k in result["kinds"].items():
+        rows = [p for p in result["probes"] if p["kind"] == kind]
+        assert all(1 <= p["rank"] <= k["values"] for p in rows) and k["probes"] == 3
+        assert all((p["rank"] == 1) == (p["named"] == p["true"]) for p in rows)
+        assert k["right"] + len(k["misses"]) == 3 and sum(k["named"].values()) == 3
+        assert recall["state"]["by_kind"][kind] == pytest.approx(k["right"] / 3)
+
+
 def test_a_recipe_sweep_stops_at_a_failed_run_and_names_its_log(config: TrainConfig, cache: Path, tmp_path: Path) -> None:
     from benchmarks import recipe_seeds
 
