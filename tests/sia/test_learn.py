@@ -760,6 +760,44 @@ def test_distilling_from_the_base_model_matches_the_same_turn_read_with_a_fresh_
         replace(config, distill_teacher="teacher")
 
 
+def test_the_ranking_term_adds_a_cross_entropy_among_the_kinds_values_where_the_value_begins(
+    config: TrainConfig, cache: Path
+) -> None:
+    """``rank_weight``: the answer gains that weight times the mean, over probes, of a cross-entropy among the first
+    tokens of the kind's values at the position where the reply's value begins, read from the same state."""
+    config = replace(config, freeze_write=True, write_warmup=None, curriculum=[[0, 1]], state_pool=2, distill_every=1)
+    model, _ = build_model(config, cache)
+    open_read(model, seed=4)
+    dynamics = Dynamics.from_config(model.config)
+    model.eval()
+    pool = build_pool(config, model, dynamics, chunk=2)
+    picks, batch = pool_batch(config, pool, step=3)
+    with torch.no_grad():
+        plain = pool_losses(model, pool, picks, batch, config, dynamics)["answer"]
+        ranked = [pool_losses(model, pool, picks, batch, replace(config, rank_weight=w), dynamics)["answer"] for w in (1.0, 2.5)]
+        tok = model.tokenizer
+        terms = []
+        for i, ex in zip(picks, batch, strict=True):
+            for probe in (ex.episode.probes[j] for j in ex.asked):
+                turn = render_turn(tok, ex.context, probe.question, probe.reply)
+                head = len(tok.encode(probe.reply_prefix))
+                at = turn.reply[0] + head
+                firsts = []
+                for value in facts.values(probe.kind, ex.episode.split):
+                    token = tok.encode(f"{probe.reply_prefix} {value}")[head]
+                    firsts += [] if token in firsts else [token]
+                assert turn.tokens[at] in firsts
+                logits = probe_logits(model, pool.final.take([i]), [turn.tokens])[0]
+                among = logits[at - 1].float()[firsts]
+                terms.append(float(torch.logsumexp(among, 0) - among[firsts.index(turn.tokens[at])]))
+    expected = sum(terms) / len(terms)
+    assert expected > 0
+    assert float(ranked[0] - plain) == pytest.approx(expected, rel=1e-4)
+    assert float(ranked[1] - plain) == pytest.approx(2.5 * expected, rel=1e-4)
+    with pytest.raises(ValueError, match="loss weights"):
+        replace(config, rank_weight=-1.0)
+
+
 def test_a_state_pool_holds_the_states_its_episodes_leave_and_trains_the_read_alone(
     config: TrainConfig, cache: Path, built: list[LlamaModel]
 ) -> None:

@@ -7,7 +7,8 @@ identities, exactly as the service would (sia.learn.adapter.unroll), then asks a
 
 Loss, per step:
 - answer: cross-entropy of each probe's reply, the value's tokens weighted ``value_weight``, under the final state
-  and with nothing of the conversation in context;
+  and with nothing of the conversation in context; with ``rank_weight`` > 0 plus that weight times a cross-entropy
+  over the kind's values alone where the value begins (their first tokens: the margin the eval's ranking needs);
 - read-out: after every turn from the statement on, a linear classifier per fact kind must name each stated value
   from the self state alone (against state collapse: it gives the write a gradient from step 0);
 - distillation: on one ordinary turn per episode, KL(teacher || student) over the reply, the teacher being the
@@ -147,6 +148,9 @@ class TrainConfig:
     probes_per_episode: int = 1  # questions asked per episode each step (read-out covers every fact anyway)
     distill_every: int = 4  # distil from the transcript teacher every N steps (its transcript forward is the dearest part)
     value_weight: float = 3.0
+    # the answer's ranking term: a cross-entropy among the first tokens of the kind's values (facts.values) where the
+    # value begins, added to the answer with this weight; 0: off. Held-out misses mostly rank the truth second
+    rank_weight: float = 0.0
     readout_weight: float = 1.0
     # how the read-out standardises the states it names facts from: null, across each turn's rows of the batch (few
     # at a deep turn, where only the longer episodes still play); a number in (0, 1], by running moments of the
@@ -191,6 +195,7 @@ class TrainConfig:
         if (
             min(
                 self.value_weight,
+                self.rank_weight,
                 self.readout_weight,
                 self.distill_weight,
                 self.warmup_steps,
@@ -506,15 +511,19 @@ def _shielded(config: TrainConfig, step: int) -> bool:
 
 
 def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: TrainConfig) -> tuple[Tensor, Tensor]:
-    """The probes' reply cross-entropy (value tokens weighted ``value_weight``), and the share of probes whose value's
-    first token is the model's most likely next token there (the training-side twin of held-out recall)."""
+    """The probes' reply cross-entropy (value tokens weighted ``value_weight``; with ``rank_weight``, plus the
+    ranking term among the kind's values), and the share of probes whose value's first token is the model's most
+    likely next token there (the training-side twin of held-out recall)."""
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
-    rows, owners, spans, asking = [], [], [], []
+    rows, owners, spans, asking, choices = [], [], [], [], []
     for b, ex in enumerate(batch):
         for probe in (ex.episode.probes[j] for j in ex.asked):
             turn = render_turn(tok, ex.context, probe.question, probe.reply)
             head = len(tok.encode(probe.reply_prefix))
+            if config.rank_weight > 0:
+                values = facts.values(probe.kind, ex.episode.split)
+                choices.append(_value_choices(tok, probe.reply_prefix, values, turn.tokens[turn.reply[0] + head]))
             rows.append(turn.tokens)
             asking.append(len(turn.tokens) - turn.message[0])  # the question and the reply: what is differentiated
             owners.append(b)
@@ -529,6 +538,7 @@ def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: 
     tail = max(len(r) - sp[0] + 1 for r, sp in zip(rows, spans, strict=True))
     logits = probe_logits(model, carry.take(owners), rows, tail=tail, grad_tail=max(tail, *asking))
     total, weight, named = logits.new_zeros((), dtype=torch.float32), 0.0, 0
+    ranking = logits.new_zeros((), dtype=torch.float32)
     for i, (row, (a, e, va, ve)) in enumerate(zip(rows, spans, strict=True)):
         target = torch.tensor(row[a:e], device=logits.device)
         predicted = span(logits[i], len(row), a, e).float()  # (n, V)
@@ -538,7 +548,23 @@ def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: 
         total = total + (ce * w).sum()
         weight += float(w.sum())
         named += int(int(predicted[va - a].argmax()) == row[va])
-    return total / weight, total.new_tensor(named / len(rows))
+        if choices:
+            ids, truth = choices[i]
+            among = predicted[va - a][torch.tensor(ids, device=logits.device)]  # (values,)
+            ranking = ranking + F.cross_entropy(among.unsqueeze(0), torch.tensor([truth], device=logits.device))
+    answer = total / weight + config.rank_weight * ranking / len(rows)
+    return answer, total.new_tensor(named / len(rows))
+
+
+def _value_choices(tok: ChatTokenizer, prefix: str, values: Sequence[str], true_id: int) -> tuple[list[int], int]:
+    """The distinct tokens each of ``values`` begins with after the reply's ``prefix``, and the index among them of
+    ``true_id``, the token the reply's own value begins with (added where no value's encoding began so)."""
+    head = len(tok.encode(prefix))
+    firsts = (tok.encode(f"{prefix} {value}") for value in values)
+    ids = list(dict.fromkeys(enc[head] for enc in firsts if len(enc) > head))
+    if true_id not in ids:
+        ids.append(true_id)
+    return ids, ids.index(true_id)
 
 
 def _distill(model: LlamaModel, examples: list[Example], turns: list[Any], student: Tensor, base: bool = False) -> Tensor:
