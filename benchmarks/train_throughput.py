@@ -1,8 +1,8 @@
 """Adapter training throughput by batch size: seconds a step, steps and episodes a minute, peak memory.
 
-On a GPU a training step of the adapter is bound by kernel launches, not arithmetic (one H100 ran six runs of the
-shipped batch size at once, each as fast as one alone), so a bigger batch should cost little more time a step: this
-measures how much. Each batch size trains ``--steps`` steps of the config's recipe in its unrelated-turn stage
+What a bigger batch costs a step, and so what a device is worth for training: on one H100 (bf16) a step of the
+2-4-turn stage took 7.4 s at batch 6 and 23.6 s at 96 (docs/model.md), so the batch buys episodes a minute, not
+steps. Each batch size trains ``--steps`` steps of the config's recipe in its unrelated-turn stage
 (``--between``: 2 to 4 unrelated turns by default, every fact asked), after ``--warmup`` steps that are not timed, on
 a model whose adapter starts fresh; the batches are the recipe's own for steps 0, 1, ... at each size.
 
