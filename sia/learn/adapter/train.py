@@ -523,7 +523,7 @@ def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: 
             head = len(tok.encode(probe.reply_prefix))
             if config.rank_weight > 0:
                 values = facts.values(probe.kind, ex.episode.split)
-                choices.append(_value_choices(tok, probe.reply_prefix, values, turn.tokens[turn.reply[0] + head]))
+                choices.append(_value_choices(tok, probe.reply_prefix, head, values, turn.tokens[turn.reply[0] + head]))
             rows.append(turn.tokens)
             asking.append(len(turn.tokens) - turn.message[0])  # the question and the reply: what is differentiated
             owners.append(b)
@@ -556,10 +556,10 @@ def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: 
     return answer, total.new_tensor(named / len(rows))
 
 
-def _value_choices(tok: ChatTokenizer, prefix: str, values: Sequence[str], true_id: int) -> tuple[list[int], int]:
-    """The distinct tokens each of ``values`` begins with after the reply's ``prefix``, and the index among them of
-    ``true_id``, the token the reply's own value begins with (added where no value's encoding began so)."""
-    head = len(tok.encode(prefix))
+def _value_choices(tok: ChatTokenizer, prefix: str, head: int, values: Sequence[str], true_id: int) -> tuple[list[int], int]:
+    """The distinct tokens each of ``values`` begins with after the reply's ``prefix`` (``head`` tokens), and the
+    index among them of ``true_id``, the token the reply's own value begins with (added where no value's encoding
+    began so)."""
     firsts = (tok.encode(f"{prefix} {value}") for value in values)
     ids = list(dict.fromkeys(enc[head] for enc in firsts if len(enc) > head))
     if true_id not in ids:
