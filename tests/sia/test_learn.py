@@ -798,6 +798,39 @@ def test_the_ranking_term_adds_a_cross_entropy_among_the_kinds_values_where_the_
         replace(config, rank_weight=-1.0)
 
 
+def test_the_ranking_term_can_reach_the_write_while_the_reply_stays_shielded(config: TrainConfig, cache: Path) -> None:
+    """``rank_to_write``: the ranking term, computed in a pass of its own cut before the value, is the same figure
+    as the one read with the reply; its gradient reaches the write, which the answer alone does not while the read is
+    shielded (``write_warmup: null``); it needs a ranking term to send."""
+    config = replace(config, write_warmup=None, curriculum=[[0, 1]], readout_weight=0.0, distill_every=1000, rank_weight=1.0)
+    torch.manual_seed(0)
+    model, _ = build_model(config, cache)
+    open_read(model, seed=5)
+    model.eval()  # the write's running statistics stay put, so both passes read the same states
+    dynamics = Dynamics.from_config(model.config)
+    readout = ReadOut(model.config.d_self)
+    batch = [replace(ex, distill_at=-1) for ex in sample_batch(config, model, 1)]
+    assert any(ex.asked for ex in batch)
+    write = [p for n, p in model.named_parameters() if n.startswith(("memory", "pool", "self_update")) and p.requires_grad]
+    assert write
+
+    def write_grad(cfg: TrainConfig) -> tuple[float, float]:
+        model.zero_grad()
+        answer = episode_losses(model, readout, batch, cfg, dynamics)["answer"]
+        answer.backward()  # type: ignore[no-untyped-call]
+        return float(answer), sum(float(p.grad.abs().sum()) for p in write if p.grad is not None)
+
+    shielded_answer, shielded = write_grad(config)
+    reaching_answer, reaching = write_grad(replace(config, rank_to_write=True))
+    assert shielded == 0.0
+    assert reaching > 0.0
+    assert reaching_answer == pytest.approx(shielded_answer, rel=1e-4)  # the same loss, only its gradient differs
+    with pytest.raises(ValueError, match="rank_to_write"):
+        replace(config, rank_weight=0.0, rank_to_write=True)
+    with pytest.raises(ValueError, match="state pool"):
+        replace(config, rank_to_write=True, state_pool=4, freeze_write=True)
+
+
 def test_a_state_pool_holds_the_states_its_episodes_leave_and_trains_the_read_alone(
     config: TrainConfig, cache: Path, built: list[LlamaModel]
 ) -> None:

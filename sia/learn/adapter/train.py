@@ -151,6 +151,10 @@ class TrainConfig:
     # the answer's ranking term: a cross-entropy among the first tokens of the kind's values (facts.values) where the
     # value begins, added to the answer with this weight; 0: off. Held-out misses mostly rank the truth second
     rank_weight: float = 0.0
+    # the ranking term reads the state undetached, in a probe pass of its own that stops at the value's first token:
+    # the write learns from the read's ranking of the kind's values as well as from the read-out (the reply's
+    # cross-entropy and the distillation still stop at the state while the read is shielded; needs rank_weight > 0)
+    rank_to_write: bool = False
     readout_weight: float = 1.0
     # how the read-out standardises the states it names facts from: null, across each turn's rows of the batch (few
     # at a deep turn, where only the longer episodes still play); a number in (0, 1], by running moments of the
@@ -241,6 +245,10 @@ class TrainConfig:
             or not 0 < self.readout_momentum <= 1
         ):
             raise ValueError(f"readout_momentum must be a number in (0, 1] or null; got {self.readout_momentum!r}")
+        if not isinstance(self.rank_to_write, bool) or (self.rank_to_write and not self.rank_weight > 0):
+            raise ValueError(f"rank_to_write must be true or false, and true needs rank_weight > 0; got {self.rank_to_write!r}")
+        if self.rank_to_write and self.state_pool is not None:
+            raise ValueError("rank_to_write trains the write through the ranking term; a state pool's write does not train")
         if not isinstance(self.readout_tokens, bool):
             raise ValueError(f"readout_tokens must be true or false; got {self.readout_tokens!r}")
         if self.distill_teacher not in ("transcript", "base"):
@@ -490,7 +498,10 @@ def episode_losses(
             readout_right.append(right)
     reading = carry if not shielded else Carry(carry.self_state.detach(), carry.trace, carry.shock)
     zero = carry.self_state.new_zeros((), dtype=torch.float32)
-    answer, named_value = _answer_loss(model, reading, batch, config) if any(ex.asked for ex in batch) else (zero, zero)
+    asked = any(ex.asked for ex in batch)
+    answer, named_value = _answer_loss(model, reading, batch, config, ranked=not config.rank_to_write) if asked else (zero, zero)
+    if asked and config.rank_to_write:
+        answer = answer + config.rank_weight * _ranking_loss(model, carry, batch)
     readout_loss = torch.stack(readout_terms).mean() if readout_terms else zero
     distill = torch.stack(distill_terms).mean() if distill_terms else zero
     spread = carry.self_state.detach().float().std(0).mean()  # how much the final states differ between users
@@ -510,10 +521,12 @@ def _shielded(config: TrainConfig, step: int) -> bool:
     return config.write_warmup is None or step < config.write_warmup
 
 
-def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: TrainConfig) -> tuple[Tensor, Tensor]:
-    """The probes' reply cross-entropy (value tokens weighted ``value_weight``; with ``rank_weight``, plus the
-    ranking term among the kind's values), and the share of probes whose value's first token is the model's most
-    likely next token there (the training-side twin of held-out recall)."""
+def _answer_loss(
+    model: LlamaModel, carry: Carry, batch: list[Example], config: TrainConfig, ranked: bool = True
+) -> tuple[Tensor, Tensor]:
+    """The probes' reply cross-entropy (value tokens weighted ``value_weight``; with ``rank_weight`` and ``ranked``,
+    plus the ranking term among the kind's values), and the share of probes whose value's first token is the model's
+    most likely next token there (the training-side twin of held-out recall)."""
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
     rows, owners, spans, asking, choices = [], [], [], [], []
@@ -521,7 +534,7 @@ def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: 
         for probe in (ex.episode.probes[j] for j in ex.asked):
             turn = render_turn(tok, ex.context, probe.question, probe.reply)
             head = len(tok.encode(probe.reply_prefix))
-            if config.rank_weight > 0:
+            if ranked and config.rank_weight > 0:
                 values = facts.values(probe.kind, ex.episode.split)
                 choices.append(_value_choices(tok, probe.reply_prefix, head, values, turn.tokens[turn.reply[0] + head]))
             rows.append(turn.tokens)
@@ -554,6 +567,30 @@ def _answer_loss(model: LlamaModel, carry: Carry, batch: list[Example], config: 
             ranking = ranking + F.cross_entropy(among.unsqueeze(0), torch.tensor([truth], device=logits.device))
     answer = total / weight + config.rank_weight * ranking / len(rows)
     return answer, total.new_tensor(named / len(rows))
+
+
+def _ranking_loss(model: LlamaModel, carry: Carry, batch: list[Example]) -> Tensor:
+    """The ranking term alone (``rank_to_write``): each probe's turn cut before its value, read under ``carry`` as
+    given (its gradient reaches whatever made the state), the cross-entropy among the first tokens of the kind's
+    values at the last position, averaged over the probes. The same figure as ``_answer_loss``'s term."""
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    rows, owners, asking, choices = [], [], [], []
+    for b, ex in enumerate(batch):
+        for probe in (ex.episode.probes[j] for j in ex.asked):
+            turn = render_turn(tok, ex.context, probe.question, probe.reply)
+            value_at = turn.reply[0] + len(tok.encode(probe.reply_prefix))
+            values = facts.values(probe.kind, ex.episode.split)
+            choices.append(_value_choices(tok, probe.reply_prefix, value_at - turn.reply[0], values, turn.tokens[value_at]))
+            rows.append(turn.tokens[:value_at])
+            asking.append(value_at - turn.message[0])
+            owners.append(b)
+    logits = probe_logits(model, carry.take(owners), rows, tail=1, grad_tail=max(asking))[:, -1].float()  # (probes, V)
+    ranking = logits.new_zeros(())
+    for i, (ids, truth) in enumerate(choices):
+        among = logits[i][torch.tensor(ids, device=logits.device)]
+        ranking = ranking + F.cross_entropy(among.unsqueeze(0), torch.tensor([truth], device=logits.device))
+    return ranking / len(rows)
 
 
 def _value_choices(tok: ChatTokenizer, prefix: str, head: int, values: Sequence[str], true_id: int) -> tuple[list[int], int]:
