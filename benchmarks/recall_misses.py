@@ -34,12 +34,12 @@ RESULTS = Path(__file__).parent / "results"
 
 @torch.no_grad()
 def misses(model: LlamaModel, between: int, episodes: int, dynamics: Dynamics) -> dict[str, Any]:
-    """Every probe of ``episodes`` held-out episodes (``sia eval``'s, at ``between`` unrelated turns) read through
-    the state after the last turn: the value ranked first and the true value's rank, and a summary per kind."""
+    """Every probe of ``episodes`` held-out episodes (``sia eval``'s, at ``between`` unrelated turns; at 0, which the
+    eval does not measure, drawn the same way) read through the state after the last turn: the value ranked first
+    and the true value's rank, and a summary per kind."""
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
-    options = EvalOptions(episodes=episodes, depths=(between,), target_depth=between)
-    played = facts.episodes("heldout", episodes, options.seed + between, between=between, kinds=tuple(CLOSED_TRIO))
+    played = facts.episodes("heldout", episodes, EvalOptions().seed + between, between=between, kinds=tuple(CLOSED_TRIO))
     contexts = persona_contexts(model, len(played))
     final = play(model, played, contexts, dynamics)[-1]
     probes = []
@@ -89,14 +89,14 @@ def table(result: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, default=Path("sia/checkpoints/smollm2"), help="an adapter checkpoint")
-    parser.add_argument("--between", type=int, default=4, help="unrelated turns between statement and questions")
+    parser.add_argument("--between", type=int, default=4, help="unrelated turns between statement and questions (0: none)")
     parser.add_argument("--episodes", type=int, default=32, help="held-out episodes (three facts each)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the base is dequantised")
     parser.add_argument("--out", type=Path, default=None, help="result JSON (default results/recall_misses.json)")
     args = parser.parse_args(argv)
-    if args.between < 1 or args.episodes < 1:
-        parser.error("--between and --episodes must be >= 1")
+    if args.between < 0 or args.episodes < 1:
+        parser.error("--between must be >= 0 (0: asked right after the statement) and --episodes >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.checkpoint, cache_dir=args.cache)

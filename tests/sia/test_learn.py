@@ -328,7 +328,7 @@ def test_scoring_candidates_is_scoring_each_reply_in_full(config: TrainConfig, c
     [
         ({"curriculum": [[5, 1], [10, 2]]}, "curriculum"),
         ({"curriculum": [[0, 2], [10, 0]]}, "curriculum"),
-        ({"min_between": 0}, "min_between"),
+        ({"min_between": -1}, "min_between"),
         ({"min_between": 1.5}, "min_between"),
         ({"precision": "fp16"}, "precision"),
         ({"value_weight": -1.0}, "weights"),
@@ -618,7 +618,8 @@ def _classifier_read_out(tmp_path: Path, model: LlamaModel) -> Path:
 
 
 def test_min_between_keeps_shallow_depths_in_a_deep_stage(config: TrainConfig, cache: Path) -> None:
-    """By default a stage of up to 6 unrelated turns plays 3 to 6; with min_between 1, every depth from 1 to 6."""
+    """By default a stage of up to 6 unrelated turns plays 3 to 6; with min_between 1, every depth from 1 to 6; with 0,
+    also questions asked right after the statement (the statement the episode's last turn)."""
     model, _ = build_model(config, cache)
 
     def depths(config: TrainConfig) -> set[int]:
@@ -627,6 +628,9 @@ def test_min_between_keeps_shallow_depths_in_a_deep_stage(config: TrainConfig, c
     deep = replace(config, curriculum=[[0, 6]], batch_size=4)
     assert depths(deep) == {3, 4, 5, 6}
     assert depths(replace(deep, min_between=1)) == set(range(1, 7))
+    assert depths(replace(deep, min_between=0)) == set(range(0, 7))
+    right_after = [ex for ex in sample_batch(replace(deep, min_between=0, batch_size=40), model, 0) if ex.episode.between == 0]
+    assert right_after and all(ex.episode.stated_at == len(ex.episode.turns) - 1 for ex in right_after)
     assert replace(deep, min_between=9).between_range(6) == (6, 6)  # never beyond the stage
 
 

@@ -139,7 +139,8 @@ class TrainConfig:
     slot_bias: float = 0.0  # where the slot's bias starts: open, so the read has a gradient
     curriculum: list[list[int]] = field(default_factory=lambda: [[0, 1], [200, 2], [400, 4], [700, 6]])  # [step, max turns]
     # the fewest unrelated turns an episode gets: null, half the stage's most (at least 1); a number, that many (at most
-    # the stage's most), so that shallower depths than the stage's keep being trained
+    # the stage's most), so that shallower depths than the stage's keep being trained; 0 includes questions asked
+    # right after the statement
     min_between: int | None = None
     # [[step, length], ...]: from each step on, the cosine decays as if the run had that many steps (null: steps);
     # a run lengthened or shortened while it trained, stated so that one command replays it
@@ -216,8 +217,10 @@ class TrainConfig:
             raise ValueError(f"curriculum must be [[0, turns], [step, turns], ...] with turns >= 1; got {stages}")
         if [s[0] for s in stages] != sorted(s[0] for s in stages):
             raise ValueError(f"curriculum steps must increase; got {stages}")
-        if self.min_between is not None and (not isinstance(self.min_between, int) or self.min_between < 1):
-            raise ValueError(f"min_between must be an integer >= 1 or null; got {self.min_between!r}")
+        if self.min_between is not None and (
+            isinstance(self.min_between, bool) or not isinstance(self.min_between, int) or self.min_between < 0
+        ):
+            raise ValueError(f"min_between must be an integer >= 0 or null; got {self.min_between!r}")
         spans = self.cosine_steps
         if spans is not None:
             if not spans or any(len(c) != 2 or c[1] <= self.warmup_steps for c in spans) or spans[0][0] != 0:
