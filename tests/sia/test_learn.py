@@ -407,11 +407,12 @@ def test_sia_eval_measures_a_tiny_model_end_to_end(config: TrainConfig, cache: P
         "heldout": {"per_fact": 0.2, "all": 0.0},
     }
     history.write_text(json.dumps(record) + "\n")
-    options = EvalOptions(episodes=2, depths=(1, 2), target_depth=1, conversations=2, read_shifts=(30.0, 0.0))
+    options = EvalOptions(episodes=2, depths=(0, 1), target_depth=1, conversations=2, read_shifts=(30.0, 0.0))
     figures = run_eval(tmp_path / "ckpt", tmp_path / "eval", options, history=history, cache_dir=cache)
     weakened, unshifted = figures["read_strength"]  # after a shift of 30 the slot biases came back: 0 is the main figure
     assert (weakened["shift"], unshifted["shift"]) == (30.0, 0.0)
-    assert unshifted["state"] == figures["recall"][0]["state"]
+    assert [f["depth"] for f in figures["recall"]] == [0, 1]  # 0: asked right after the statement
+    assert unshifted["state"] == figures["recall"][1]["state"]
     assert unshifted["perplexity_ratio"] == figures["perplexity"]["ratio"]
     assert weakened["perplexity_ratio"] != unshifted["perplexity_ratio"]  # the slots' weight is e^-30 of what it was
     assert "The read's strength" in (tmp_path / "eval" / "report.md").read_text()
@@ -424,7 +425,7 @@ def test_sia_eval_measures_a_tiny_model_end_to_end(config: TrainConfig, cache: P
     assert figures["perplexity"]["tokens"] > 0 and figures["perplexity"]["ratio"] > 0
     assert figures["history_kl"] > 0  # two users' states read differently (the slot values are open)
     assert figures["reset"]["fresh_vs_fresh"] == 0.0
-    assert [f["depth"] for f in figures["retention"]] == [0, 1, 2]  # right after the statement, then each depth
+    assert [f["depth"] for f in figures["retention"]] == [0, 1]  # right after the statement, then each depth
     assert all(0.0 <= f["readout"] <= 1.0 for f in figures["retention"])
     assert "Is it still in the state?" in (tmp_path / "eval" / "report.md").read_text()
     moved = figures["rewrites"]

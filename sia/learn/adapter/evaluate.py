@@ -60,7 +60,7 @@ TARGETS = {"per_fact": 0.90, "all_three": 0.75, "perplexity_ratio": 1.05, "open_
 @dataclass(frozen=True)
 class EvalOptions:
     episodes: int = 24  # held-out episodes per depth
-    depths: tuple[int, ...] = (1, 2, 4, 8)
+    depths: tuple[int, ...] = (0, 1, 2, 4, 8)  # 0: asked right after the statement
     target_depth: int = 4
     conversations: int = 60  # held-out dialogue conversations for perplexity
     seed: int = 100
@@ -71,8 +71,8 @@ class EvalOptions:
     def __post_init__(self) -> None:
         if self.episodes < 2:
             raise ValueError(f"episodes must be >= 2 (another user's state is the next episode's); got {self.episodes}")
-        if self.target_depth not in self.depths or min(self.depths) < 1:
-            raise ValueError(f"depths must be >= 1 and hold target_depth {self.target_depth}; got {self.depths}")
+        if self.target_depth not in self.depths or min(self.depths) < 0:
+            raise ValueError(f"depths must be >= 0 and hold target_depth {self.target_depth}; got {self.depths}")
         if self.conversations < 1 or self.chunk < 1:
             raise ValueError(f"conversations and chunk must be >= 1; got {self.conversations}, {self.chunk}")
 
@@ -259,7 +259,7 @@ def retention(model: LlamaModel, checkpoint: str | Path | None, options: EvalOpt
         return []
     readout = ReadOut.saved(path, model).to(model.device)
     n = 2 * options.episodes
-    return [{"depth": d, **heldout_readout(model, readout, n, dynamics, between=d)} for d in (0, *options.depths)]
+    return [{"depth": d, **heldout_readout(model, readout, n, dynamics, between=d)} for d in sorted({0, *options.depths})]
 
 
 def rewrites(states: Sequence[Carry], episodes: Sequence[facts.Episode], moved_by: float = 0.5) -> dict[str, Any]:
@@ -333,9 +333,9 @@ def plot_recall(by_depth: list[dict[str, Any]], path: Path) -> None:
         xlabel="unrelated turns between statement and question",
         ylabel="recall per fact",
         ylim=(0, 1),
-        xscale="log",
-        xticks=depths,
     )
+    ax.set_xscale("symlog", linthresh=1)  # logarithmic from 1 turn on, and 0 (right after the statement) beside it
+    ax.set_xticks(depths)
     ax.set_xticklabels([str(d) for d in depths])
     ax.legend()
     fig.tight_layout()
