@@ -34,9 +34,9 @@ RESULTS = Path(__file__).parent / "results"
 
 @torch.no_grad()
 def misses(model: LlamaModel, between: int, episodes: int, dynamics: Dynamics) -> dict[str, Any]:
-    """Every probe of ``episodes`` held-out episodes (``sia eval``'s, at ``between`` unrelated turns; at 0, which the
-    eval does not measure, drawn the same way) read through the state after the last turn: the value ranked first
-    and the true value's rank, and a summary per kind."""
+    """Every probe of ``episodes`` held-out episodes (``sia eval``'s, at ``between`` unrelated turns; 0: asked right
+    after the statement) read through the state after the last turn: the value ranked first and the true value's
+    rank, and a summary per kind."""
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
     played = facts.episodes("heldout", episodes, EvalOptions().seed + between, between=between, kinds=tuple(CLOSED_TRIO))
