@@ -54,6 +54,7 @@ from sia.identity.state import Dynamics
 from sia.learn.adapter import facts
 from sia.learn.adapter.unroll import (
     Carry,
+    Rendered,
     persona_contexts,
     probe_logits,
     render_turn,
@@ -538,8 +539,7 @@ def _answer_loss(
             turn = render_turn(tok, ex.context, probe.question, probe.reply)
             head = len(tok.encode(probe.reply_prefix))
             if ranked and config.rank_weight > 0:
-                values = facts.values(probe.kind, ex.episode.split)
-                choices.append(_value_choices(tok, probe.reply_prefix, head, values, turn.tokens[turn.reply[0] + head]))
+                choices.append(_value_choices(tok, ex, probe, turn, head))
             rows.append(turn.tokens)
             asking.append(len(turn.tokens) - turn.message[0])  # the question and the reply: what is differentiated
             owners.append(b)
@@ -554,7 +554,7 @@ def _answer_loss(
     tail = max(len(r) - sp[0] + 1 for r, sp in zip(rows, spans, strict=True))
     logits = probe_logits(model, carry.take(owners), rows, tail=tail, grad_tail=max(tail, *asking))
     total, weight, named = logits.new_zeros((), dtype=torch.float32), 0.0, 0
-    ranking = logits.new_zeros((), dtype=torch.float32)
+    at_value = []
     for i, (row, (a, e, va, ve)) in enumerate(zip(rows, spans, strict=True)):
         target = torch.tensor(row[a:e], device=logits.device)
         predicted = span(logits[i], len(row), a, e).float()  # (n, V)
@@ -564,11 +564,10 @@ def _answer_loss(
         total = total + (ce * w).sum()
         weight += float(w.sum())
         named += int(int(predicted[va - a].argmax()) == row[va])
-        if choices:
-            ids, truth = choices[i]
-            among = predicted[va - a][torch.tensor(ids, device=logits.device)]  # (values,)
-            ranking = ranking + F.cross_entropy(among.unsqueeze(0), torch.tensor([truth], device=logits.device))
-    answer = total / weight + config.rank_weight * ranking / len(rows)
+        at_value.append(predicted[va - a])
+    answer = total / weight
+    if choices:
+        answer = answer + config.rank_weight * _ranking(torch.stack(at_value), choices)
     return answer, total.new_tensor(named / len(rows))
 
 
@@ -582,24 +581,32 @@ def _ranking_loss(model: LlamaModel, carry: Carry, batch: list[Example]) -> Tens
     for b, ex in enumerate(batch):
         for probe in (ex.episode.probes[j] for j in ex.asked):
             turn = render_turn(tok, ex.context, probe.question, probe.reply)
-            value_at = turn.reply[0] + len(tok.encode(probe.reply_prefix))
-            values = facts.values(probe.kind, ex.episode.split)
-            choices.append(_value_choices(tok, probe.reply_prefix, value_at - turn.reply[0], values, turn.tokens[value_at]))
+            head = len(tok.encode(probe.reply_prefix))
+            value_at = turn.reply[0] + head
+            choices.append(_value_choices(tok, ex, probe, turn, head))
             rows.append(turn.tokens[:value_at])
             asking.append(value_at - turn.message[0])
             owners.append(b)
     logits = probe_logits(model, carry.take(owners), rows, tail=1, grad_tail=max(asking))[:, -1].float()  # (probes, V)
-    ranking = logits.new_zeros(())
-    for i, (ids, truth) in enumerate(choices):
-        among = logits[i][torch.tensor(ids, device=logits.device)]
-        ranking = ranking + F.cross_entropy(among.unsqueeze(0), torch.tensor([truth], device=logits.device))
-    return ranking / len(rows)
+    return _ranking(logits, choices)
 
 
-def _value_choices(tok: ChatTokenizer, prefix: str, head: int, values: Sequence[str], true_id: int) -> tuple[list[int], int]:
-    """The distinct tokens each of ``values`` begins with after the reply's ``prefix`` (``head`` tokens), and the
-    index among them of ``true_id``, the token the reply's own value begins with (added where no value's encoding
-    began so)."""
+def _ranking(at_value: Tensor, choices: Sequence[tuple[list[int], int]]) -> Tensor:
+    """The ranking term: the mean over probes of a cross-entropy among each probe's value choices (``_value_choices``),
+    from its logits (probes, V) where the value begins."""
+    terms = [
+        F.cross_entropy(row[torch.tensor(ids, device=row.device)].unsqueeze(0), torch.tensor([truth], device=row.device))
+        for row, (ids, truth) in zip(at_value, choices, strict=True)
+    ]
+    return torch.stack(terms).mean()
+
+
+def _value_choices(tok: ChatTokenizer, ex: Example, probe: facts.Probe, turn: Rendered, head: int) -> tuple[list[int], int]:
+    """The distinct tokens each value of ``probe``'s kind (in ``ex``'s split) begins with after the reply's prefix
+    (``head`` tokens of ``turn``'s reply), and the index among them of the token the reply's own value begins with
+    (added where no value's encoding began so)."""
+    prefix, values = probe.reply_prefix, facts.values(probe.kind, ex.episode.split)
+    true_id = turn.tokens[turn.reply[0] + head]
     firsts = (tok.encode(f"{prefix} {value}") for value in values)
     ids = list(dict.fromkeys(enc[head] for enc in firsts if len(enc) > head))
     if true_id not in ids:
