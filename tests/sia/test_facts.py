@@ -19,6 +19,7 @@ from sia.learn.adapter.facts import (
     SPLITS,
     Episode,
     chitchat,
+    draw_kinds,
     episodes,
     make_episode,
     values,
@@ -141,6 +142,21 @@ def test_kinds_and_opening() -> None:
     assert 0.55 < openings[0] / 300 < 0.85
 
 
+def test_draw_kinds_follows_the_weights() -> None:
+    """Distinct kinds, deterministic for a seed; a kind weighing 3 is drawn into far more episodes than the others, one
+    weighing 0 never; the others share what is left evenly."""
+    assert draw_kinds(random.Random(4), 3, {"hobby": 3}) == draw_kinds(random.Random(4), 3, {"hobby": 3})
+    rng = random.Random(0)
+    drawn = [draw_kinds(rng, 3, {"hobby": 3, "name": 0}) for _ in range(4000)]
+    assert all(len(set(kinds)) == 3 for kinds in drawn)
+    share = Counter(kind for kinds in drawn for kind in kinds)
+    assert "name" not in share
+    assert share["hobby"] / 4000 > 0.85  # exactly 1 - 4/7 · 3/6 · 2/5 = 0.886 (uniform among the five: 0.6)
+    others = [share[kind] / 4000 for kind in KINDS if kind not in ("hobby", "name")]
+    assert max(others) - min(others) < 0.05 and 0.45 < sum(others) / len(others) < 0.6
+    assert set(draw_kinds(random.Random(1), 6, {})) == set(KINDS)
+
+
 @pytest.mark.parametrize("split", SPLITS)
 def test_chitchat_is_clean(split: str) -> None:
     pairs = chitchat(split)
@@ -174,6 +190,10 @@ def test_chitchat_never_repeats_in_an_episode() -> None:
         lambda: make_episode(random.Random(0), "train", between=1, kinds=[]),
         lambda: make_episode(random.Random(0), "heldout", between=len(chitchat("heldout")), opening=1),
         lambda: episodes("train", -1, 0, between=1),
+        lambda: draw_kinds(random.Random(0), 3, {"mood": 1}),
+        lambda: draw_kinds(random.Random(0), 3, {"pet": -1}),
+        lambda: draw_kinds(random.Random(0), 3, {"pet": float("nan")}),
+        lambda: draw_kinds(random.Random(0), 5, {"pet": 0, "name": 0}),
         lambda: wordings("valid"),
         lambda: chitchat("valid"),
     ],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -633,6 +634,27 @@ def test_min_between_keeps_shallow_depths_in_a_deep_stage(config: TrainConfig, c
     right_after = [ex for ex in sample_batch(replace(deep, min_between=0, batch_size=40), model, 0) if ex.episode.between == 0]
     assert right_after and all(ex.episode.stated_at == len(ex.episode.turns) - 1 for ex in right_after)
     assert replace(deep, min_between=9).between_range(6) == (6, 6)  # never beyond the stage
+
+
+def test_kind_weights_draw_a_kind_into_more_training_episodes(config: TrainConfig, cache: Path) -> None:
+    """kind_weights: a kind weighing 3 is in nearly nine training episodes of ten (uniform: half), one weighing 0 in
+    none; the batch is still a function of (seed, step); a bad weight or kind is refused when the config is made."""
+    model, _ = build_model(config, cache)
+    weighted = replace(config, batch_size=8, kind_weights={"hobby": 3.0, "name": 0.0})
+
+    def share(config: TrainConfig) -> Counter[str]:
+        return Counter(f.kind for step in range(50) for ex in sample_batch(config, model, step) for f in ex.episode.facts)
+
+    uniform, drawn = share(replace(weighted, kind_weights=None)), share(weighted)
+    assert drawn["name"] == 0 and uniform["name"] > 100
+    assert drawn["hobby"] / 400 > 0.8 and uniform["hobby"] / 400 < 0.6
+    again = sample_batch(weighted, model, 7)
+    assert [ex.episode for ex in again] == [ex.episode for ex in sample_batch(weighted, model, 7)]
+    for bad in ({"mood": 1.0}, {"hobby": -1.0}, {"hobby": True}, [1.0]):
+        with pytest.raises(ValueError, match=r"kind|weight"):
+            replace(config, kind_weights=bad)
+    with pytest.raises(ValueError, match="distinct kinds"):
+        replace(config, n_facts=5, kind_weights={"pet": 0, "job": 0})
 
 
 def test_a_probe_differentiated_from_the_question_on_reads_the_logits_of_the_full_probe(config: TrainConfig, cache: Path) -> None:

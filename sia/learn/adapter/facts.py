@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sia.learn.dialogue import Exchange
@@ -33,6 +33,7 @@ __all__ = [
     "Probe",
     "ask",
     "chitchat",
+    "draw_kinds",
     "episodes",
     "make_episode",
     "values",
@@ -1077,6 +1078,25 @@ def _check_split(split: str) -> None:
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown fact kind {kind!r}; use one of {KINDS}")
+
+
+def draw_kinds(rng: random.Random, n: int, weights: Mapping[str, float]) -> tuple[str, ...]:
+    """``n`` distinct kinds drawn one after another, each with chance proportional to its weight among those left
+    (a kind ``weights`` does not name weighs 1; weight 0: never drawn)."""
+    for kind, weight in weights.items():
+        _check_kind(kind)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < float("inf"):
+            raise ValueError(f"the weight of {kind!r} must be a finite number >= 0; got {weight!r}")
+    left = {kind: float(weights.get(kind, 1.0)) for kind in KINDS}
+    left = {kind: weight for kind, weight in left.items() if weight > 0}
+    if not 1 <= n <= len(left):
+        raise ValueError(f"cannot draw {n} distinct kinds from the {len(left)} of weight > 0")
+    drawn: list[str] = []
+    for _ in range(n):
+        kind = rng.choices(list(left), weights=list(left.values()))[0]
+        drawn.append(kind)
+        del left[kind]
+    return tuple(drawn)
 
 
 def values(kind: str, split: str) -> tuple[str, ...]:

@@ -147,6 +147,9 @@ class TrainConfig:
     # a run lengthened or shortened while it trained, stated so that one command replays it
     cosine_steps: list[list[int]] | None = None
     n_facts: int = 3
+    # how often each fact kind is drawn into a training episode, relative to the others: {kind: weight}, a kind not
+    # named weighs 1, 0 never drawn (facts.draw_kinds); null: n_facts kinds drawn uniformly, as before it existed
+    kind_weights: dict[str, float] | None = None
     probes_per_episode: int = 1  # questions asked per episode each step (read-out covers every fact anyway)
     distill_every: int = 4  # distil from the transcript teacher every N steps (its transcript forward is the dearest part)
     value_weight: float = 3.0
@@ -255,6 +258,10 @@ class TrainConfig:
             raise ValueError("rank_to_write trains the write through the ranking term; a state pool's write does not train")
         if not isinstance(self.readout_tokens, bool):
             raise ValueError(f"readout_tokens must be true or false; got {self.readout_tokens!r}")
+        if self.kind_weights is not None:
+            if not isinstance(self.kind_weights, dict):
+                raise ValueError(f"kind_weights must be an object {{kind: weight}} or null; got {self.kind_weights!r}")
+            facts.draw_kinds(random.Random(0), self.n_facts, self.kind_weights)  # validates kinds, weights and n_facts
         if self.distill_teacher not in ("transcript", "base"):
             raise ValueError(f"distill_teacher must be transcript or base; got {self.distill_teacher!r}")
         if self.precision not in ("auto", "bf16", "fp32"):
@@ -433,6 +440,11 @@ class Example:
     asked: tuple[int, ...]  # the probes asked this step
 
 
+def _kinds(rng: random.Random, config: TrainConfig) -> tuple[str, ...] | None:
+    """The kinds of a training episode's facts drawn by ``config.kind_weights`` (None: make_episode draws them)."""
+    return None if config.kind_weights is None else facts.draw_kinds(rng, config.n_facts, config.kind_weights)
+
+
 def sample_batch(config: TrainConfig, model: LlamaModel, step: int) -> list[Example]:
     """The batch of ``step``: a function of (seed, step) only, so a resumed run sees the same data."""
     rng = random.Random(f"{config.seed}:{step}")
@@ -447,7 +459,7 @@ def sample_batch(config: TrainConfig, model: LlamaModel, step: int) -> list[Exam
         return batch
     for _ in range(config.batch_size):
         between = rng.randint(*config.between_range(top))  # the stage's depths, down to min_between (or half its most)
-        episode = facts.make_episode(rng, "train", between=between, n_facts=config.n_facts)
+        episode = facts.make_episode(rng, "train", between=between, kinds=_kinds(rng, config), n_facts=config.n_facts)
         persona = rng.choice(sorted(PERSONAS))
         context = tok.system_prompt(PERSONAS[persona].system_prompt)
         ordinary = [t for t in range(1, len(episode.turns)) if t != episode.stated_at]
@@ -666,7 +678,8 @@ def build_pool(config: TrainConfig, model: LlamaModel, dynamics: Dynamics, chunk
     top = max(turns for _, turns in config.curriculum)
     examples = []
     for _ in range(config.state_pool):
-        episode = facts.make_episode(rng, "train", between=rng.randint(*config.between_range(top)), n_facts=config.n_facts)
+        between = rng.randint(*config.between_range(top))
+        episode = facts.make_episode(rng, "train", between=between, kinds=_kinds(rng, config), n_facts=config.n_facts)
         context = tok.system_prompt(PERSONAS[rng.choice(sorted(PERSONAS))].system_prompt)
         ordinary = [t for t in range(1, len(episode.turns)) if t != episode.stated_at]
         examples.append(Example(episode, context, rng.choice(ordinary), ()))
