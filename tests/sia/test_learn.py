@@ -648,6 +648,9 @@ def test_kind_weights_draw_a_kind_into_more_training_episodes(config: TrainConfi
     uniform, drawn = share(replace(weighted, kind_weights=None)), share(weighted)
     assert drawn["name"] == 0 and uniform["name"] > 100
     assert drawn["hobby"] / 400 > 0.8 and uniform["hobby"] / 400 < 0.6
+    stage = replace(weighted, write_stage_steps=10, write_stage_batch=40)  # the write stage's statements draw so too
+    assert not any(f.kind == "name" for ex in sample_batch(stage, model, 0) for f in ex.episode.facts)
+    assert any(f.kind == "name" for ex in sample_batch(replace(stage, kind_weights=None), model, 0) for f in ex.episode.facts)
     again = sample_batch(weighted, model, 7)
     assert [ex.episode for ex in again] == [ex.episode for ex in sample_batch(weighted, model, 7)]
     for bad in ({"mood": 1.0}, {"hobby": -1.0}, {"hobby": True}, [1.0]):

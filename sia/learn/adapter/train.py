@@ -453,7 +453,7 @@ def sample_batch(config: TrainConfig, model: LlamaModel, step: int) -> list[Exam
     batch = []
     if step < config.write_stage_steps:  # the write stage: one statement turn per episode, nothing asked
         for _ in range(config.write_stage_batch):
-            episode = facts.make_episode(rng, "train", between=0, n_facts=config.n_facts, opening=0)
+            episode = facts.make_episode(rng, "train", between=0, kinds=_kinds(rng, config), n_facts=config.n_facts, opening=0)
             context = tok.system_prompt(PERSONAS[rng.choice(sorted(PERSONAS))].system_prompt)
             batch.append(Example(episode, context, -1, ()))
         return batch
