@@ -14,8 +14,9 @@ then a plain question about each fact in turn; the stranger asks the same three 
     python -m benchmarks.served_memory [--set heldout|natural] [--episodes 8] [--between 2] [--route chat|openai]
                                        [--checkpoint PATH] [--out FILE]
 
-The service's settings come from the environment as in a deployment (e.g. ``SIA_READ_SHIFT=1`` for a weaker read;
-the result records it). Writes benchmarks/results/served_memory.json and prints a table.
+The service's settings come from the environment as in a deployment (e.g. ``SIA_READ_SHIFT=1`` for a weaker read than
+the checkpoint's own; the result records the shift served). Writes benchmarks/results/served_memory.json and prints a
+table.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def main() -> None:
         "questions": len(rows),
         "between": args.between,
         "route": args.route,
-        "read_shift": settings.read_shift,  # SIA_READ_SHIFT, as the service read it
+        "read_shift": getattr(model, "read_shift", None),  # as served: SIA_READ_SHIFT where set, else the checkpoint's
         "right": right,
         "stranger_right": stranger,
         "seconds": time.perf_counter() - started,

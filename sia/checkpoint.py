@@ -165,13 +165,18 @@ def load_identity(model: LlamaModel, directory: str | Path) -> None:
     """Load the identity parameters of the SIA checkpoint at ``directory`` into ``model``, whose config must be the
     checkpoint's (the same injection over the same base), or differ only in that the model's slot maps are full
     rank where the checkpoint's are factored (each map loads as the product of its factors), or in that the model
-    has a read gate the checkpoint lacks (the gate starts at zero: the checkpoint's model exactly); every tensor is
-    checked before any is loaded."""
+    has a read gate the checkpoint lacks (the gate starts at zero: the checkpoint's model exactly), or in the read
+    shift (the model keeps its own); every tensor is checked before any is loaded."""
     directory = Path(directory)
     config = LlamaConfig.from_file(directory / CONFIG_FILE)
     ungated = model.config.slot_gate and not config.slot_gate
     unfactor = model.config.slot_rank is None and config.slot_rank is not None
-    widened = replace(config, slot_rank=None if unfactor else config.slot_rank, slot_gate=config.slot_gate or ungated)
+    widened = replace(
+        config,
+        slot_rank=None if unfactor else config.slot_rank,
+        slot_gate=config.slot_gate or ungated,
+        read_shift=model.config.read_shift,  # a calibration, not a shape: the model keeps its own
+    )
     if widened != model.config:
         differ = [k for k, v in vars(config).items() if getattr(model.config, k) != v]
         raise ValueError(f"{directory} was made with another config than this model's (fields {differ[:6]})")

@@ -185,9 +185,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         model.factor_slots(args.slot_rank)
     if args.dtype is not None:
         model.config = replace(model.config, weights_dtype=args.dtype)
+    if args.read_shift is not None:
+        model.config = replace(model.config, read_shift=args.read_shift)  # validated by the config
     out = save_llama_checkpoint(model, args.out, BaseRef.read(args.checkpoint / BASE_FILE))
     size = sum(p.stat().st_size for p in out.iterdir())
-    log.info("wrote %s (%.1f MB; slot rank %s, %s weights)", out, size / 1e6, model.config.slot_rank, model.config.weights_dtype)
+    c = model.config
+    mb = size / 1e6
+    log.info("wrote %s (%.1f MB; slot rank %s, %s weights, read shift %g)", out, mb, c.slot_rank, c.weights_dtype, c.read_shift)
     return 0
 
 
@@ -265,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         nargs="*",
         default=[],
-        help="pretrained backbone: recall and perplexity with every slot logit lowered by each of these (e.g. 0 0.5 1)",
+        help="pretrained backbone: recall and perplexity with every slot logit lowered by each of these in place of the"
+        " checkpoint's own read shift (e.g. 0 0.5 1)",
     )
     ev.add_argument("--history", type=Path, default=None, help="pretrained backbone: the training run's history.jsonl to plot")
     ev.add_argument(
@@ -280,6 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", type=Path, required=True, help="the directory to write (e.g. sia/checkpoints/smollm2)")
     ex.add_argument("--slot-rank", type=int, default=None, help="factor every slot map to this rank (truncated SVD)")
     ex.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None, help="storage dtype of the weights")
+    ex.add_argument(
+        "--read-shift",
+        type=float,
+        default=None,
+        help="the read's strength the adapter serves at: every slot's logit lowered by this (default: the checkpoint's own)",
+    )
     ex.add_argument(
         "--cache", type=Path, default=DEFAULT_CACHE, help=f"where a GGUF base is dequantised (default {DEFAULT_CACHE})"
     )

@@ -26,10 +26,11 @@ log = logging.getLogger("sia.runtime")
 
 def served_model(settings: Settings, model: IdentityModel | None = None, checkpoint: Path | None = None) -> IdentityModel:
     """The model the service computes with: ``model``, or the one at ``checkpoint`` (default: the settings'),
-    decoding in ``settings.dtype``, its read shifted by ``settings.read_shift``, its float32 matrices packed for
-    faster products (a float32 or bfloat16 copy) where ``settings.packed_weights`` asks for it and the build can."""
+    decoding in ``settings.dtype``, its read shifted by ``settings.read_shift`` where set (else by the checkpoint's
+    own), its float32 matrices packed for faster products (a float32 or bfloat16 copy) where
+    ``settings.packed_weights`` asks for it and the build can."""
     loaded = model or load_model(checkpoint or settings.checkpoint, cache_dir=settings.model_cache)
-    if settings.read_shift:
+    if settings.read_shift is not None:
         if not isinstance(loaded, LlamaModel):
             raise ValueError("SIA_READ_SHIFT applies to a pretrained backbone's adapter; the native model has none")
         loaded.set_read_shift(settings.read_shift)

@@ -17,6 +17,8 @@ ATTENTION_VARIANTS = ("trace", "dot")
 POOLING_VARIANTS = ("mean", "attention")
 
 
+READ_SHIFT_BOUND = 20.0  # the read shift's range, either way: e^20 is past any logit the slots reach
+
 STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -193,6 +195,9 @@ class LlamaConfig(IdentityConfig):
     # a per-token read gate: every layer adds g_h·x_i (x_i the query token's normalised input, one g per query head,
     # zero at start) to the slots' logits, so the read can open on some tokens (answers about the user) and shut on others
     slot_gate: bool = False
+    # the read's strength this adapter serves at: every slot's logit lowered by it (its attention weight times about
+    # e^-shift). Not a shape: a calibration of memory against language, set by ``sia export --read-shift``
+    read_shift: float = 0.0
     weights_dtype: str = "float32"  # storage dtype of the identity parameters in a checkpoint (loading casts to float32)
     trace_layers: list[int] | None = None  # layers carrying a trace; None: every third layer from 0
     trace_per_head: bool = True  # a trace per key/value head, or one shared by the layer's heads
@@ -223,6 +228,10 @@ class LlamaConfig(IdentityConfig):
             raise ValueError(f"slot_gate must be true or false; got {self.slot_gate!r}")
         if self.weights_dtype not in STATE_DTYPES:
             raise ValueError(f"weights_dtype must be one of {sorted(STATE_DTYPES)}; got {self.weights_dtype!r}")
+        shift = self.read_shift
+        if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not -READ_SHIFT_BOUND <= shift <= READ_SHIFT_BOUND:
+            raise ValueError(f"read_shift must be a number in [-{READ_SHIFT_BOUND}, {READ_SHIFT_BOUND}]; got {shift!r}")
+        self.read_shift = float(shift)
         if self.trace_layers is None:
             self.trace_layers = list(range(0, self.n_layer, 3))
         layers = self.trace_layers

@@ -219,3 +219,40 @@ def test_a_checkpoint_without_a_read_gate_loads_into_a_gated_model_as_the_same_m
     )
     with pytest.raises(ValueError, match="another config"):
         load_identity(model, saved)
+
+
+def test_an_exported_read_shift_is_the_checkpoints_own_and_a_run_over_it_keeps_its_own(
+    make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path
+) -> None:
+    """``sia export --read-shift``: the checkpoint serves with its slots' logits lowered by it (the same logits as
+    the unshifted model shifted by hand); a model loading its identity (a run's ``init``) keeps its own shift; a
+    non-finite or out-of-range shift is refused."""
+    from sia.checkpoint import load_identity
+
+    cache = tmp_path / "models"
+    model, ref = trained_like(make_tiny_gguf(), cache)
+    assert model.read_shift == 0.0 and model.config.read_shift == 0.0
+    trained = save_llama_checkpoint(model, tmp_path / "trained", ref)
+    out = tmp_path / "served"
+    argv = ["export", "--checkpoint", str(trained), "--out", str(out), "--cache", str(cache)]
+    assert main([*argv, "--read-shift", "0.75"]) == 0
+    assert json.loads((out / "config.json").read_text())["read_shift"] == 0.75
+    served = load_model(out, cache_dir=cache)
+    assert isinstance(served, LlamaModel) and served.read_shift == 0.75
+    states = [random_state(model.config, 3)]
+    tokens = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        shifted = served(tokens, served.condition_states(states)).logits
+        plain = model(tokens, model.condition_states(states)).logits
+        model.set_read_shift(0.75)
+        by_hand = model(tokens, model.condition_states(states)).logits
+    assert not torch.allclose(shifted, plain, atol=1e-4)  # the shift moves this identity's replies
+    torch.testing.assert_close(shifted, by_hand)
+    fresh = load_model(make_tiny_gguf().path, cache_dir=cache)
+    assert isinstance(fresh, LlamaModel)
+    load_identity(fresh, out)
+    assert fresh.read_shift == 0.0 and fresh.config.read_shift == 0.0
+    for bad in ("nan", "inf", "25"):
+        assert main([*argv, "--read-shift", bad]) == 2
+    with pytest.raises(ValueError, match="read_shift"):
+        replace(model.config, read_shift=True)

@@ -412,6 +412,7 @@ def test_sia_eval_measures_a_tiny_model_end_to_end(config: TrainConfig, cache: P
     figures = run_eval(tmp_path / "ckpt", tmp_path / "eval", options, history=history, cache_dir=cache)
     weakened, unshifted = figures["read_strength"]  # after a shift of 30 the slot biases came back: 0 is the main figure
     assert (weakened["shift"], unshifted["shift"]) == (30.0, 0.0)
+    assert figures["read_shift"] == 0.0  # the checkpoint's own, at which every other figure is read
     assert [f["depth"] for f in figures["recall"]] == [0, 1]  # 0: asked right after the statement
     assert unshifted["state"] == figures["recall"][1]["state"]
     assert unshifted["perplexity_ratio"] == figures["perplexity"]["ratio"]

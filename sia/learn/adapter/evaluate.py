@@ -213,13 +213,13 @@ def dialogue_perplexity(model: LlamaModel, dynamics: Dynamics, conversations: in
 
 def read_strength(model: LlamaModel, dynamics: Dynamics, options: EvalOptions) -> list[dict[str, Any]]:
     """Memory against language: for each shift in ``options.read_shifts``, every slot's logit lowered by it (its
-    attention weight times e^-shift), recall at the target depth through the state and the reply perplexity ratio.
-    The model's own read shift is given back as it was."""
+    attention weight times e^-shift) in place of the model's own shift, recall at the target depth through the state
+    and the reply perplexity ratio. The model's own read shift is given back as it was."""
     kept = model.read_shift
     rows = []
     try:
         for shift in options.read_shifts:
-            model.set_read_shift(kept + shift)
+            model.set_read_shift(shift)
             f, _, _ = recall_at(model, options.target_depth, CLOSED_TRIO, options, dynamics, ("state",))
             ppl = dialogue_perplexity(model, dynamics, options.conversations)
             rows.append({"shift": shift, "state": f["state"], "perplexity_ratio": ppl["ratio"]})
@@ -408,7 +408,8 @@ def report(figures: dict[str, Any]) -> str:
     lines = [
         "# Memory evaluation",
         "",
-        f"Checkpoint `{figures['checkpoint']}`; {figures['options']['episodes']} held-out episodes per depth.",
+        f"Checkpoint `{figures['checkpoint']}`; {figures['options']['episodes']} held-out episodes per depth;"
+        f" read at the checkpoint's own read shift, {figures.get('read_shift', 0.0):g} (every slot's logit lowered by it).",
         "",
     ]
     lines += ["## Recall of three facts stated in one message (held-out wordings, users, chit-chat)", ""]
@@ -550,6 +551,7 @@ def run_eval(
     figures: dict[str, Any] = {
         "checkpoint": str(checkpoint or "bundled"),
         "options": options.__dict__ | {"depths": list(options.depths)},
+        "read_shift": model.read_shift,  # every figure but read_strength's is read at the checkpoint's own
     }
     by_depth, kept = [], None
     for depth in options.depths:

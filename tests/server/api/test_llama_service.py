@@ -185,8 +185,9 @@ def test_the_served_model_packs_its_matrices_unless_told_not_to(settings: Settin
 
 
 def test_sia_read_shift_weakens_the_served_read_and_is_checked(settings: Settings, tmp_path: Any) -> None:
-    """SIA_READ_SHIFT: the served model conditions with its slots' logits lowered by it; a non-finite or absurd value
-    is refused at start-up, and so is a shift for the native model, which has no adapter to shift."""
+    """SIA_READ_SHIFT: the served model conditions with its slots' logits lowered by it, in place of the checkpoint's
+    own shift, which holds where it is unset; a non-finite or absurd value is refused at start-up, and so is a shift
+    for the native model, which has no adapter to shift."""
     from server.runtime.services import served_model
     from sia.checkpoint import NATIVE_CHECKPOINT
 
@@ -195,6 +196,11 @@ def test_sia_read_shift_weakens_the_served_read_and_is_checked(settings: Setting
     assert isinstance(model, LlamaModel) and model.read_shift == 0.0
     served = served_model(settings.model_copy(update={"read_shift": 1.5}), model=model)
     assert served is model and model.read_shift == 1.5
+    model.config = replace(model.config, read_shift=0.5)  # a checkpoint exported with its own shift
+    model.set_read_shift(model.config.read_shift)
+    assert settings.read_shift is None and served_model(settings, model=model).read_shift == 0.5  # unset: its own
+    assert served_model(settings.model_copy(update={"read_shift": 0.0}), model=model).read_shift == 0.0  # set: in place
+    assert Settings(read_shift=" ").read_shift is None  # SIA_READ_SHIFT= (empty) is unset
     for bad in (float("nan"), float("inf"), 100.0):
         with pytest.raises(ValueError, match="read_shift"):
             Settings(read_shift=bad)
