@@ -953,6 +953,41 @@ def test_a_recipe_judged_over_seeds_trains_exports_and_measures_each_run(
     assert again["summary"] == result["summary"]
 
 
+def test_measuring_one_adapter_pools_its_draws_of_held_out_episodes(config: TrainConfig, cache: Path, tmp_path: Path) -> None:
+    """recipe_seeds measure --draws: each draw is recall_at's own figures at that eval seed; the top level pools
+    them (the mean over draws of equal size), with chance over every episode drawn."""
+    from benchmarks import recipe_seeds
+    from sia.checkpoint import save_llama_checkpoint
+    from sia.learn.adapter.evaluate import CLOSED_TRIO, EvalOptions, recall_at
+
+    model, ref = build_model(config, cache)
+    with torch.no_grad():  # a state that reads something: the self slots' values away from zero
+        for attention in model.attentions:
+            attention.self_value.weight.normal_(0.0, 0.5)
+    save_llama_checkpoint(model, tmp_path / "ckpt", ref)
+    out = tmp_path / "measure.json"
+    argv = ["measure", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(out), "--episodes", "2", "--between", "1"]
+    recipe_seeds.main([*argv, "--conversations", "1", "--draws", "100", "300", "--cache", str(cache)])
+    result = json.loads(out.read_text())
+    assert [r["draw"] for r in result["draws"]] == [100, 300] and result["episodes"] == 4
+    model = model.eval()
+    dynamics = Dynamics.from_config(model.config)
+    for row in result["draws"]:
+        options = EvalOptions(episodes=2, depths=(1,), target_depth=1, seed=row["draw"])
+        with torch.no_grad():
+            recall, _, _ = recall_at(model, 1, CLOSED_TRIO, options, dynamics, ("state", "stateless"))
+        assert row["per_fact"] == pytest.approx(recall["state"]["per_fact"], abs=1e-6)
+        assert row["all_three"] == pytest.approx(recall["state"]["all_three"], abs=1e-6)
+        assert row["stateless"] == pytest.approx(recall["stateless"]["per_fact"], abs=1e-6)
+    for name in ("per_fact", "all_three", "stateless", "other_user"):
+        assert result[name] == pytest.approx(sum(r[name] for r in result["draws"]) / 2)
+    assert result["by_kind"]["hobby"] == pytest.approx(sum(r["by_kind"]["hobby"] for r in result["draws"]) / 2)
+    assert result["chance"]["per_fact_sd"] < recall["chance"]["per_fact_sd"]  # four episodes against two
+    assert result["read_shift"] == model.config.read_shift and result["perplexity_ratio"] > 0
+    with pytest.raises(ValueError, match="draws must be distinct"):
+        recipe_seeds.measure(tmp_path / "ckpt", episodes=2, between=1, conversations=1, device="cpu", draws=(5, 5), cache=cache)
+
+
 def test_training_throughput_times_each_batch_size_over_the_base_or_random_weights_of_its_shapes(
     config: TrainConfig, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
