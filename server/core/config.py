@@ -89,7 +89,7 @@ class Settings(BaseSettings):
         description="every self slot's logit lowered by this (a pretrained backbone's adapter), in place of the"
         " checkpoint's own (unset: the checkpoint's; the bundled adapter's is 0.5): a weaker read of the identity state"
         " costs recall and brings replies closer to the base model's (docs/model.md: the bundled adapter at 0 recalls"
-        " 92.7 % at 1.094x base perplexity, at its own 0.5 91.7 % at 1.009x); negative strengthens it",
+        " 94.8 % at 1.072x base perplexity, at its own 0.5 91.7 % at 1.003x); negative strengthens it",
     )
     log_json: bool = Field(True, description="JSON log lines with a request id (false: plain text)")
     log_level: str = Field("INFO", description="logging level")

@@ -551,7 +551,7 @@ class LlamaModel(IdentityModel):
         """The read's strength: every self slot's logit lowered by ``shift`` (its attention weight times about
         e^-shift; a negative shift strengthens it) in every conditioning made from now on, in place of the
         checkpoint's own (``config.read_shift``). Memory against language, measured in docs/model.md (the bundled
-        adapter: 0 -> 92.7 % recall, 1.094x base perplexity; its own 0.5 -> 91.7 %, 1.009x). A fresh identity reads
+        adapter: 0 -> 94.8 % recall, 1.072x base perplexity; its own 0.5 -> 91.7 %, 1.003x). A fresh identity reads
         nothing at any shift."""
         if not math.isfinite(shift):
             raise ValueError(f"the read shift must be a finite number; got {shift}")
