@@ -226,3 +226,32 @@ def load_model(checkpoint: str | Path | None = None, *, cache_dir: str | Path = 
 
 def _json_or_empty(path: Path) -> dict[str, Any]:
     return read_json_object(path) if path.is_file() else {}
+
+
+def export_adapter(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    slot_rank: int | None = None,
+    dtype: str | None = None,
+    read_shift: float | None = None,
+    cache_dir: str | Path = DEFAULT_CACHE,
+) -> Path:
+    """A SIA checkpoint of a pretrained backbone rewritten for serving (``sia export``): every slot map factored to
+    ``slot_rank`` (truncated SVD), the identity weights stored in ``dtype``, the read shift set; None keeps each."""
+    source, target = Path(checkpoint), Path(out)
+    if not (source / BASE_FILE).is_file():
+        raise ValueError(f"{source} is not a SIA checkpoint of a pretrained backbone (it has no {BASE_FILE})")
+    if target.resolve() == source.resolve():
+        raise ValueError("the export must go to another directory than the checkpoint")
+    model = load_llama_checkpoint(source, Path(cache_dir))
+    if slot_rank is not None:
+        model.factor_slots(slot_rank)
+    if dtype is not None:
+        model.config = replace(model.config, weights_dtype=dtype)  # validated by the config
+    if read_shift is not None:
+        model.config = replace(model.config, read_shift=read_shift)
+    ref = BaseRef.read(source / BASE_FILE)
+    if ref.path is not None and not Path(ref.path).is_absolute():  # a relative base path stays the same file
+        ref = replace(ref, path=str((source / ref.path).resolve()))
+    return save_llama_checkpoint(model, target, ref)

@@ -13,7 +13,7 @@ from typing import Any
 from sia.checkpoint import DEFAULT_CACHE, load_model
 from sia.identity.state import Dynamics, IdentityState, state_from_bytes, state_to_bytes
 from sia.identity.turn import TurnRequest, TurnResult, stream_turns
-from sia.model.config import read_json_object
+from sia.model.config import LlamaConfig, read_json_object
 from sia.model.generate import Sampling, SamplingParams
 from sia.model.transformer import IdentityModel
 from sia.personas import PERSONAS, persona_defaults, persona_prompt
@@ -172,26 +172,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """A SIA checkpoint of a pretrained backbone rewritten for serving: slot maps factored, weights stored smaller."""
-    from sia.backbones.llama import LlamaModel
-    from sia.checkpoint import BASE_FILE, BaseRef, save_llama_checkpoint
+    from sia.checkpoint import export_adapter
 
-    if not (args.checkpoint / BASE_FILE).is_file():
-        raise ValueError(f"{args.checkpoint} is not a SIA checkpoint of a pretrained backbone (it has no {BASE_FILE})")
-    if args.out.resolve() == args.checkpoint.resolve():
-        raise ValueError("--out must be another directory than --checkpoint")
-    model = load_model(args.checkpoint, cache_dir=args.cache)
-    assert isinstance(model, LlamaModel)
-    if args.slot_rank is not None:
-        model.factor_slots(args.slot_rank)
-    if args.dtype is not None:
-        model.config = replace(model.config, weights_dtype=args.dtype)
-    if args.read_shift is not None:
-        model.config = replace(model.config, read_shift=args.read_shift)  # validated by the config
-    out = save_llama_checkpoint(model, args.out, BaseRef.read(args.checkpoint / BASE_FILE))
-    size = sum(p.stat().st_size for p in out.iterdir())
-    c = model.config
-    mb = size / 1e6
+    out = export_adapter(
+        args.checkpoint, args.out, slot_rank=args.slot_rank, dtype=args.dtype, read_shift=args.read_shift, cache_dir=args.cache
+    )
+    c = LlamaConfig.from_file(out / "config.json")
+    mb = sum(p.stat().st_size for p in out.iterdir()) / 1e6
     log.info("wrote %s (%.1f MB; slot rank %s, %s weights, read shift %g)", out, mb, c.slot_rank, c.weights_dtype, c.read_shift)
+    return 0
+
+
+def cmd_recipe(args: argparse.Namespace) -> int:
+    """Train and export every stage of a recipe in order (sia.learn.adapter.recipe)."""
+    from sia.learn.adapter.recipe import Recipe, run_recipe
+
+    given = {"steps": args.steps, "threads": args.threads, "device": args.device, "base": args.base}
+    recipe = Recipe.from_file(args.recipe).with_overrides({k: v for k, v in given.items() if v is not None})
+    final = run_recipe(recipe, args.out, progress=not args.quiet, cache_dir=args.cache)
+    log.info("recipe done: %s (measure it with: sia eval --checkpoint %s)", final, final)
     return 0
 
 
@@ -295,6 +294,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache", type=Path, default=DEFAULT_CACHE, help=f"where a GGUF base is dequantised (default {DEFAULT_CACHE})"
     )
     ex.set_defaults(func=cmd_export)
+
+    rc = sub.add_parser("recipe", help="train and export every stage of a recipe in order (e.g. recipes/smollm2.json)")
+    rc.add_argument("recipe", type=Path, help="the recipe file (JSON: shared training settings, then the stages)")
+    rc.add_argument("--out", type=Path, required=True, help="where each stage trains; OUT/final is the last export")
+    rc.add_argument("--steps", type=int, default=None, help="every stage trains this many steps (a smoke run of the chain)")
+    rc.add_argument("--threads", type=int, default=None, help="torch threads")
+    rc.add_argument("--device", default=None, help="the torch device to train on (e.g. cuda)")
+    rc.add_argument("--base", default=None, help="another backbone than the recipe's (a GGUF file or HF directory)")
+    rc.add_argument("--quiet", action="store_true", help="no progress bar")
+    rc.add_argument(
+        "--cache", type=Path, default=DEFAULT_CACHE, help=f"where a GGUF base is dequantised (default {DEFAULT_CACHE})"
+    )
+    rc.set_defaults(func=cmd_recipe)
     return parser
 
 

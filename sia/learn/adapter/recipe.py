@@ -1,0 +1,160 @@
+"""A recipe: the stages that train and export an adapter, in order, each stage starting from the one before.
+
+A recipe file (``recipes/smollm2.json`` is the shipped adapter's) holds
+
+* ``train``: the training settings every stage shares (``TrainConfig`` fields: the backbone, the model section, ...);
+* ``stages``: ``[{"name", "train": {what this stage changes}, "export": {"slot_rank", "dtype", "read_shift"}}, ...]``.
+
+Stage k trains in ``OUT/<k>-<name>/`` (``sia.learn.adapter.train``, which resumes where a run stopped), starting from
+stage k-1's export (its ``init``); its export (``sia.checkpoint.export_adapter``) is written to
+``OUT/<k>-<name>/export``, the last stage's to ``OUT/final``: the checkpoint to ship. A stage whose export exists is
+done and skipped, so running a recipe again carries on where it stopped. ``out_dir`` and ``init`` belong to the
+recipe, never to a stage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from sia.checkpoint import DEFAULT_CACHE, export_adapter
+from sia.learn.adapter.train import TrainConfig, train
+from sia.model.config import check_fields, read_json_object
+
+log = logging.getLogger(__name__)
+
+FINAL = "final"  # OUT/final: the last stage's export
+EXPORT = "export"
+RECIPE_FILE = "recipe.json"  # the recipe as run (overrides applied), written into OUT
+_RUN_KEYS = ("out_dir", "init")  # set by the recipe for each stage
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+
+@dataclass(frozen=True)
+class Export:
+    """How a stage's trained checkpoint is rewritten (``sia export``): None keeps what training wrote."""
+
+    slot_rank: int | None = None  # each layer's slot maps factored to this rank
+    dtype: str | None = None  # storage dtype of the identity weights
+    read_shift: float | None = None  # the read's strength stored in the checkpoint
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    train: dict[str, Any]  # the training fields this stage sets over the recipe's shared ones
+    export: Export
+
+
+def _merged(shared: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """``own`` over ``shared``; the model section merged key by key (a stage names only the model fields it changes)."""
+    data = {**shared, **own}
+    if "model" in shared or "model" in own:
+        data["model"] = {**shared.get("model", {}), **own.get("model", {})}
+    return data
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a JSON object; got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Recipe:
+    train: dict[str, Any]
+    stages: tuple[Stage, ...]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ValueError("a recipe needs at least one stage")
+        names = [stage.name for stage in self.stages]
+        for name in names:
+            if not isinstance(name, str) or not _NAME.match(name):
+                raise ValueError(f"a stage's name is lower-case letters, digits and '-'; got {name!r}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names must differ; got {names}")
+        for where, data in [("the recipe's train", self.train)] + [(f"stage {s.name}'s train", s.train) for s in self.stages]:
+            taken = sorted(set(data) & set(_RUN_KEYS))
+            if taken:
+                raise ValueError(f"{where} sets {taken}: the recipe sets each stage's out_dir and init")
+        for index in range(len(self.stages)):
+            self.config(index, Path("."))  # every stage is a valid training config
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
+        check_fields(cls, dict(data), "recipe")
+        stages = []
+        for i, raw in enumerate(data.get("stages", [])):
+            raw = _object(raw, f"stage {i}")
+            unknown = sorted(set(raw) - {"name", "train", "export"})
+            if unknown:
+                raise ValueError(f"unknown stage keys {unknown}; known keys are ['export', 'name', 'train']")
+            export = _object(raw.get("export", {}), f"stage {i}'s export")
+            check_fields(Export, export, "export")
+            stages.append(Stage(raw.get("name", ""), _object(raw.get("train", {}), f"stage {i}'s train"), Export(**export)))
+        return cls(_object(data.get("train", {}), "the recipe's train"), tuple(stages), str(data.get("description", "")))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Recipe:
+        try:
+            return cls.from_dict(read_json_object(path))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        stages = [{"name": s.name, "train": s.train, "export": asdict(s.export)} for s in self.stages]
+        return {"description": self.description, "train": self.train, "stages": stages}
+
+    def with_overrides(self, train: Mapping[str, Any] | None = None, export: Mapping[str, Any] | None = None) -> Recipe:
+        """Every stage with ``train`` over its own settings and ``export`` over its export (e.g. a smoke run's tiny
+        backbone and few steps, or a GPU's device and batch sizes)."""
+        unknown = sorted(set(export or {}) - {f.name for f in fields(Export)})
+        if unknown:
+            raise ValueError(f"unknown export keys {unknown}")
+        stages = tuple(
+            Stage(s.name, _merged(s.train, train or {}), Export(**{**asdict(s.export), **(export or {})})) for s in self.stages
+        )
+        return Recipe(_merged(self.train, train or {}), stages, self.description)
+
+    def stage_dir(self, out: Path, index: int) -> Path:
+        return out / f"{index + 1}-{self.stages[index].name}"
+
+    def export_dir(self, out: Path, index: int) -> Path:
+        return out / FINAL if index == len(self.stages) - 1 else self.stage_dir(out, index) / EXPORT
+
+    def config(self, index: int, out: Path) -> TrainConfig:
+        """Stage ``index``'s training config: the shared settings, the stage's over them, its directory and init."""
+        data = _merged(self.train, self.stages[index].train)
+        data["out_dir"] = str(self.stage_dir(out, index))
+        data["init"] = None if index == 0 else str(self.export_dir(out, index - 1))
+        check_fields(TrainConfig, data, f"stage {self.stages[index].name}'s training")
+        return TrainConfig(**data)
+
+
+def run_recipe(recipe: Recipe, out: Path, *, progress: bool = True, cache_dir: Path = DEFAULT_CACHE) -> Path:
+    """Train and export every stage in order (stages already exported are skipped); returns ``OUT/final``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RECIPE_FILE).write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
+    for index, stage in enumerate(recipe.stages):
+        done = recipe.export_dir(out, index)
+        if done.is_dir():
+            log.info("stage %d/%d %s: exported already (%s)", index + 1, len(recipe.stages), stage.name, done)
+            continue
+        log.info("stage %d/%d %s", index + 1, len(recipe.stages), stage.name)
+        trained = train(recipe.config(index, out), progress=progress, cache_dir=cache_dir)
+        partial = done.with_name(done.name + ".partial")  # renamed once whole: a stopped export is redone
+        shutil.rmtree(partial, ignore_errors=True)
+        how = stage.export
+        export_adapter(
+            trained / "last", partial, slot_rank=how.slot_rank, dtype=how.dtype, read_shift=how.read_shift, cache_dir=cache_dir
+        )
+        partial.rename(done)
+    return recipe.export_dir(out, len(recipe.stages) - 1)

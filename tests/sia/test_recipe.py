@@ -1,0 +1,139 @@
+"""The shipped adapter's recipe (recipes/smollm2.json) runs end to end: every stage trains from the export of the
+one before and is exported as the recipe says; a finished recipe run again trains nothing; bad recipes are refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sia.backbones.llama import LlamaModel
+from sia.checkpoint import load_model
+from sia.commands import main
+from sia.learn.adapter import recipe as recipe_module
+from sia.learn.adapter import train as adapter_train
+from sia.learn.adapter.recipe import Recipe, run_recipe
+
+from .conftest import TinyVocab, write_tiny_gguf
+
+SHIPPED = Path(__file__).resolve().parents[2] / "recipes" / "smollm2.json"
+# a tiny backbone and two steps per stage: the chain, not the figures
+TINY = {
+    "model": {"d_self": 8, "memory_tokens": 2, "trace_layers": [1], "block_size": 2048},
+    "steps": 2,
+    "batch_size": 2,
+    "write_stage_batch": 2,
+    "curriculum": [[0, 1]],
+    "eval_every": 1000,
+    "eval_episodes": 2,
+    "eval_between": 1,
+    "checkpoint_every": 1000,
+    "threads": 1,
+    "precision": "fp32",
+}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory, tiny_vocab: TinyVocab) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("recipe") / "tiny.gguf", tiny_vocab).path
+
+
+def _tiny(base: Path) -> Recipe:
+    return Recipe.from_file(SHIPPED).with_overrides({**TINY, "base": str(base)}, {"slot_rank": 2})
+
+
+def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, tmp_path: Path) -> None:
+    shipped = Recipe.from_file(SHIPPED)
+    recipe = _tiny(base)
+    out = tmp_path / "run"
+    final = run_recipe(recipe, out, progress=False, cache_dir=base.parent / "models")
+    assert final == out / "final"
+    names = [stage.name for stage in shipped.stages]
+    assert len(names) == 4
+    exports = [out / f"{i + 1}-{name}" / "export" for i, name in enumerate(names[:-1])] + [final]
+    for i, name in enumerate(names):
+        ran = json.loads((out / f"{i + 1}-{name}" / "train.json").read_text())
+        # what the stage trained with: the recipe's own settings (only the tiny backbone and the step count replaced)
+        for key, value in shipped.stages[i].train.items():
+            if key not in TINY:
+                assert ran[key] == value, (name, key)
+        assert ran["init"] == (None if i == 0 else str(exports[i - 1]))  # each stage starts from the one before
+        assert ran["steps"] == 2 and ran["base"] == str(base)
+        exported = json.loads((exports[i] / "config.json").read_text())
+        assert exported["slot_rank"] == 2 and exported["weights_dtype"] == shipped.stages[i].export.dtype == "float16"
+        assert exported["read_shift"] == (shipped.stages[i].export.read_shift or 0.0)
+        assert {t.dtype for t in load_file(str(exports[i] / "identity.safetensors")).values()} == {torch.float16}
+        assert not (exports[i].parent / (exports[i].name + ".partial")).exists()
+    assert [s.export.read_shift for s in shipped.stages] == [None, None, 0.5, 0.5]
+    model = load_model(final, cache_dir=base.parent / "models")
+    assert isinstance(model, LlamaModel) and model.config.read_shift == 0.5 and model.config.slot_rank == 2
+    before = load_model(exports[2], cache_dir=base.parent / "models")
+    assert isinstance(before, LlamaModel)
+    moved = [n for n, t in model.identity_state_dict().items() if not torch.equal(t, before.identity_state_dict()[n])]
+    assert moved  # the last stage trained over the export it started from
+    assert json.loads((out / "recipe.json").read_text()) == recipe.to_dict()
+
+
+def test_a_finished_recipe_run_again_trains_nothing(base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    recipe = _tiny(base)
+    one = Recipe(recipe.train, recipe.stages[:2], recipe.description)
+    out = tmp_path / "run"
+    calls: list[str] = []
+    trainer = adapter_train.train
+
+    def counting(config: Any, **kwargs: Any) -> Path:
+        calls.append(config.out_dir)
+        return trainer(config, **kwargs)
+
+    monkeypatch.setattr(recipe_module, "train", counting)
+    (out / "1-write-read").mkdir(parents=True)
+    (out / "final.partial").mkdir()  # an export stopped half-way is redone
+    final = run_recipe(one, out, progress=False, cache_dir=base.parent / "models")
+    assert len(calls) == 2 and final == out / "final"
+    assert run_recipe(one, out, progress=False, cache_dir=base.parent / "models") == final
+    assert len(calls) == 2  # both stages were exported: nothing trained again
+
+
+def test_sia_recipe_runs_a_recipe_file_from_the_command_line(base: Path, tmp_path: Path) -> None:
+    path = tmp_path / "one.json"
+    shipped = json.loads(SHIPPED.read_text())
+    shipped["stages"] = shipped["stages"][:1]
+    shipped["stages"][0]["export"]["slot_rank"] = 2
+    shipped["train"].update({k: v for k, v in TINY.items() if k not in ("model", "steps")})
+    shipped["train"]["model"].update(TINY["model"])
+    path.write_text(json.dumps(shipped))
+    out = tmp_path / "run"
+    cache = base.parent / "models"
+    argv = ["recipe", str(path), "--out", str(out), "--steps", "1", "--base", str(base), "--cache", str(cache), "--quiet"]
+    assert main(argv) == 0
+    assert json.loads((out / "1-write-read" / "train.json").read_text())["steps"] == 1
+    assert json.loads((out / "final" / "config.json").read_text())["slot_rank"] == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda r: r["stages"][0]["train"].update(out_dir="elsewhere"), "sets \\['out_dir'\\]"),
+        (lambda r: r["train"].update(init="runs/x"), "sets \\['init'\\]"),
+        (lambda r: r["stages"][1].update(name="write-read"), "stage names must differ"),
+        (lambda r: r["stages"][1].update(name="Right After"), "lower-case"),
+        (lambda r: r["stages"][2]["train"].update(lr=-1.0), "min_lr <= lr"),
+        (lambda r: r["stages"][2]["train"].update(learning_rate=0.1), "unknown stage closed-kinds's training keys"),
+        (lambda r: r["stages"][0]["export"].update(rank=4), "unknown export keys"),
+        (lambda r: r["stages"][0].update(steps=4), "unknown stage keys"),
+        (lambda r: r.update(stages=[]), "at least one stage"),
+        (lambda r: r.update(seed=3), "unknown recipe keys"),
+    ],
+)
+def test_a_bad_recipe_is_refused_naming_the_file(tmp_path: Path, change: Any, match: str) -> None:
+    data = json.loads(SHIPPED.read_text())
+    change(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=match) as raised:
+        Recipe.from_file(path)
+    assert str(path) in str(raised.value)
