@@ -60,7 +60,7 @@ def persona_prompt(model: IdentityModel, name: str) -> str:
 
 
 # Decoding defaults for a small chat backbone: cooler than 1 with a nucleus cut, which keeps a 135M model on topic
-# and out of repetition loops far better than greedy decoding or temperature 0.8 (measured: docs/model.md).
+# and out of repetition loops far better than greedy decoding or temperature 0.8 (measured: experiments/LOG.md).
 CHAT_SAMPLING: dict[str, object] = {"temperature": 0.4, "top_p": 0.9, "max_tokens": 128}
 
 
