@@ -28,17 +28,15 @@ import functools
 import math
 import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sia.identity.state import IdentityState, SelfUpdate, TurnSummary, stabilised_metric
+from sia.identity.state import SelfUpdate, TurnSummary, stabilised_metric
 from sia.model.attention import attend
 from sia.model.config import LlamaConfig
-from sia.model.generate import left_padded, padded_inputs
 from sia.model.tokenizer import Tokenizer
 from sia.model.transformer import Conditioning, IdentityModel, KVCache, ModelOutput, TurnStats
 
@@ -717,49 +715,6 @@ class LlamaModel(IdentityModel):
         stats = TurnStats(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
         logits = self.lm_head(x[:, logits_from:L])
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
-
-    def write_input(self, rows: Sequence[Sequence[int]], counted: Sequence[Sequence[bool]]) -> Tensor:
-        """``config.fresh_write``: the write's input z (B, (K + 1)·C) of each row's whole turn (the persona's prompt,
-        the message, the reply and the token closing it) read with a fresh identity, as the base model reads it:
-        the memory tokens' final hidden states after the last token, and the hidden state pooled over the tokens
-        ``counted`` marks (the service never counts the last). The turn's tokens run without recording (nothing
-        they compute is trained); the last token and the memory tokens are differentiable."""
-        tok = self.tokenizer
-        device = self.device
-        idx, valid = left_padded(rows, tok.pad_id, device)
-        weight, _ = left_padded([[int(c) for c in m] for m in counted], 0, device)
-        B, L = idx.shape
-        K = self.config.memory_tokens
-        key_valid = torch.cat([torch.ones(B, self.prefix_len, dtype=torch.bool, device=device), valid], dim=1)
-        fresh = IdentityState.fresh(self.config)
-        cond = self.condition(
-            fresh.trace.expand(B, *fresh.trace.shape).to(device), torch.zeros(B, self.config.d_self, device=device)
-        )
-        cache = self.new_cache(cond, L + K)
-        with torch.no_grad():
-            positions, mask = padded_inputs(key_valid[:, :-1], L - 1, self.prefix_len)
-            first: ModelOutput = self(
-                idx[:, :-1],
-                cond,
-                cache=cache,
-                positions=positions,
-                attn_mask=mask,
-                summary_mask=weight[:, :-1].bool(),
-                logits_from=L - 2,
-            )
-        positions, mask = padded_inputs(key_valid, 1, self.prefix_len, K)
-        out: ModelOutput = self(
-            idx[:, -1:],
-            cond,
-            cache=cache,
-            positions=positions,
-            attn_mask=mask,
-            summary_mask=weight[:, -1:].bool(),
-            memory=True,
-            logits_from=0,
-        )
-        assert out.memory is not None
-        return (first.stats + out.stats).written_by(out.memory).hidden
 
     # --- what a turn leaves behind ---
     def summarize(self, stats: TurnStats) -> TurnSummary:

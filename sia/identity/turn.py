@@ -83,10 +83,6 @@ def conclude_turns(
     """The end of each turn once its reply is generated (alone, in a batch, or joined to a running batch): the
     shock from the message's NLL, the summary, the new state."""
     stats = TurnStats.cat([g.stats for g in generations])
-    if model.config.fresh_write:  # the write reads each whole turn with a fresh identity, as it was trained to
-        rows = [[*p.tokens, *g.tokens] for p, g in zip(prompts, generations, strict=True)]
-        counted = [[*p.counted, *[True] * (len(g.tokens) - 1), False] for p, g in zip(prompts, generations, strict=True)]
-        stats = stats.with_write(model.write_input(rows, counted))
     summaries = model.summarize(stats)
     results = []
     for row, (req, prompt, gen) in enumerate(zip(requests, prompts, generations, strict=True)):

@@ -142,11 +142,8 @@ class TurnStats:
     def written_by(self, memory: Tensor) -> TurnStats:
         """These sums with z = [the memory tokens' final hidden states (B, K, C); the pooled hidden state], flat."""
         B = memory.shape[0]
-        return self.with_write(torch.cat([memory.reshape(B, -1), self.hidden / self.pool_norm.unsqueeze(-1)], dim=-1))
-
-    def with_write(self, z: Tensor) -> TurnStats:
-        """These sums with the write's input z (B, F) computed elsewhere (``config.fresh_write``)."""
-        ones = z.new_ones(z.shape[0])
+        z = torch.cat([memory.reshape(B, -1), self.hidden / self.pool_norm.unsqueeze(-1)], dim=-1)  # (B, (K+1)·C)
+        ones = z.new_ones(B)
         return TurnStats(self.layer_inputs, z, self.count, torch.zeros_like(ones), ones)
 
     @staticmethod
@@ -304,10 +301,6 @@ class IdentityModel(nn.Module):
     def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
         raise NotImplementedError
 
-    def write_input(self, rows: Sequence[Sequence[int]], counted: Sequence[Sequence[bool]]) -> Tensor:
-        """``config.fresh_write``: the write's input z of each row's turn, read in a pass of its own (LLaMA only)."""
-        raise ValueError(f"{type(self).__name__} has no write that reads the turn in a pass of its own")
-
     def summarize(self, stats: TurnStats) -> TurnSummary:
         raise NotImplementedError
 
@@ -332,8 +325,8 @@ class IdentityModel(nn.Module):
     @property
     def memory_after_reply(self) -> int:
         """Memory tokens a generation reads after the reply, in its own cache: the write's (none when the model ignores
-        the state, or when ``config.fresh_write`` reads the turn in a pass of its own, in ``conclude_turns``)."""
-        return self.config.memory_tokens if self.stateful and not self.config.fresh_write else 0
+        the state)."""
+        return self.config.memory_tokens if self.stateful else 0
 
     @property
     def prefix_len(self) -> int:

@@ -21,12 +21,10 @@ from tests.conftest import tiny_config
 from .test_llama import HF_TINY, open_read, random_state
 
 
-def llama(memory_tokens: int, slots: int, fresh_write: bool = False) -> LlamaModel:
+def llama(memory_tokens: int, slots: int) -> LlamaModel:
     torch.manual_seed(0)
     hf = LlamaForCausalLM(HFLlamaConfig(**HF_TINY)).eval()
-    config = LlamaConfig.from_hf(
-        HF_TINY, d_self=8, trace_layers=[0, 2], memory_tokens=memory_tokens, self_slots=slots, fresh_write=fresh_write
-    )
+    config = LlamaConfig.from_hf(HF_TINY, d_self=8, trace_layers=[0, 2], memory_tokens=memory_tokens, self_slots=slots)
     model = LlamaModel(config, ByteTokenizer()).eval()
     model.load_base(hf.state_dict())
     return open_read(model)
@@ -85,10 +83,9 @@ JOIN_AT = [0, 2, 2, 5]  # the step before which each row joins: the longer secon
         lambda: llama(2, 2),
         lambda: packed(llama(2, 2)),
         lambda: packed(llama(2, 2), torch.bfloat16),
-        lambda: llama(2, 2, fresh_write=True),
         native,
     ],
-    ids=["llama", "llama-memory-slots", "llama-packed", "llama-packed-bf16", "llama-fresh-write", "native"],
+    ids=["llama", "llama-memory-slots", "llama-packed", "llama-packed-bf16", "native"],
 )
 def test_rows_joining_at_different_steps_decode_as_they_would_alone(build: object, together: bool) -> None:
     """Rows 1 and 2 join at the same step: one by one, or (``together``) in one left-padded prefill."""

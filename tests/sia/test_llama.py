@@ -153,21 +153,6 @@ def test_the_read_gate_starts_at_zero_and_shifts_the_slots_logits_per_token(hf_m
         LlamaConfig.from_hf(HF_TINY, slot_gate=1)
 
 
-def test_a_fresh_write_reads_the_turn_as_the_write_after_the_reply_does_under_a_fresh_state(
-    hf_model: LlamaForCausalLM,
-) -> None:
-    """``write_input`` (the fresh write's own pass over the whole turn) gives the z that the write after the reply,
-    in the generation's cache, gives when the state is fresh: the same tokens read, the same ones counted."""
-    model = open_read(build(hf_model, pooling="attention", memory_tokens=2))
-    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    fresh = IdentityState.fresh(model.config)
-    (gen,) = generate(model, [prompt], model.condition_states([fresh]), SamplingParams(max_new_tokens=5, temperature=0.0))
-    z = model.write_input([[*prompt, *gen.tokens]], [[True] * (len(prompt) + len(gen.tokens) - 1) + [False]])
-    torch.testing.assert_close(z, gen.stats.hidden, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="fresh_write"):
-        LlamaConfig.from_hf(HF_TINY, fresh_write=True)  # no memory tokens to write through
-
-
 def test_the_base_view_reads_the_same_weights_as_the_base_model(hf_model: LlamaForCausalLM) -> None:
     model = open_read(build(hf_model))
     idx = torch.randint(0, 300, (1, 8), generator=torch.Generator().manual_seed(6))
