@@ -37,8 +37,8 @@ from sia.learn.native.play import encode_episodes, play_episodes
 from sia.learn.native.recall import recall
 from sia.learn.native.train import RecallProbe, episode_loss
 from sia.model.config import ModelConfig
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 from sia.personas import PERSONAS
 
 log = logging.getLogger("benchmarks.recall_diagnostic")

@@ -57,8 +57,8 @@ from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity.shock import standardised_shock
 from sia.identity.state import advance, state_from_bytes
 from sia.model.generate import Sampling, stream
+from sia.model.summary_sums import TurnStats
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import TurnStats
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "turn.json"
 PERSONA = "sia"

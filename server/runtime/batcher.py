@@ -42,7 +42,7 @@ from server.observability import Metrics
 from sia.identity.turn import TurnPrompt, TurnRequest, TurnResult, conclude_turns, turn_prompt
 from sia.model.batching import DecodeBatch, Prefilled
 from sia.model.generate import SamplingParams, StreamEvent, check_room
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 
 __all__ = ["BatchedTurn", "Batcher", "Delivery", "available_cores"]
 

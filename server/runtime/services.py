@@ -17,7 +17,7 @@ from server.store import Store
 from sia.backbones.llama import NO_BFLOAT16_PACKING, LlamaModel, bfloat16_packing_available, bfloat16_products_fast
 from sia.checkpoint import load_model
 from sia.model.config import STATE_DTYPES
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 
 __all__ = ["Services", "served_model"]
 

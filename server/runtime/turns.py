@@ -20,7 +20,7 @@ from server.runtime.personas import Personas
 from server.store import Store
 from sia.identity.turn import TurnReply, TurnRequest, TurnResult, stream_turns
 from sia.model.generate import Sampling, SamplingParams, Stream, StreamEvent
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 
 __all__ = ["CounterfactualOutcome", "CounterfactualSide", "PendingTurn", "TurnOutcome", "Turns"]
 

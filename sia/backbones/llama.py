@@ -36,9 +36,12 @@ from torch import Tensor, nn
 
 from sia.identity.state import SelfUpdate, TurnSummary, stabilised_metric
 from sia.model.attention import attend
+from sia.model.conditioning import Conditioning
 from sia.model.config import LlamaConfig
+from sia.model.identity_model import IdentityModel, ModelOutput
+from sia.model.kv_cache import KVCache
+from sia.model.summary_sums import TurnStats
 from sia.model.tokenizer import Tokenizer
-from sia.model.transformer import Conditioning, IdentityModel, KVCache, ModelOutput, TurnStats
 
 __all__ = ["IDENTITY_PARAMETERS", "InjectedLayer", "LlamaModel", "hf_name", "injected_attention_reference"]
 

@@ -16,8 +16,9 @@ import torch
 from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState, advance
 from sia.model.generate import Generation, SamplingParams, Stream, StreamEvent, stream
+from sia.model.identity_model import IdentityModel
+from sia.model.summary_sums import TurnStats
 from sia.model.tokenizer import Tokenizer
-from sia.model.transformer import IdentityModel, TurnStats
 
 __all__ = ["TurnPrompt", "TurnReply", "TurnRequest", "TurnResult", "conclude_turns", "run_turn", "stream_turns", "turn_prompt"]
 

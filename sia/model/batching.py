@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sia.model.conditioning import Conditioning
 from sia.model.generate import (
     Generation,
     ReplyDecoder,
@@ -36,8 +37,10 @@ from sia.model.generate import (
     prompt_scoring,
     sample_next,
 )
+from sia.model.identity_model import IdentityModel
+from sia.model.kv_cache import KVCache
+from sia.model.summary_sums import TurnStats
 from sia.model.tokenizer import Tokenizer
-from sia.model.transformer import Conditioning, IdentityModel, KVCache, TurnStats
 
 __all__ = ["DecodeBatch", "Prefilled", "cat_conditioning", "select_conditioning"]
 

@@ -106,7 +106,7 @@ class ModelConfig(IdentityConfig):
     mlp_ratio: int = 4
     dropout: float = 0.0
 
-    # --- attention variant (registry in sia/model/transformer.py) ---
+    # --- attention variant (registry in sia/model/native.py) ---
     attention: str = "trace"  # "trace": TTA + self slot; "dot": plain dot-product attention, no state (the twin)
 
     def __post_init__(self) -> None:

@@ -17,8 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sia.model.conditioning import Conditioning
+from sia.model.identity_model import IdentityModel
+from sia.model.kv_cache import KVCache
+from sia.model.summary_sums import TurnStats
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
-from sia.model.transformer import Conditioning, IdentityModel, KVCache, TurnStats
 
 __all__ = [
     "Generation",

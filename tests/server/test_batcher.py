@@ -17,7 +17,7 @@ from server.runtime.batcher import BatchedTurn, Batcher
 from sia.identity.state import Dynamics, IdentityState, StateFormatError
 from sia.identity.turn import TurnRequest, TurnResult, run_turn
 from sia.model.generate import SamplingParams, StreamEvent
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 from tests.sia.test_batching import llama, native, states
 
 WAIT = 60.0  # seconds a test waits for a delivery before it fails (never reached when the batcher works)

@@ -14,8 +14,9 @@ from sia.identity.turn import TurnRequest, conclude_turns, run_turn, turn_prompt
 from sia.model.batching import DecodeBatch
 from sia.model.config import LlamaConfig
 from sia.model.generate import Generation, SamplingParams, generate
+from sia.model.identity_model import IdentityModel
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import IdentityModel, SIAModel
 from tests.conftest import tiny_config
 
 from .test_llama import HF_TINY, open_read, random_state

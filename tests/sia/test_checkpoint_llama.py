@@ -17,7 +17,7 @@ from sia.backbones.llama import LlamaModel, LowRank
 from sia.backbones.weights import cache_entry, file_sha256
 from sia.checkpoint import BASE_FILE, NATIVE_CHECKPOINT, BaseRef, load_model, save_llama_checkpoint, source_digest
 from sia.commands import main
-from sia.model.transformer import SIAModel
+from sia.model.native import SIAModel
 
 from .conftest import TinyGGUF
 from .test_llama import random_state

@@ -20,8 +20,10 @@ from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
 from sia.identity.shock import standardise
 from sia.identity.state import Dynamics, IdentityState, self_step, trace_step, welford_step
+from sia.model.conditioning import Conditioning
 from sia.model.generate import left_padded, padded_inputs
-from sia.model.transformer import Conditioning, KVCache, ModelOutput
+from sia.model.identity_model import ModelOutput
+from sia.model.kv_cache import KVCache
 from sia.personas import PERSONAS
 
 __all__ = [

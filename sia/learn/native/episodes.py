@@ -1,6 +1,6 @@
 """Teacher-forced turns over batches of episodes: what training and evaluation share with serving.
 
-Notation: B episodes (rows), L tokens of one turn after right padding, n_layer, H, d as in sia/model/transformer.py.
+Notation: B episodes (rows), L tokens of one turn after right padding, n_layer, H, d as in sia/model/native.py.
 
 A turn is encoded exactly as serving encodes it (sia/identity/turn.py):
 
@@ -25,8 +25,8 @@ from torch import Tensor
 from sia.identity.shock import standardise
 from sia.identity.state import Dynamics, IdentityState, ShockStats, self_step, trace_step, welford_step
 from sia.model.config import ModelConfig
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 
 __all__ = ["EncodedTurn", "StateBatch", "TurnBatch", "TurnOutput", "batch_turns", "encode_turn", "forward_turn"]
 

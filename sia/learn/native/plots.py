@@ -15,8 +15,8 @@ from sia.learn.native.attention_maps import probe_attention_maps
 from sia.learn.native.corpus import Episode
 from sia.learn.native.episodes import EncodedTurn
 from sia.learn.native.play import encode_episodes, play_episodes
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 
 PLOT_FILES = {
     "attention": "attention.png",
