@@ -1,4 +1,5 @@
-"""The turn: DESIGN §2 with durable state. Used by the HTTP service (through serving.py) and the command line.
+"""The turn with durable state (docs/store.md, "One atomic, serial turn per identity"). Used by the HTTP service
+(through serving.py) and the command line.
 
 hold the identity (store lease) -> load and validate its state -> run the turn (sia.identity.turn: shock,
 generation, summary, update) with no transaction open -> commit the new state, the turn and a history row in

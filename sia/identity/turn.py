@@ -1,4 +1,5 @@
-"""One conversational turn for a batch of identities (DESIGN §2, the library half; no storage here).
+"""One conversational turn for a batch of identities: the library half of the turn docs/architecture.md draws (no
+storage here; the durable half is server.runtime.turns, docs/store.md).
 
 measure shock on the message -> generate the reply -> summarise the turn -> advance each identity's state.
 The shock is read from the same prefill pass that starts generation, and the summary from sums the model

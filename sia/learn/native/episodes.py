@@ -148,7 +148,7 @@ class TurnOutput:
 
 
 def forward_turn(model: SIAModel, batch: TurnBatch, state: StateBatch, dynamics: Dynamics) -> TurnOutput:
-    """One teacher-forced turn for every row: logits, shock, and the advanced state (DESIGN §2, steps 2-5)."""
+    """One teacher-forced turn for every row: logits, shock, and the advanced state (sia.identity.turn's steps)."""
     cond = model.condition(state.trace, state.self_state)
     out = model(batch.tokens, cond, summary_mask=batch.summary_mask)
     logits = out.logits  # (B, L, V)
