@@ -84,7 +84,8 @@ from server.db import migrate
 from server.runtime.services import Services
 from server.store import Store
 from sia.backbones.chat_tokenizer import ChatTokenizer
-from sia.backbones.llama import LlamaModel, init_slot_map
+from sia.backbones.llama import LlamaModel
+from sia.backbones.slot_maps import init_slot_map
 from sia.backbones.weights import bundled_gguf, file_sha256, read_hf, resolve_base
 from sia.checkpoint import load_model
 from sia.identity.state import Dynamics, IdentityState, state_to_bytes

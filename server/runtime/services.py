@@ -14,7 +14,8 @@ from server.runtime.keys import KeyRing
 from server.runtime.personas import Personas
 from server.runtime.turns import Turns
 from server.store import Store
-from sia.backbones.llama import NO_BFLOAT16_PACKING, LlamaModel, bfloat16_packing_available, bfloat16_products_fast
+from sia.backbones.llama import LlamaModel
+from sia.backbones.packed_linear import NO_BFLOAT16_PACKING, bfloat16_packing_available, bfloat16_products_fast
 from sia.checkpoint import load_model
 from sia.model.config import STATE_DTYPES
 from sia.model.identity_model import IdentityModel

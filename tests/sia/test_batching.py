@@ -8,7 +8,8 @@ import torch
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
-from sia.backbones.llama import NO_BFLOAT16_PACKING, LlamaModel, bfloat16_packing_available, packing_available
+from sia.backbones.llama import LlamaModel
+from sia.backbones.packed_linear import NO_BFLOAT16_PACKING, bfloat16_packing_available, packing_available
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, conclude_turns, run_turn, turn_prompt
 from sia.model.batching import DecodeBatch
