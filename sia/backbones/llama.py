@@ -25,7 +25,7 @@ from sia.model.conditioning import Conditioning
 from sia.model.config import LlamaConfig
 from sia.model.identity_model import IdentityModel, ModelOutput
 from sia.model.kv_cache import KVCache
-from sia.model.summary_sums import TurnStats
+from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
 __all__ = ["IDENTITY_PARAMETERS", "LlamaModel", "hf_name"]
@@ -350,12 +350,12 @@ class LlamaModel(IdentityModel):
             cache.advance(L + K)
         x = self.norm_f(x)  # (B, L+K, C)
         hidden, pool_max, pool_norm = self._pool(x[:, :L].float(), weight[:, :L])
-        stats = TurnStats(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
+        stats = SummarySums(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
         logits = self.lm_head(x[:, logits_from:L])
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
 
     # --- what a turn leaves behind ---
-    def summarize(self, stats: TurnStats) -> TurnSummary:
+    def summarize(self, stats: SummarySums) -> TurnSummary:
         """Per row and trace layer: the unit mean pre-rotation key of each key/value head and the unit mean query of
         the query heads it serves (one pair per layer when the trace is shared), and the pooled hidden state z.
 

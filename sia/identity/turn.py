@@ -18,7 +18,7 @@ from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState, advance
 from sia.model.generate import Generation, SamplingParams, Stream, StreamEvent, stream
 from sia.model.identity_model import IdentityModel
-from sia.model.summary_sums import TurnStats
+from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
 __all__ = ["TurnPrompt", "TurnReply", "TurnRequest", "TurnResult", "conclude_turns", "run_turn", "stream_turns", "turn_prompt"]
@@ -35,7 +35,7 @@ class TurnRequest:
 @dataclass(frozen=True)
 class TurnReply:
     """What a turn answered and what it cost. The one record of a turn's outcome: the service's records of a turn
-    (server.records.NewTurn, TurnRecord; the runtime's TurnOutcome, CounterfactualSide) extend it."""
+    (server.records.NewTurn, TurnRecord; the runtime's CommittedTurn, CounterfactualSide) extend it."""
 
     reply: str
     finish_reason: str
@@ -84,7 +84,7 @@ def conclude_turns(
 ) -> list[TurnResult]:
     """The end of each turn once its reply is generated (alone, in a batch, or joined to a running batch): the
     shock from the message's NLL, the summary, the new state."""
-    stats = TurnStats.cat([g.stats for g in generations])
+    stats = SummarySums.cat([g.stats for g in generations])
     summaries = model.summarize(stats)
     results = []
     for row, (req, prompt, gen) in enumerate(zip(requests, prompts, generations, strict=True)):

@@ -17,7 +17,7 @@ from sia.identity.state import IdentityState, SelfUpdate, TurnSummary
 from sia.model.conditioning import Conditioning
 from sia.model.config import AnyConfig
 from sia.model.kv_cache import KVCache
-from sia.model.summary_sums import TurnStats
+from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
 __all__ = ["IdentityModel", "ModelOutput"]
@@ -26,7 +26,7 @@ __all__ = ["IdentityModel", "ModelOutput"]
 @dataclass
 class ModelOutput:
     logits: Tensor  # (B, L, vocab)
-    stats: TurnStats
+    stats: SummarySums
     memory: Tensor | None = None  # (B, K, C) final hidden states of the memory tokens, when they were read
 
 
@@ -62,7 +62,7 @@ class IdentityModel(nn.Module):
     def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
         raise NotImplementedError
 
-    def summarize(self, stats: TurnStats) -> TurnSummary:
+    def summarize(self, stats: SummarySums) -> TurnSummary:
         raise NotImplementedError
 
     def forward(

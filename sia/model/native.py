@@ -27,7 +27,7 @@ from sia.model.conditioning import Conditioning
 from sia.model.config import ModelConfig
 from sia.model.identity_model import IdentityModel, ModelOutput
 from sia.model.kv_cache import KVCache
-from sia.model.summary_sums import TurnStats
+from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import ByteTokenizer, Tokenizer
 
 __all__ = ["ATTENTION", "DotAttention", "LayerConditioning", "SIAModel", "TraceAttention"]
@@ -229,11 +229,11 @@ class SIAModel(IdentityModel):
             cache.advance(idx.shape[1])
         x = self.ln_f(x)  # (B, L, C)
         hidden, pool_max, pool_norm = self._pool(x, weight)
-        stats = TurnStats(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
+        stats = SummarySums(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
         return ModelOutput(logits=self.lm_head(x[:, logits_from:]), stats=stats)
 
     # --- what a turn leaves behind ---
-    def summarize(self, stats: TurnStats) -> TurnSummary:
+    def summarize(self, stats: SummarySums) -> TurnSummary:
         """Turn sums into per-row summaries: unit-norm mean queries/keys (raw, pre-metric) and mean hidden z.
 
         Projections are affine, so mean(q) = W_q mean(h) + b_q: no per-token queries need to be kept.

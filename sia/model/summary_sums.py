@@ -13,11 +13,11 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-__all__ = ["TurnStats"]
+__all__ = ["SummarySums"]
 
 
 @dataclass
-class TurnStats:
+class SummarySums:
     """Mergeable sums from which the turn summary is read, so it needs no second pass.
 
     The pooled hidden state z is a softmax-weighted mean over counted tokens, z = sum_i e^{a_i} x_i / sum_i e^{a_i},
@@ -31,10 +31,10 @@ class TurnStats:
     pool_max: Tensor  # (B,) running maximum of the pooling scores a_i
     pool_norm: Tensor  # (B,) sum of e^{a_i - pool_max}
 
-    def __add__(self, other: TurnStats) -> TurnStats:
+    def __add__(self, other: SummarySums) -> SummarySums:
         top = torch.maximum(self.pool_max, other.pool_max)
         mine, theirs = torch.exp(self.pool_max - top), torch.exp(other.pool_max - top)  # (B,)
-        return TurnStats(
+        return SummarySums(
             self.layer_inputs + other.layer_inputs,
             self.hidden * mine.unsqueeze(-1) + other.hidden * theirs.unsqueeze(-1),
             self.count + other.count,
@@ -42,17 +42,17 @@ class TurnStats:
             self.pool_norm * mine + other.pool_norm * theirs,
         )
 
-    def row(self, b: int) -> TurnStats:
-        return TurnStats(*(getattr(self, f.name)[b : b + 1] for f in fields(self)))
+    def row(self, b: int) -> SummarySums:
+        return SummarySums(*(getattr(self, f.name)[b : b + 1] for f in fields(self)))
 
-    def written_by(self, memory: Tensor) -> TurnStats:
+    def written_by(self, memory: Tensor) -> SummarySums:
         """These sums with z = [the memory tokens' final hidden states (B, K, C); the pooled hidden state], flat."""
         B = memory.shape[0]
         z = torch.cat([memory.reshape(B, -1), self.hidden / self.pool_norm.unsqueeze(-1)], dim=-1)  # (B, (K+1)·C)
         ones = z.new_ones(B)
-        return TurnStats(self.layer_inputs, z, self.count, torch.zeros_like(ones), ones)
+        return SummarySums(self.layer_inputs, z, self.count, torch.zeros_like(ones), ones)
 
     @staticmethod
-    def cat(parts: list[TurnStats]) -> TurnStats:
+    def cat(parts: list[SummarySums]) -> SummarySums:
         """Stack per-row stats back into one batch."""
-        return TurnStats(*(torch.cat([getattr(p, f.name) for p in parts]) for f in fields(TurnStats)))
+        return SummarySums(*(torch.cat([getattr(p, f.name) for p in parts]) for f in fields(SummarySums)))

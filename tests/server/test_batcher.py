@@ -13,7 +13,7 @@ import torch
 
 from server.errors import OverloadedError
 from server.observability import Metrics
-from server.runtime.batcher import BatchedTurn, Batcher
+from server.runtime.batcher import Batcher, SubmittedTurn
 from sia.identity.state import Dynamics, IdentityState, StateFormatError
 from sia.identity.turn import TurnRequest, TurnResult, run_turn
 from sia.model.generate import SamplingParams, StreamEvent
@@ -29,7 +29,7 @@ class Reader:
     def __init__(self) -> None:
         self.inbox: queue.Queue[StreamEvent | TurnResult | BaseException] = queue.Queue()
         self.events: list[StreamEvent] = []
-        self.turn: BatchedTurn | None = None
+        self.turn: SubmittedTurn | None = None
 
     def deliver(self, item: StreamEvent | TurnResult | BaseException) -> None:
         self.inbox.put(item)
