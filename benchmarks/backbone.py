@@ -34,7 +34,7 @@ Measured, CPU, ``torch.set_num_threads(--threads)``, float32 and bfloat16 (``mod
 5. **Store share**: ``server.runtime.services.Services`` over a fresh SQLite file, persona ``sia`` (default temperature,
    a fixed seed per turn), replies of exactly ``--tokens`` tokens. Each iteration runs one turn phase by phase
    (``benchmarks.turn.phased_turn``: load = hold + parse, shock = conditioning + prefill + first token,
-   generation, update, persist = serialise + commit) and one real ``Turns.stream_turn`` (its time to first
+   generation, update, persist = serialise + commit) and one real ``TurnRunner.stream_turn`` (its time to first
    token and its total). Store share = (load + persist) / phase sum, median over iterations.
 6. **HTTP**: ``sia serve`` as a real uvicorn subprocess (SQLite, auto-migrate, its model cache a symlink to the
    converted directory, ``SIA_TORCH_THREADS`` = ``--threads``), one untimed warm-up turn, then streamed
@@ -84,7 +84,8 @@ from server.db import migrate
 from server.runtime.services import Services
 from server.store import Store
 from sia.backbones.chat_tokenizer import ChatTokenizer
-from sia.backbones.llama import LlamaModel, init_slot_map
+from sia.backbones.llama import LlamaModel
+from sia.backbones.slot_maps import init_slot_map
 from sia.backbones.weights import bundled_gguf, file_sha256, read_hf, resolve_base
 from sia.checkpoint import load_model
 from sia.identity.state import Dynamics, IdentityState, state_to_bytes

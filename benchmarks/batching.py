@@ -40,7 +40,7 @@ from sia.checkpoint import load_model
 from sia.identity.state import IdentityState
 from sia.model.batching import DecodeBatch
 from sia.model.generate import SamplingParams, generate, stream
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 from sia.personas import PERSONAS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -51,8 +51,8 @@ from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity.state import IdentityState
 from sia.model.config import ModelConfig
 from sia.model.generate import SamplingParams, generate
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "generation.json"
 PROMPT = "Tell me about the sea, the ships on it and the people who sail them."

@@ -32,13 +32,13 @@ from typing import Any
 import torch
 
 from sia.identity.state import Dynamics
-from sia.learn.native.corpus import FACTS, NAMES, TEMPLATES, Episode, Probe, Turn
+from sia.learn.native.corpus import FACTS, NAMES, TEMPLATES, Episode, Probe, ScriptedTurn
 from sia.learn.native.play import encode_episodes, play_episodes
 from sia.learn.native.recall import recall
 from sia.learn.native.train import RecallProbe, episode_loss
 from sia.model.config import ModelConfig
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 from sia.personas import PERSONAS
 
 log = logging.getLogger("benchmarks.recall_diagnostic")
@@ -54,10 +54,10 @@ def colour_episode(rng: random.Random, split: str) -> Episode:
     reply = f"reply.{persona}."
     statement = rng.choice(pools["state.colour"]).replace("{value}", value)
     greeting = rng.choice(pools["greet"]).replace("{name}", name) + " " + statement
-    greet = Turn(greeting, rng.choice(pools[reply + "greet"]).replace("{name}", name))
-    chat = Turn(rng.choice(pools["smalltalk"]), rng.choice(pools[reply + "smalltalk"]))
+    greet = ScriptedTurn(greeting, rng.choice(pools[reply + "greet"]).replace("{name}", name))
+    chat = ScriptedTurn(rng.choice(pools["smalltalk"]), rng.choice(pools[reply + "smalltalk"]))
     prefix, suffix = rng.choice(pools[reply + "probe.colour"]).split("{value}")
-    ask = Turn(rng.choice(pools["ask.colour"]), prefix + value + suffix)
+    ask = ScriptedTurn(rng.choice(pools["ask.colour"]), prefix + value + suffix)
     probe = Probe(turn=2, fact="colour", answer=value, candidates=FACTS["colour"], prefix=prefix, source_turn=0)
     return Episode(persona, name, (greet, chat, ask), (probe,))
 

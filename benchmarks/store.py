@@ -10,7 +10,7 @@ bundled model's state size:
 * ``update``: the state update rules of one turn (``sia.identity.state.advance``: trace, self state, shock
   statistics) for a realistic turn summary.
 * ``persist``: serialise the new state and commit it with its turn record and history row (one transaction).
-* ``turn``: a whole ``Turns.turn`` with the bundled model (64 new tokens, sampled), which includes all of
+* ``turn``: a whole ``TurnRunner.turn`` with the bundled model (64 new tokens, sampled), which includes all of
   the above plus shock measurement and generation.
 
 Reported: p50 / p95 in milliseconds of ``repeats`` timed iterations after 10 warm-up ones, and the store's

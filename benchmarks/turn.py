@@ -10,7 +10,7 @@ its replies after a few dozen tokens, so the model gets a bias of -1e4 on the ``
 For each reply length, ``--repeats`` iterations after 5 warm-up ones; each iteration runs, on two
 identities that were created beforehand:
 
-* a **phased turn**: the steps of ``Turns.stream_turn`` and ``sia.identity.turn.stream_turns``, called directly in
+* a **phased turn**: the steps of ``TurnRunner.stream_turn`` and ``sia.identity.turn.stream_turns``, called directly in
   the same order and timed one by one:
 
   - ``load``: ``store.acquire`` (the hold, one transaction) + ``state_from_bytes`` (parse, validate), plus the
@@ -57,8 +57,8 @@ from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity.shock import standardised_shock
 from sia.identity.state import advance, state_from_bytes
 from sia.model.generate import Sampling, stream
+from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import TurnStats
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "turn.json"
 PERSONA = "sia"
@@ -105,7 +105,7 @@ def phased_turn(services: Services, user: str, message: str, sampling: Sampling)
         nll = float(generation.prompt_nll[span[0] : span[1]].mean())
         shock = standardised_shock(nll, state.shock, config)
         t4 = time.perf_counter()
-        summary = model.summarize(TurnStats.cat([generation.stats])).row(0)
+        summary = model.summarize(SummarySums.cat([generation.stats])).row(0)
         new_state = advance(state, summary, shock=shock, nll=nll, g=model.self_update, dynamics=dynamics)
     t5 = time.perf_counter()
     turn = NewTurn(

@@ -20,7 +20,7 @@ from server.runtime.batcher import Batcher, available_cores
 from server.runtime.services import Services, served_model
 from server.runtime.serving import TurnService
 from server.store import Store
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 
 __all__ = ["create_app"]
 

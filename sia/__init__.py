@@ -5,8 +5,8 @@ from sia.identity.turn import TurnRequest, TurnResult, run_turn, stream_turns
 from sia.model.attention import trace_tensor_attention, trace_tensor_attention_reference
 from sia.model.config import ModelConfig
 from sia.model.generate import SamplingParams, generate, stream
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 
 __version__ = "0.1.0"
 

@@ -24,7 +24,8 @@ from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
 from sia.backbones.weights import INSTALL_HINT, bundled_gguf, file_sha256, read_hf, resolve_base
 from sia.model.config import STATE_DTYPES, LlamaConfig, ModelConfig, read_json_object
-from sia.model.transformer import IdentityModel, SIAModel
+from sia.model.identity_model import IdentityModel
+from sia.model.native import SIAModel
 
 __all__ = [
     "DEFAULT_CHECKPOINT",

@@ -15,7 +15,7 @@ from sia.identity.state import Dynamics, IdentityState, state_from_bytes, state_
 from sia.identity.turn import TurnRequest, TurnResult, stream_turns
 from sia.model.config import LlamaConfig, read_json_object
 from sia.model.generate import Sampling, SamplingParams
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 from sia.personas import PERSONAS, persona_defaults, persona_prompt
 
 log = logging.getLogger("sia")

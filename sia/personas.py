@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sia.model.config import ModelConfig
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 
 __all__ = ["DEFAULT_PERSONA", "PERSONAS", "Persona", "persona_defaults", "persona_preamble", "persona_prompt"]
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from sia.checkpoint import save_checkpoint
 from sia.identity.state import IdentityState
 from sia.model.config import ModelConfig
-from sia.model.transformer import SIAModel
+from sia.model.native import SIAModel
 
 
 def tiny_config(**overrides: object) -> ModelConfig:

@@ -136,7 +136,7 @@ def test_a_crossing_is_caught(tmp_path: Path, source: str, expected: str) -> Non
         ("server/api/probe.py", "def f():\n    from sqlalchemy import text\n", "server.api.probe imports sqlalchemy"),
         ("server/api/probe.py", "from ..db import tables\n", "server.api.probe imports server.db.tables"),
         ("server/runtime/probe.py", "from server.api.errors import ApiError\n", "server.runtime.probe imports server.api"),
-        ("server/store.py", "from server.runtime.turns import Turns\n", "server.store imports server.runtime.turns"),
+        ("server/store.py", "from server.runtime.turns import TurnRunner\n", "server.store imports server.runtime.turns"),
         ("server/db/probe.py", "import server.api.deps\n", "server.db.probe imports server.api.deps"),
     ],
 )

@@ -24,7 +24,7 @@ __all__ = [
     "MetricsDep",
     "PersonasDep",
     "SettingsDep",
-    "TurnsDep",
+    "TurnServiceDep",
     "acting_user",
     "require_admin",
 ]
@@ -46,7 +46,7 @@ def _services(request: Request) -> Services:
     return services
 
 
-def get_turns(request: Request) -> TurnService:
+def get_turn_service(request: Request) -> TurnService:
     turns: TurnService = request.app.state.serving
     return turns
 
@@ -110,7 +110,7 @@ def acting_user(caller: Principal, user: str | None) -> str:
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-TurnsDep = Annotated[TurnService, Depends(get_turns)]
+TurnServiceDep = Annotated[TurnService, Depends(get_turn_service)]
 IdentitiesDep = Annotated[Identities, Depends(get_identities)]
 PersonasDep = Annotated[Personas, Depends(get_personas)]
 HealthDep = Annotated[Health, Depends(get_health)]

@@ -42,19 +42,19 @@ from server.observability import Metrics
 from sia.identity.turn import TurnPrompt, TurnRequest, TurnResult, conclude_turns, turn_prompt
 from sia.model.batching import DecodeBatch, Prefilled
 from sia.model.generate import SamplingParams, StreamEvent, check_room
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 
-__all__ = ["BatchedTurn", "Batcher", "Delivery", "available_cores"]
+__all__ = ["Batcher", "Delivery", "SubmittedTurn", "available_cores"]
 
 log = logging.getLogger("sia.batcher")
 T = TypeVar("T")
 
 Delivery = Callable[[StreamEvent | TurnResult | BaseException], None]
-Prefill = tuple[list["BatchedTurn"], Prefilled | BaseException]  # turns prefilled together, or one turn's error
+Prefill = tuple[list["SubmittedTurn"], Prefilled | BaseException]  # turns prefilled together, or one turn's error
 
 
 @dataclass(eq=False)
-class BatchedTurn:
+class SubmittedTurn:
     """A submitted turn; ``Batcher.cancel`` it when its reader is gone."""
 
     request: TurnRequest
@@ -105,8 +105,8 @@ class Batcher:
         self.model, self.tokenizer = model, model.tokenizer
         self.max_batch, self.max_queue, self.wait_s, self.threads = max_batch, max_queue, wait_s, threads
         self.metrics = metrics
-        self._waiting: deque[BatchedTurn] = deque()
-        self._cancelled: list[BatchedTurn] = []
+        self._waiting: deque[SubmittedTurn] = deque()
+        self._cancelled: list[SubmittedTurn] = []
         self._lock = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="sia-batcher", daemon=True)
@@ -131,12 +131,12 @@ class Batcher:
         if self._thread.is_alive():
             self._thread.join()
 
-    def submit(self, request: TurnRequest, params: SamplingParams, deliver: Delivery) -> BatchedTurn:
+    def submit(self, request: TurnRequest, params: SamplingParams, deliver: Delivery) -> SubmittedTurn:
         """Queue a turn. ValueError when its prompt and reply do not fit the context; OverloadedError when the queue
         is full; RuntimeError once closed. ``deliver`` is called on the batcher thread and must not block."""
         prompt = turn_prompt(self.tokenizer, request)
         check_room(self.model, len(prompt.tokens), params.max_new_tokens)
-        turn = BatchedTurn(request, prompt, params, deliver)
+        turn = SubmittedTurn(request, prompt, params, deliver)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
@@ -147,7 +147,7 @@ class Batcher:
             self._lock.notify_all()
         return turn
 
-    def cancel(self, turn: BatchedTurn) -> None:
+    def cancel(self, turn: SubmittedTurn) -> None:
         """Drop a turn (its reader is gone): from the queue now, from the batch before the next step; nothing more
         is delivered to it. Idempotent."""
         with self._lock:
@@ -183,7 +183,7 @@ class Batcher:
 
     def _loop(self, prefiller: ThreadPoolExecutor, wide: ThreadPoolExecutor | None) -> None:
         batch = DecodeBatch(self.model, self.tokenizer)
-        rows: dict[int, BatchedTurn] = {}
+        rows: dict[int, SubmittedTurn] = {}
         prefilling: Future[list[Prefill]] | None = None  # at most one group at a time; the next gathers who came meanwhile
         while True:
             joining, leaving = self._next_changes(rows, prefilling is not None)
@@ -228,7 +228,7 @@ class Batcher:
                 turn.deliver(closed)
             self._waiting.clear()
 
-    def _step(self, batch: DecodeBatch, rows: dict[int, BatchedTurn]) -> None:
+    def _step(self, batch: DecodeBatch, rows: dict[int, SubmittedTurn]) -> None:
         """One token for every row, streamed before the forward that feeds it back; the rows that stop are concluded
         and leave ``rows``."""
         started = time.perf_counter()
@@ -244,7 +244,7 @@ class Batcher:
             if not turn.cancelled:
                 turn.deliver(conclude_turns(self.model, [turn.request], [turn.prompt], [generation])[0])
 
-    def _prefill(self, batch: DecodeBatch, joining: list[BatchedTurn]) -> list[Prefill]:
+    def _prefill(self, batch: DecodeBatch, joining: list[SubmittedTurn]) -> list[Prefill]:
         """On the prefill thread, while the batch steps: the joining turns prefilled together, in one padded forward;
         if that fails, one by one, so that only a turn that fails alone gets its error (the batch goes on)."""
         groups = [joining] if len(joining) > 1 else [[turn] for turn in joining]
@@ -264,7 +264,7 @@ class Batcher:
                     groups.extend([turn] for turn in group)
         return done
 
-    def _admit(self, batch: DecodeBatch, prefilled: list[Prefill], rows: dict[int, BatchedTurn]) -> None:
+    def _admit(self, batch: DecodeBatch, prefilled: list[Prefill], rows: dict[int, SubmittedTurn]) -> None:
         """Between two steps: the prefilled turns join the batch (one that was cancelled meanwhile leaves at once)
         and ``rows``; a turn whose prefill failed gets its error."""
         for group, result in prefilled:
@@ -278,7 +278,9 @@ class Batcher:
                 turn.row = handle
                 rows[handle] = turn
 
-    def _next_changes(self, rows: dict[int, BatchedTurn], prefilling: bool) -> tuple[list[BatchedTurn] | None, list[BatchedTurn]]:
+    def _next_changes(
+        self, rows: dict[int, SubmittedTurn], prefilling: bool
+    ) -> tuple[list[SubmittedTurn] | None, list[SubmittedTurn]]:
         """Block until there is work; the turns that join now (None once closed; none while a prefill is under way,
         so that the turns arriving meanwhile are prefilled together next) and the rows to cancel."""
         n_rows = len(rows)
@@ -292,7 +294,7 @@ class Batcher:
             if self._closed:
                 return None, []
             leaving, self._cancelled = self._cancelled, []
-            joining: list[BatchedTurn] = []
+            joining: list[SubmittedTurn] = []
             room = self.max_batch - n_rows + sum(1 for t in leaving if t.row in rows)
             while self._waiting and len(joining) < room and not prefilling:
                 joining.append(self._waiting.popleft())

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from server.db import migrate
 from server.store import Store
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 
 __all__ = ["Health", "Readiness"]
 

@@ -11,7 +11,7 @@ from server.runtime.codec import encode
 from server.store import Store
 from sia.identity.state import Dynamics, IdentityState, StateFormatError, state_from_bytes
 from sia.model.generate import Sampling, SamplingParams
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 from sia.personas import DEFAULT_PERSONA, PERSONAS, persona_defaults
 
 __all__ = ["Personas"]

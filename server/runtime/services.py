@@ -12,12 +12,13 @@ from server.runtime.health import Health
 from server.runtime.identities import Identities
 from server.runtime.keys import KeyRing
 from server.runtime.personas import Personas
-from server.runtime.turns import Turns
+from server.runtime.turns import TurnRunner
 from server.store import Store
-from sia.backbones.llama import NO_BFLOAT16_PACKING, LlamaModel, bfloat16_packing_available, bfloat16_products_fast
+from sia.backbones.llama import LlamaModel
+from sia.backbones.packed_linear import NO_BFLOAT16_PACKING, bfloat16_packing_available, bfloat16_products_fast
 from sia.checkpoint import load_model
 from sia.model.config import STATE_DTYPES
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 
 __all__ = ["Services", "served_model"]
 
@@ -53,7 +54,7 @@ class Services:
     store: Store
     personas: Personas
     identities: Identities
-    turns: Turns
+    turns: TurnRunner
     keys: KeyRing
     health: Health
 
@@ -62,7 +63,7 @@ class Services:
         """Every service over ``model`` (which must keep identity state) and ``store``."""
         personas = Personas(model, store)
         identities = Identities(model.config, store, personas)
-        turns = Turns(model, store, personas, identities)
+        turns = TurnRunner(model, store, personas, identities)
         return cls(store, personas, identities, turns, KeyRing(store), Health(model, store))
 
     def close(self) -> None:

@@ -22,13 +22,13 @@ import anyio.to_thread
 
 from server.errors import BusyError, OverloadedError
 from server.observability import Metrics
-from server.runtime.batcher import BatchedTurn, Batcher
-from server.runtime.turns import CounterfactualOutcome, PendingTurn, TurnOutcome, Turns
+from server.runtime.batcher import Batcher, SubmittedTurn
+from server.runtime.turns import CommittedTurn, CounterfactualOutcome, HeldTurn, TurnRunner
 from sia.identity.turn import TurnResult
 from sia.model.generate import Sampling, Stream, StreamEvent
 from sia.model.tokenizer import Tokenizer
 
-__all__ = ["ClientGone", "Disconnected", "TurnService", "TurnStream"]
+__all__ = ["AsyncTurnStream", "ClientGone", "Disconnected", "TurnService"]
 
 _END = object()
 Disconnected = Callable[[], Awaitable[bool]]
@@ -38,22 +38,22 @@ class ClientGone(Exception):
     """The client disconnected before its turn completed; the turn was abandoned and nothing was kept."""
 
 
-class TurnStream:
+class AsyncTurnStream:
     """A turn seen from the event loop: its StreamEvents as they come (``async for``), then ``outcome``, the
     committed turn. ``aclose()`` abandons it (the identity is released, nothing is written)."""
 
-    def __init__(self, events: Callable[[list[TurnOutcome]], AsyncGenerator[StreamEvent, None]]) -> None:
-        self._ended: list[TurnOutcome] = []
+    def __init__(self, events: Callable[[list[CommittedTurn]], AsyncGenerator[StreamEvent, None]]) -> None:
+        self._ended: list[CommittedTurn] = []
         self._events = events(self._ended)
 
-    def __aiter__(self) -> TurnStream:
+    def __aiter__(self) -> AsyncTurnStream:
         return self
 
     async def __anext__(self) -> StreamEvent:
         return await anext(self._events)
 
     @property
-    def outcome(self) -> TurnOutcome:
+    def outcome(self) -> CommittedTurn:
         if not self._ended:
             raise RuntimeError("the turn has not ended: read its events first")
         return self._ended[0]
@@ -63,7 +63,7 @@ class TurnStream:
 
 
 class TurnService:
-    def __init__(self, turns: Turns, metrics: Metrics, max_concurrent: int, batcher: Batcher | None = None) -> None:
+    def __init__(self, turns: TurnRunner, metrics: Metrics, max_concurrent: int, batcher: Batcher | None = None) -> None:
         self.turns = turns
         self.metrics = metrics
         self.limiter = anyio.CapacityLimiter(max_concurrent)
@@ -81,7 +81,7 @@ class TurnService:
 
     async def turn(
         self, persona: str, user: str, message: str, sampling: Sampling, *, gone: Disconnected | None = None
-    ) -> TurnOutcome:
+    ) -> CommittedTurn:
         """A whole turn. With ``gone``, a client that disconnects before the end abandons it (nothing is kept)."""
         turn = self.stream(persona, user, message, sampling, gone=gone)
         async for _ in turn:
@@ -90,23 +90,23 @@ class TurnService:
 
     def stream(
         self, persona: str, user: str, message: str, sampling: Sampling, *, gone: Disconnected | None = None
-    ) -> TurnStream:
+    ) -> AsyncTurnStream:
         """The turn, one event per worker-thread hop; ``gone()`` is asked before each hop. Nothing starts
         before the first event is asked for.
 
         Waiting for the identity happens outside the inference slots: a turn waiting for a busy identity must
         not hold a slot the turn that holds the identity needs in order to finish.
         """
-        return TurnStream(partial(self._events, persona, user, message, sampling, gone))
+        return AsyncTurnStream(partial(self._events, persona, user, message, sampling, gone))
 
     async def _events(
-        self, persona: str, user: str, message: str, sampling: Sampling, gone: Disconnected | None, ended: list[TurnOutcome]
+        self, persona: str, user: str, message: str, sampling: Sampling, gone: Disconnected | None, ended: list[CommittedTurn]
     ) -> AsyncGenerator[StreamEvent, None]:
         started = time.perf_counter()
         outcome = "abandoned"
-        held: list[PendingTurn] = []  # filled in the worker thread, so a cancelled wait still finds its hold
-        gen: Stream[TurnOutcome] | None = None
-        batched: BatchedTurn | None = None
+        held: list[HeldTurn] = []  # filled in the worker thread, so a cancelled wait still finds its hold
+        gen: Stream[CommittedTurn] | None = None
+        batched: SubmittedTurn | None = None
         try:
             if gone is not None and await gone():
                 raise ClientGone
@@ -200,7 +200,7 @@ class TurnService:
         self.metrics.tokens.labels(kind="completion").inc(completion_tokens)
 
 
-def _abandon(gen: Stream[TurnOutcome] | None, pending: PendingTurn) -> None:
+def _abandon(gen: Stream[CommittedTurn] | None, pending: HeldTurn) -> None:
     """Close the turn's generator (if it started) and let go of the identity; nothing is written."""
     if gen is not None:
         gen.close()

@@ -1,4 +1,5 @@
-"""The turn: DESIGN §2 with durable state. Used by the HTTP service (through serving.py) and the command line.
+"""The turn with durable state (docs/store.md, "One atomic, serial turn per identity"). Used by the HTTP service
+(through serving.py) and the command line.
 
 hold the identity (store lease) -> load and validate its state -> run the turn (sia.identity.turn: shock,
 generation, summary, update) with no transaction open -> commit the new state, the turn and a history row in
@@ -20,13 +21,13 @@ from server.runtime.personas import Personas
 from server.store import Store
 from sia.identity.turn import TurnReply, TurnRequest, TurnResult, stream_turns
 from sia.model.generate import Sampling, SamplingParams, Stream, StreamEvent
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 
-__all__ = ["CounterfactualOutcome", "CounterfactualSide", "PendingTurn", "TurnOutcome", "Turns"]
+__all__ = ["CommittedTurn", "CounterfactualOutcome", "CounterfactualSide", "HeldTurn", "TurnRunner"]
 
 
 @dataclass(frozen=True)
-class TurnOutcome(TurnReply):
+class CommittedTurn(TurnReply):
     """A committed turn: the library's TurnReply, this turn's index, the identity's version after it, its latency."""
 
     turn: int  # this turn's index for the identity (0, 1, ...)
@@ -50,7 +51,7 @@ class CounterfactualOutcome:
     other: CounterfactualSide
 
 
-class Turns:
+class TurnRunner:
     """Turns of one loaded model over one store. Thread-safe; turns of one identity are serial, others run in parallel."""
 
     def __init__(self, model: IdentityModel, store: Store, personas: Personas, identities: Identities) -> None:
@@ -62,19 +63,19 @@ class Turns:
         self.personas = personas
         self.identities = identities
 
-    def turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> TurnOutcome:
+    def turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> CommittedTurn:
         """One whole turn; the identity is created from the persona on its first turn."""
         return self.stream_turn(persona, user, message, sampling).finish()
 
-    def stream_turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> Stream[TurnOutcome]:
-        """StreamEvents as the reply is generated; the result is the TurnOutcome, once the turn is committed.
+    def stream_turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> Stream[CommittedTurn]:
+        """StreamEvents as the reply is generated; the result is the CommittedTurn, once the turn is committed.
 
         Nothing is held before the first event is asked for, and nothing is written unless the stream runs to
         its end: closing it early (a client that went away) or an exception anywhere leaves the identity
         exactly as it was.
         """
 
-        def run() -> Generator[StreamEvent, None, TurnOutcome]:
+        def run() -> Generator[StreamEvent, None, CommittedTurn]:
             pending = self.begin_turn(persona, user, message, sampling)
             try:
                 events = pending.run()
@@ -85,7 +86,7 @@ class Turns:
 
         return Stream(run())
 
-    def begin_turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> PendingTurn:
+    def begin_turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> HeldTurn:
         """Hold the identity (waiting up to the busy timeout) and load its state; inference has not started.
 
         The caller must either run the returned turn to its end or release it. Waiting for the identity is
@@ -104,7 +105,7 @@ class Turns:
                 dynamics=self.personas.dynamics(record),
                 context=tuple(self.tokenizer.system_prompt(record.preamble)),
             )
-            return PendingTurn(self, lease, request, self.personas.sampling_params(record, sampling))
+            return HeldTurn(self, lease, request, self.personas.sampling_params(record, sampling))
         except BaseException:
             self.store.release(lease)
             raise
@@ -143,19 +144,19 @@ class Turns:
         return CounterfactualOutcome(seed=sampling.seed, current=current_side, other=other_side)
 
 
-class PendingTurn:
+class HeldTurn:
     """A turn whose identity is held: ``run()`` generates, updates and commits (or a batch decodes ``request``
     under ``params`` and ``commit`` stores its result); ``release()`` gives up."""
 
-    def __init__(self, turns: Turns, lease: Lease, request: TurnRequest, params: SamplingParams) -> None:
+    def __init__(self, turns: TurnRunner, lease: Lease, request: TurnRequest, params: SamplingParams) -> None:
         self.turns, self.lease, self.request, self.params = turns, lease, request, params
         self._finished = False
 
-    def run(self) -> Stream[TurnOutcome]:
-        """StreamEvents; the result is the TurnOutcome after the commit. Closing it early releases the identity."""
+    def run(self) -> Stream[CommittedTurn]:
+        """StreamEvents; the result is the CommittedTurn after the commit. Closing it early releases the identity."""
         return Stream(self._run())
 
-    def _run(self) -> Generator[StreamEvent, None, TurnOutcome]:
+    def _run(self) -> Generator[StreamEvent, None, CommittedTurn]:
         try:
             started = time.perf_counter()
             replies = stream_turns(self.turns.model, [self.request], self.params, tokenizer=self.turns.tokenizer)
@@ -164,7 +165,7 @@ class PendingTurn:
         finally:
             self.release()
 
-    def commit(self, result: TurnResult, latency_ms: float) -> TurnOutcome:
+    def commit(self, result: TurnResult, latency_ms: float) -> CommittedTurn:
         """Store the turn's result, however it was decoded (alone here, or in the service's batch): the new state,
         the turn and a history row in one transaction; the identity is let go."""
         try:
@@ -173,7 +174,7 @@ class PendingTurn:
             self._finished = True
         finally:
             self.release()
-        return TurnOutcome(**result.reply_fields(), turn=self.lease.turn_count, state_version=version, latency_ms=latency_ms)
+        return CommittedTurn(**result.reply_fields(), turn=self.lease.turn_count, state_version=version, latency_ms=latency_ms)
 
     def release(self) -> None:
         """Let go of the identity, writing nothing; idempotent, and a no-op after the commit."""

@@ -2,7 +2,7 @@
 
 Notation: n_layer layers, H heads, d query/key width (config.qk_dim), d_s self-state width, C residual width.
 
-    T_{t+1} = lambda T_t + alpha tanh(|Shock_t|) (K_t ⊗ Q_t)           (DESIGN §1.2, stored as is)
+    T_{t+1} = lambda T_t + alpha tanh(|Shock_t|) (K_t ⊗ Q_t)           (docs/attention.md §4, stored as is)
     M(T)    = c (I + rho U tanh(Lambda / tau) U^T),  sym(T) = U Lambda U^T   (metric used by attention)
     s_{t+1} = clamp(s_t + eta (tanh(W [z; s_t] + b) - s_t), -1, 1)     (gated: the step times sigma(G [z; s_t] + b_g))
 

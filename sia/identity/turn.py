@@ -1,4 +1,5 @@
-"""One conversational turn for a batch of identities (DESIGN §2, the library half; no storage here).
+"""One conversational turn for a batch of identities: the library half of the turn docs/architecture.md draws (no
+storage here; the durable half is server.runtime.turns, docs/store.md).
 
 measure shock on the message -> generate the reply -> summarise the turn -> advance each identity's state.
 The shock is read from the same prefill pass that starts generation, and the summary from sums the model
@@ -16,8 +17,9 @@ import torch
 from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState, advance
 from sia.model.generate import Generation, SamplingParams, Stream, StreamEvent, stream
+from sia.model.identity_model import IdentityModel
+from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
-from sia.model.transformer import IdentityModel, TurnStats
 
 __all__ = ["TurnPrompt", "TurnReply", "TurnRequest", "TurnResult", "conclude_turns", "run_turn", "stream_turns", "turn_prompt"]
 
@@ -33,7 +35,7 @@ class TurnRequest:
 @dataclass(frozen=True)
 class TurnReply:
     """What a turn answered and what it cost. The one record of a turn's outcome: the service's records of a turn
-    (server.records.NewTurn, TurnRecord; the runtime's TurnOutcome, CounterfactualSide) extend it."""
+    (server.records.NewTurn, TurnRecord; the runtime's CommittedTurn, CounterfactualSide) extend it."""
 
     reply: str
     finish_reason: str
@@ -82,11 +84,7 @@ def conclude_turns(
 ) -> list[TurnResult]:
     """The end of each turn once its reply is generated (alone, in a batch, or joined to a running batch): the
     shock from the message's NLL, the summary, the new state."""
-    stats = TurnStats.cat([g.stats for g in generations])
-    if model.config.fresh_write:  # the write reads each whole turn with a fresh identity, as it was trained to
-        rows = [[*p.tokens, *g.tokens] for p, g in zip(prompts, generations, strict=True)]
-        counted = [[*p.counted, *[True] * (len(g.tokens) - 1), False] for p, g in zip(prompts, generations, strict=True)]
-        stats = stats.with_write(model.write_input(rows, counted))
+    stats = SummarySums.cat([g.stats for g in generations])
     summaries = model.summarize(stats)
     results = []
     for row, (req, prompt, gen) in enumerate(zip(requests, prompts, generations, strict=True)):

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sia.model.conditioning import Conditioning
 from sia.model.generate import (
     Generation,
     ReplyDecoder,
@@ -36,8 +37,10 @@ from sia.model.generate import (
     prompt_scoring,
     sample_next,
 )
+from sia.model.identity_model import IdentityModel
+from sia.model.kv_cache import KVCache
+from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
-from sia.model.transformer import Conditioning, IdentityModel, KVCache, TurnStats
 
 __all__ = ["DecodeBatch", "Prefilled", "cat_conditioning", "select_conditioning"]
 
@@ -80,7 +83,7 @@ class _Member:
     params: SamplingParams
     row: ReplyDecoder  # tokens, text, stop handling, generator
     prompt_nll: Tensor  # (prompt_len - 1,)
-    stats: TurnStats  # (1 row) sums over counted prompt tokens and every generated token fed back
+    stats: SummarySums  # (1 row) sums over counted prompt tokens and every generated token fed back
     last: Tensor  # (V,) logits of its next token
 
 
@@ -93,7 +96,7 @@ class Prefilled:
     lengths: list[int]  # each prompt's tokens
     params: list[SamplingParams]
     prompt_nll: Tensor  # (B, L - 1)
-    stats: TurnStats  # (B rows)
+    stats: SummarySums  # (B rows)
     last: Tensor  # (B, V) the logits of each row's first reply token
 
 
@@ -122,7 +125,7 @@ def _stack(parts: Sequence[Prefilled], cond: Conditioning, n_memory: int) -> Pre
         lengths,
         [q for p in parts for q in p.params],
         nll,
-        TurnStats.cat([p.stats for p in parts]),
+        SummarySums.cat([p.stats for p in parts]),
         torch.cat([p.last for p in parts]),
     )
 

@@ -31,10 +31,6 @@ class IdentityConfig:
     pooling: str = "mean"  # how a turn's hidden states pool into z: "mean", or "attention" (a learned score per token)
     memory_tokens: int = 0  # K > 0: z is the final hidden states of K learned tokens read after each turn (LLaMA only)
     write_gate: bool = False  # the self update is gated per dimension, s + eta sigma(G[z; s]) (tanh(W[z; s]) - s)
-    # the memory tokens (and the pooled hidden state) read the turn in a pass of its own with a fresh identity, as the
-    # base model reads it, instead of after the reply under the state being written: z is then what the turn says,
-    # independent of the read (the state still enters the update itself). Costs a prefill of the turn per turn.
-    fresh_write: bool = False
 
     # --- identity dynamics (defaults; a persona may override them) ---
     alpha: float = 0.1  # plasticity: how strongly a turn imprints the trace
@@ -57,6 +53,7 @@ class IdentityConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
+        data = drop_removed(data)
         check_fields(cls, data, "config")
         return cls(**data)
 
@@ -76,8 +73,6 @@ class IdentityConfig:
             raise ValueError(f"memory_tokens must be an integer >= 0; got {self.memory_tokens!r}")
         if not isinstance(self.write_gate, bool):
             raise ValueError(f"write_gate must be true or false; got {self.write_gate!r}")
-        if not isinstance(self.fresh_write, bool) or (self.fresh_write and not self.memory_tokens):
-            raise ValueError(f"fresh_write must be true or false, and true only with memory_tokens; got {self.fresh_write!r}")
         if not self.alpha >= 0.0:
             raise ValueError(f"alpha (plasticity) must be >= 0; got {self.alpha}")
         if not 0.0 < self.decay <= 1.0:
@@ -111,7 +106,7 @@ class ModelConfig(IdentityConfig):
     mlp_ratio: int = 4
     dropout: float = 0.0
 
-    # --- attention variant (registry in sia/model/transformer.py) ---
+    # --- attention variant (registry in sia/model/native.py) ---
     attention: str = "trace"  # "trace": TTA + self slot; "dot": plain dot-product attention, no state (the twin)
 
     def __post_init__(self) -> None:
@@ -305,6 +300,7 @@ class LlamaConfig(IdentityConfig):
             raise ValueError(f"rope_scaling {scaling!r} is not supported; only plain RoPE")
         if hf.get("attention_bias") or hf.get("mlp_bias"):
             raise ValueError("LLaMA checkpoints with attention or MLP biases are not supported")
+        overrides = drop_removed(overrides)
         check_fields(cls, overrides, "config")
         return cls(**{**fields_, **overrides})
 
@@ -321,6 +317,25 @@ def read_json_object(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object of config fields")
     return data
+
+
+# Options that were removed, each with the one value an old config may still carry: the behaviour that remains.
+# fresh_write (the write reading each turn in a pass of its own with a fresh identity) recalled less than the write
+# after the reply; the last commit that had it is 65d69af.
+REMOVED_FIELDS: dict[str, object] = {"fresh_write": False}
+
+
+def drop_removed(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without the keys of removed options that hold their remaining value (an old checkpoint's config);
+    ValueError for a key that asks for a removed behaviour."""
+    kept = dict(data)
+    for name, remaining in REMOVED_FIELDS.items():
+        if name in kept and kept.pop(name) is not remaining:
+            raise ValueError(
+                f"{name}={data[name]!r}: the {name} option was removed; only {remaining!r}, the behaviour that remains, "
+                f"is accepted from an old config (or leave the key out)"
+            )
+    return kept
 
 
 def check_fields(cls: type, data: dict[str, Any], what: str) -> None:

@@ -17,8 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sia.model.conditioning import Conditioning
+from sia.model.identity_model import IdentityModel
+from sia.model.kv_cache import KVCache
+from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
-from sia.model.transformer import Conditioning, IdentityModel, KVCache, TurnStats
 
 __all__ = [
     "Generation",
@@ -157,7 +160,7 @@ class Generation:
     text: str  # decoded reply, cut before any stop string
     finish_reason: str  # "stop" (end token or stop string) or "length"
     prompt_nll: Tensor  # (prompt_len - 1,) NLL of each prompt token after the first, under the state (NaN: not scored)
-    stats: TurnStats = field(repr=False)  # sums over counted prompt tokens and every generated token fed back
+    stats: SummarySums = field(repr=False)  # sums over counted prompt tokens and every generated token fed back
 
 
 def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
@@ -391,7 +394,7 @@ def _decode(
 
     def run(
         tokens: Tensor, key_valid: Tensor, count: Tensor, cache: KVCache | None, memory: bool = False, logits_from: int = 0
-    ) -> tuple[Tensor, TurnStats, Tensor | None]:
+    ) -> tuple[Tensor, SummarySums, Tensor | None]:
         """Forward over ``tokens`` (B, n) (and then the memory tokens); key_valid (B, prefix + all tokens so far)."""
         positions, mask = padded_inputs(key_valid, tokens.shape[1], model.prefix_len, n_memory if memory else 0)
         attn_mask = mask if padded else None  # unpadded rows take the causal kernel

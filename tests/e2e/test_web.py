@@ -22,7 +22,7 @@ from server.core.config import Settings
 from server.runtime.keys import KeyRing
 from server.store import Store
 from sia.checkpoint import NATIVE_CHECKPOINT, save_checkpoint
-from sia.model.transformer import SIAModel
+from sia.model.native import SIAModel
 from tests.conftest import sharpen, tiny_config
 from tests.e2e.conftest import local_env
 

@@ -12,7 +12,7 @@ from server.db import migrate
 from server.runtime.identities import Identities
 from server.runtime.personas import Personas
 from server.runtime.services import Services
-from server.runtime.turns import Turns
+from server.runtime.turns import TurnRunner
 from server.store import Store
 from tests.conftest import tiny_model
 
@@ -56,5 +56,5 @@ def identities(services: Services) -> Identities:
 
 
 @pytest.fixture
-def turns(services: Services) -> Turns:
+def turns(services: Services) -> TurnRunner:
     return services.turns

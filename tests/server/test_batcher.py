@@ -13,11 +13,11 @@ import torch
 
 from server.errors import OverloadedError
 from server.observability import Metrics
-from server.runtime.batcher import BatchedTurn, Batcher
+from server.runtime.batcher import Batcher, SubmittedTurn
 from sia.identity.state import Dynamics, IdentityState, StateFormatError
 from sia.identity.turn import TurnRequest, TurnResult, run_turn
 from sia.model.generate import SamplingParams, StreamEvent
-from sia.model.transformer import IdentityModel
+from sia.model.identity_model import IdentityModel
 from tests.sia.test_batching import llama, native, states
 
 WAIT = 60.0  # seconds a test waits for a delivery before it fails (never reached when the batcher works)
@@ -29,7 +29,7 @@ class Reader:
     def __init__(self) -> None:
         self.inbox: queue.Queue[StreamEvent | TurnResult | BaseException] = queue.Queue()
         self.events: list[StreamEvent] = []
-        self.turn: BatchedTurn | None = None
+        self.turn: SubmittedTurn | None = None
 
     def deliver(self, item: StreamEvent | TurnResult | BaseException) -> None:
         self.inbox.put(item)

@@ -12,7 +12,7 @@ from server.db.tables import IdentityRow
 from server.errors import BusyError, CorruptStateError, NotFoundError
 from server.runtime.identities import Identities
 from server.runtime.personas import Personas
-from server.runtime.turns import TurnOutcome, Turns
+from server.runtime.turns import CommittedTurn, TurnRunner
 from server.store import Store, sha256
 from sia.identity.state import IdentityState, state_from_bytes, state_to_bytes
 from sia.model.generate import Sampling
@@ -29,7 +29,7 @@ def test_default_personas_exist(personas: Personas, store: Store) -> None:
     assert personas.ensure_defaults() == []  # idempotent
 
 
-def test_turn_persists_state_and_record(identities: Identities, turns: Turns, store: Store) -> None:
+def test_turn_persists_state_and_record(identities: Identities, turns: TurnRunner, store: Store) -> None:
     out = turns.turn("sia", "ana", "Hi, my favourite colour is green.", GREEDY)
     assert (out.turn, out.state_version) == (0, 2)
     assert out.completion_tokens >= 1 and out.prompt_tokens > 30
@@ -58,7 +58,7 @@ def test_state_round_trip_is_bit_exact(identities: Identities, store: Store) -> 
 
 
 def test_history_depends_on_the_past_and_reset_reproduces_a_fresh_identity(
-    identities: Identities, turns: Turns, store: Store
+    identities: Identities, turns: TurnRunner, store: Store
 ) -> None:
     turns.turn("sia", "a", "I am furious, this is the worst day ever!!", GREEDY)
     turns.turn("sia", "a", "Tell me about cats and dogs.", GREEDY)
@@ -88,7 +88,7 @@ def test_partial_resets(identities: Identities) -> None:
         identities.reset("sia", "u", layers=[0], self_only=True)
 
 
-def test_rollback_and_diff(identities: Identities, turns: Turns, store: Store) -> None:
+def test_rollback_and_diff(identities: Identities, turns: TurnRunner, store: Store) -> None:
     first = turns.turn("sia", "u", "My dog is called Rex.", GREEDY)
     snap = store.create_snapshot("sia", "u", "after-dog")
     turns.turn("sia", "u", "I hate everything!", GREEDY)
@@ -128,7 +128,7 @@ def test_cleanup_lowers_rank_and_keeps_energy(identities: Identities) -> None:
 
 
 def test_failure_mid_turn_changes_nothing(
-    identities: Identities, turns: Turns, store: Store, monkeypatch: pytest.MonkeyPatch
+    identities: Identities, turns: TurnRunner, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     turns.turn("sia", "u", "hello", GREEDY)
     before = (identities.export_state("sia", "u")[1], store.get_identity("sia", "u"))
@@ -153,7 +153,7 @@ def test_failure_mid_turn_changes_nothing(
 
 
 def test_failing_commit_changes_nothing(
-    identities: Identities, turns: Turns, store: Store, monkeypatch: pytest.MonkeyPatch
+    identities: Identities, turns: TurnRunner, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     turns.turn("sia", "u", "hello", GREEDY)
     before = identities.export_state("sia", "u")[1]
@@ -169,7 +169,7 @@ def test_failing_commit_changes_nothing(
     assert not store.get_identity("sia", "u").busy
 
 
-def test_abandoned_stream_changes_nothing(identities: Identities, turns: Turns, store: Store) -> None:
+def test_abandoned_stream_changes_nothing(identities: Identities, turns: TurnRunner, store: Store) -> None:
     turns.turn("sia", "u", "hello", GREEDY)
     before = identities.export_state("sia", "u")[1]
     stream = turns.stream_turn("sia", "u", "a long answer please", Sampling(max_tokens=40, temperature=1.0, seed=1))
@@ -185,7 +185,7 @@ def test_abandoned_stream_changes_nothing(identities: Identities, turns: Turns, 
     assert "".join(e.text for e in events) == again.result.reply
 
 
-def test_a_stream_has_no_result_before_its_end(turns: Turns) -> None:
+def test_a_stream_has_no_result_before_its_end(turns: TurnRunner) -> None:
     stream = turns.stream_turn("sia", "early", "hello", GREEDY)
     next(stream)
     with pytest.raises(RuntimeError, match="has not ended"):
@@ -194,7 +194,7 @@ def test_a_stream_has_no_result_before_its_end(turns: Turns) -> None:
 
 
 @pytest.mark.parametrize("damage", ["garbage", "checksum", "nan", "shape"])
-def test_corrupt_state_raises_and_is_isolated(identities: Identities, turns: Turns, store: Store, damage: str) -> None:
+def test_corrupt_state_raises_and_is_isolated(identities: Identities, turns: TurnRunner, store: Store, damage: str) -> None:
     turns.turn("sia", "bad", "hello", GREEDY)
     turns.turn("sia", "good", "hello", GREEDY)
     good = identities.export_state("sia", "bad")[1]
@@ -237,7 +237,7 @@ def _raw_blob(state: IdentityState, trace: torch.Tensor) -> bytes:
     )
 
 
-def test_bad_imports_are_refused(identities: Identities, turns: Turns, store: Store) -> None:
+def test_bad_imports_are_refused(identities: Identities, turns: TurnRunner, store: Store) -> None:
     turns.turn("sia", "u", "hello", GREEDY)
     before = identities.export_state("sia", "u")[1]
     wrong_shape = _raw_blob(state_from_bytes(before, identities.config), trace=torch.zeros(1, 1, 2, 2))
@@ -248,7 +248,7 @@ def test_bad_imports_are_refused(identities: Identities, turns: Turns, store: St
     assert not store.get_identity("sia", "u").busy
 
 
-def test_bad_arguments(identities: Identities, turns: Turns) -> None:
+def test_bad_arguments(identities: Identities, turns: TurnRunner) -> None:
     with pytest.raises(NotFoundError, match="persona"):
         turns.turn("nobody", "u", "hi", GREEDY)
     with pytest.raises(ValueError, match="user"):
@@ -265,7 +265,7 @@ def test_bad_arguments(identities: Identities, turns: Turns) -> None:
         identities.state("sia", "never-seen")
 
 
-def test_persona_dynamics_and_sampling_defaults(identities: Identities, turns: Turns, store: Store) -> None:
+def test_persona_dynamics_and_sampling_defaults(identities: Identities, turns: TurnRunner, store: Store) -> None:
     store.create_persona("still", preamble="[sia]", alpha=0.0, temperature=0.0, max_tokens=5)
     out = turns.turn("still", "u", "I am so angry!!!")
     assert out.completion_tokens <= 5
@@ -278,8 +278,8 @@ def test_persona_dynamics_and_sampling_defaults(identities: Identities, turns: T
     assert torch.equal(v1.trace, initial.trace)
 
 
-def test_concurrent_turns_in_threads_are_serial(identities: Identities, turns: Turns, store: Store) -> None:
-    outcomes: list[TurnOutcome] = []
+def test_concurrent_turns_in_threads_are_serial(identities: Identities, turns: TurnRunner, store: Store) -> None:
+    outcomes: list[CommittedTurn] = []
     errors: list[Exception] = []
 
     def worker(i: int) -> None:

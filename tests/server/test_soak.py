@@ -17,7 +17,7 @@ from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState, TurnSummary, advance, stabilised_metric, state_from_bytes, state_to_bytes
 from sia.model.config import ModelConfig
 from sia.model.generate import Sampling
-from sia.model.transformer import SIAModel
+from sia.model.native import SIAModel
 
 TURNS = 150  # real turns (the 10 000-turn soak drives the update rules directly)
 

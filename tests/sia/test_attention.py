@@ -127,7 +127,7 @@ def test_augmented_dot_product_is_the_score_up_to_a_row_constant() -> None:
 
 
 def test_uniform_self_bias_is_a_no_op_but_the_self_slot_is_not() -> None:
-    """DESIGN §1.3: b(s) = u·s is the same for every key, so softmax ignores it; a self slot does not."""
+    """docs/attention.md §5: b(s) = u·s is the same for every key, so softmax ignores it; a self slot does not."""
     B, H, L, d, d_s = 2, 2, 6, 5, 3
     q, k, v, trace = _inputs(B, H, L, L, d, d, torch.float64, True)
     g = torch.Generator().manual_seed(7)

@@ -8,25 +8,25 @@ import torch
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
-from sia.backbones.llama import NO_BFLOAT16_PACKING, LlamaModel, bfloat16_packing_available, packing_available
+from sia.backbones.llama import LlamaModel
+from sia.backbones.packed_linear import NO_BFLOAT16_PACKING, bfloat16_packing_available, packing_available
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, conclude_turns, run_turn, turn_prompt
 from sia.model.batching import DecodeBatch
 from sia.model.config import LlamaConfig
 from sia.model.generate import Generation, SamplingParams, generate
+from sia.model.identity_model import IdentityModel
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import IdentityModel, SIAModel
 from tests.conftest import tiny_config
 
 from .test_llama import HF_TINY, open_read, random_state
 
 
-def llama(memory_tokens: int, slots: int, fresh_write: bool = False) -> LlamaModel:
+def llama(memory_tokens: int, slots: int) -> LlamaModel:
     torch.manual_seed(0)
     hf = LlamaForCausalLM(HFLlamaConfig(**HF_TINY)).eval()
-    config = LlamaConfig.from_hf(
-        HF_TINY, d_self=8, trace_layers=[0, 2], memory_tokens=memory_tokens, self_slots=slots, fresh_write=fresh_write
-    )
+    config = LlamaConfig.from_hf(HF_TINY, d_self=8, trace_layers=[0, 2], memory_tokens=memory_tokens, self_slots=slots)
     model = LlamaModel(config, ByteTokenizer()).eval()
     model.load_base(hf.state_dict())
     return open_read(model)
@@ -85,10 +85,9 @@ JOIN_AT = [0, 2, 2, 5]  # the step before which each row joins: the longer secon
         lambda: llama(2, 2),
         lambda: packed(llama(2, 2)),
         lambda: packed(llama(2, 2), torch.bfloat16),
-        lambda: llama(2, 2, fresh_write=True),
         native,
     ],
-    ids=["llama", "llama-memory-slots", "llama-packed", "llama-packed-bf16", "llama-fresh-write", "native"],
+    ids=["llama", "llama-memory-slots", "llama-packed", "llama-packed-bf16", "native"],
 )
 def test_rows_joining_at_different_steps_decode_as_they_would_alone(build: object, together: bool) -> None:
     """Rows 1 and 2 join at the same step: one by one, or (``together``) in one left-padded prefill."""

@@ -13,11 +13,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sia.backbones.chat_tokenizer import ChatTokenizer
-from sia.backbones.llama import LlamaModel, LowRank
+from sia.backbones.llama import LlamaModel
+from sia.backbones.slot_maps import LowRank
 from sia.backbones.weights import cache_entry, file_sha256
 from sia.checkpoint import BASE_FILE, NATIVE_CHECKPOINT, BaseRef, load_model, save_llama_checkpoint, source_digest
 from sia.commands import main
-from sia.model.transformer import SIAModel
+from sia.model.native import SIAModel
 
 from .conftest import TinyGGUF
 from .test_llama import random_state

@@ -8,7 +8,7 @@ import torch
 from sia.checkpoint import save_checkpoint
 from sia.commands import main
 from sia.identity.state import state_from_bytes
-from sia.model.transformer import SIAModel
+from sia.model.native import SIAModel
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from sia.model.config import ModelConfig
+from sia.model.config import LlamaConfig, ModelConfig
 
 
 def test_derived_values() -> None:
@@ -44,3 +45,32 @@ def test_file_round_trip(tmp_path: Path) -> None:
     (tmp_path / "junk.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         ModelConfig.from_file(tmp_path / "junk.json")
+
+
+@pytest.mark.parametrize("cls", [ModelConfig, LlamaConfig])
+def test_a_removed_option_is_read_from_an_old_config_only_as_the_behaviour_that_remains(
+    cls: type[ModelConfig] | type[LlamaConfig], tmp_path: Path
+) -> None:
+    """An old checkpoint's config may carry ``"fresh_write": false`` (the write after the reply, the one that
+    remains): it loads as if the key were absent. ``true`` asked for the removed option: a clear error."""
+    c = cls(d_self=8)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**c.to_dict(), "fresh_write": False}))
+    assert cls.from_file(path) == c
+    assert "fresh_write" not in c.to_dict()
+    for value in (True, 1, "false"):
+        with pytest.raises(ValueError, match="the fresh_write option was removed"):
+            cls.from_dict({**c.to_dict(), "fresh_write": value})
+
+
+def test_a_removed_option_given_over_a_base_config_is_refused_unless_it_asks_for_what_remains() -> None:
+    hf = {
+        "vocab_size": 300,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+    }
+    assert LlamaConfig.from_hf(hf, d_self=8, fresh_write=False) == LlamaConfig.from_hf(hf, d_self=8)
+    with pytest.raises(ValueError, match="the fresh_write option was removed"):
+        LlamaConfig.from_hf(hf, d_self=8, fresh_write=True)

@@ -21,8 +21,8 @@ from sia.learn.native.metrics import history_dependence, perplexity
 from sia.learn.native.plots import PLOT_FILES
 from sia.learn.native.recall import MODES, recall
 from sia.learn.native.train import encode_episode_turns
+from sia.model.native import SIAModel, TraceAttention
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel, TraceAttention
 from sia.personas import persona_preamble
 from tests.conftest import random_state, sharpen, tiny_config
 

@@ -8,8 +8,8 @@ import torch
 from sia.identity.state import IdentityState
 from sia.model.config import ModelConfig
 from sia.model.generate import NUCLEUS_FIRST, SamplingParams, generate, nucleus, nucleus_reference, sample_next, stream
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 from tests.conftest import random_state, sharpen
 
 PROMPTS = [list(b"hello there, persona"), list(b"hi"), list(b"what is my name?")]

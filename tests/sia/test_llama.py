@@ -10,7 +10,9 @@ import torch
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
-from sia.backbones.llama import InjectedLayer, LlamaModel, LowRank, init_slot_map, injected_attention_reference
+from sia.backbones.injected_attention import InjectedLayer, injected_attention_reference
+from sia.backbones.llama import LlamaModel
+from sia.backbones.slot_maps import LowRank, init_slot_map
 from sia.identity.state import Dynamics, IdentityState, state_to_bytes
 from sia.identity.turn import TurnRequest, run_turn
 from sia.model.config import LlamaConfig
@@ -151,21 +153,6 @@ def test_the_read_gate_starts_at_zero_and_shifts_the_slots_logits_per_token(hf_m
     assert cached[0].tokens == full[0].tokens
     with pytest.raises(ValueError, match="slot_gate"):
         LlamaConfig.from_hf(HF_TINY, slot_gate=1)
-
-
-def test_a_fresh_write_reads_the_turn_as_the_write_after_the_reply_does_under_a_fresh_state(
-    hf_model: LlamaForCausalLM,
-) -> None:
-    """``write_input`` (the fresh write's own pass over the whole turn) gives the z that the write after the reply,
-    in the generation's cache, gives when the state is fresh: the same tokens read, the same ones counted."""
-    model = open_read(build(hf_model, pooling="attention", memory_tokens=2))
-    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    fresh = IdentityState.fresh(model.config)
-    (gen,) = generate(model, [prompt], model.condition_states([fresh]), SamplingParams(max_new_tokens=5, temperature=0.0))
-    z = model.write_input([[*prompt, *gen.tokens]], [[True] * (len(prompt) + len(gen.tokens) - 1) + [False]])
-    torch.testing.assert_close(z, gen.stats.hidden, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="fresh_write"):
-        LlamaConfig.from_hf(HF_TINY, fresh_write=True)  # no memory tokens to write through
 
 
 def test_the_base_view_reads_the_same_weights_as_the_base_model(hf_model: LlamaForCausalLM) -> None:
@@ -449,7 +436,7 @@ def test_decode_in_bfloat16_answers_as_float32_and_keeps_the_write_float32(hf_mo
 def test_the_small_product_form_computes_what_nn_linear_computes(rows: int) -> None:
     """``Linear``: few rows in float32 inference on a CPU run as (W xᵀ)ᵀ (one row doubled); the result is
     nn.Linear's to rounding, in shape and values, and with gradients on it is nn.Linear exactly."""
-    from sia.backbones.llama import Linear
+    from sia.backbones.packed_linear import Linear
 
     g = torch.Generator().manual_seed(rows)
     layer = Linear(24, 40, bias=False)
@@ -470,7 +457,7 @@ def test_packed_weights_compute_what_nn_linear_computes_and_a_row_does_not_depen
     """``Linear.pack``: from PACKED_MIN_ROWS rows on, float32 inference on a CPU multiplies with oneDNN's packed
     copy: nn.Linear's result to rounding, every row bit for bit the same whichever rows come with it; one and two
     rows keep the small-product form; gradients, and a weight changed in place, never read a stale copy."""
-    from sia.backbones.llama import PACKED_MIN_ROWS, Linear, packing_available
+    from sia.backbones.packed_linear import PACKED_MIN_ROWS, Linear, packing_available
 
     if not packing_available():
         pytest.skip("this torch build has no oneDNN to pack weights with")
@@ -506,7 +493,7 @@ def test_bfloat16_packed_weights_round_as_autocast_and_a_row_never_depends_on_it
     the same alone or with up to 32 rows (one row is doubled: oneDNN's one-row kernel sums in another order). On CPUs
     with AMX, oneDNN multiplies more than 32 rows with another kernel that sums in another order (measured: 33 rows
     and more differ by ~5e-7); a batch (SIA_MAX_BATCH, default 16) stays under that."""
-    from sia.backbones.llama import NO_BFLOAT16_PACKING, Linear, bfloat16_packing_available, packing_available
+    from sia.backbones.packed_linear import NO_BFLOAT16_PACKING, Linear, bfloat16_packing_available, packing_available
 
     if not packing_available():
         pytest.skip("this torch build has no oneDNN to pack weights with")
@@ -537,7 +524,7 @@ def test_bfloat16_packed_weights_round_as_autocast_and_a_row_never_depends_on_it
 def test_row_starts_reads_left_padded_masks_and_refuses_any_other() -> None:
     """``row_starts``: the first own key column of each row of a ``padded_inputs`` mask (a row fed padding while it
     leaves starts at the end); None for a mask of another shape, so those rows attend through the mask."""
-    from sia.backbones.llama import row_starts
+    from sia.backbones.injected_attention import row_starts
     from sia.model.generate import padded_inputs
 
     valid = torch.tensor([[1, 1, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1], [1, 1, 0, 1, 1, 1, 1]], dtype=torch.bool)
@@ -553,7 +540,7 @@ def test_row_starts_reads_left_padded_masks_and_refuses_any_other() -> None:
 def test_a_packed_model_answers_as_the_unpacked_one(hf_model: LlamaForCausalLM) -> None:
     """``pack_weights`` packs every backbone matrix (the tied head included) and changes no reply: cached batched
     decoding gives the unpacked model's tokens and log-likelihoods; ``unpack_weights`` drops the copies."""
-    from sia.backbones.llama import Linear, bfloat16_packing_available, packing_available
+    from sia.backbones.packed_linear import Linear, bfloat16_packing_available, packing_available
 
     if not packing_available():
         pytest.skip("this torch build has no oneDNN to pack weights with")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from sia.checkpoint import load_checkpoint, save_checkpoint
 from sia.identity.state import IdentityState
 from sia.model.config import ModelConfig
-from sia.model.transformer import SIAModel
+from sia.model.native import SIAModel
 from tests.conftest import random_state, sharpen
 
 

@@ -23,8 +23,8 @@ from sia.learn.native.train import (
     train,
 )
 from sia.model.generate import SamplingParams
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 from sia.personas import persona_preamble
 from tests.conftest import tiny_config
 

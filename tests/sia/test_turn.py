@@ -11,8 +11,8 @@ from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, TurnResult, run_turn, stream_turns
 from sia.model.config import ModelConfig
 from sia.model.generate import SamplingParams
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 from tests.conftest import sharpen
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)

@@ -37,7 +37,7 @@ from server.api.admin_schemas import (
     summary_fields,
 )
 from server.api.bodies import OCTET_STREAM_BODY, check_limits
-from server.api.deps import IdentitiesDep, SettingsDep, TurnsDep
+from server.api.deps import IdentitiesDep, SettingsDep, TurnServiceDep
 from server.api.errors import ApiError
 from server.api.schemas import Usage
 from server.runtime.identities import Identities
@@ -202,7 +202,7 @@ def _reply(r: CounterfactualSide) -> CounterfactualReply:
 
 @router.post("/{user}/counterfactual")
 async def counterfactual(
-    persona: str, user: str, body: CounterfactualRequest, turns: TurnsDep, settings: SettingsDep
+    persona: str, user: str, body: CounterfactualRequest, turns: TurnServiceDep, settings: SettingsDep
 ) -> Counterfactual:
     """The reply of the current state beside the reply of the persona's initial state (``"against": "reset"``)
     or of a retained version, with the same seed. Nothing is written: no turn, no new version."""

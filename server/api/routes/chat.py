@@ -9,16 +9,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from server.api.bodies import check_limits
-from server.api.deps import CallerDep, SettingsDep, TurnsDep, acting_user
+from server.api.deps import CallerDep, SettingsDep, TurnServiceDep, acting_user
 from server.api.errors import error_body
 from server.api.schemas import ERROR_RESPONSES, ChatRequest, ChatResponse, Usage
 from server.errors import StoreError
-from server.runtime.turns import TurnOutcome
+from server.runtime.turns import CommittedTurn
 
 router = APIRouter(prefix="/v1/personas", tags=["chat"])
 
 
-def chat_response(out: TurnOutcome) -> ChatResponse:
+def chat_response(out: CommittedTurn) -> ChatResponse:
     return ChatResponse(
         reply=out.reply,
         finish_reason=out.finish_reason,
@@ -39,7 +39,7 @@ def sse(event: str, data: object) -> str:
     responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}, "description": "the turn, or its event stream"}},
 )
 async def chat(
-    persona: str, body: ChatRequest, caller: CallerDep, turns: TurnsDep, settings: SettingsDep, request: Request
+    persona: str, body: ChatRequest, caller: CallerDep, turns: TurnServiceDep, settings: SettingsDep, request: Request
 ) -> object:
     """Send a message to a persona as a user: the identity (persona, user) answers and is updated."""
     user = acting_user(caller, body.user)

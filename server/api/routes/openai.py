@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from server.api.bodies import check_limits
-from server.api.deps import CallerDep, PersonasDep, SettingsDep, TurnsDep, acting_user
+from server.api.deps import CallerDep, PersonasDep, SettingsDep, TurnServiceDep, acting_user
 from server.api.errors import ApiError, error_body
 from server.api.schemas import (
     ERROR_RESPONSES,
@@ -33,7 +33,7 @@ from server.api.schemas import (
     Usage,
 )
 from server.errors import StoreError
-from server.runtime.turns import TurnOutcome
+from server.runtime.turns import CommittedTurn
 from sia.model.generate import Sampling, StreamEvent
 from sia.model.tokenizer import Tokenizer
 
@@ -84,7 +84,7 @@ async def list_models(caller: CallerDep, personas: PersonasDep) -> ModelList:
     responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}, "description": "the completion or its chunks"}},
 )
 async def chat_completions(
-    body: ChatCompletionRequest, caller: CallerDep, turns: TurnsDep, settings: SettingsDep, request: Request
+    body: ChatCompletionRequest, caller: CallerDep, turns: TurnServiceDep, settings: SettingsDep, request: Request
 ) -> object:
     """One turn of the identity (model, user), in OpenAI's format."""
     user, message, sampling = _request(body, caller, settings)
@@ -145,12 +145,12 @@ async def chat_completions(
     return StreamingResponse(chunks(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def _usage(out: TurnOutcome) -> Usage:
+def _usage(out: CommittedTurn) -> Usage:
     return Usage.of(out.prompt_tokens, out.completion_tokens)
 
 
 def _completion(
-    tok: Tokenizer, cid: str, created: int, model: str, out: TurnOutcome, events: list[StreamEvent] | None
+    tok: Tokenizer, cid: str, created: int, model: str, out: CommittedTurn, events: list[StreamEvent] | None
 ) -> ChatCompletion:
     logprobs = ChoiceLogprobs(content=[_logprob(tok, e) for e in events]) if events is not None else None
     return ChatCompletion(

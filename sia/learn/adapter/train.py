@@ -39,7 +39,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from sia.backbones.chat_tokenizer import ChatTokenizer
-from sia.backbones.llama import IDENTITY_PARAMETERS, LlamaModel, bfloat16_products_fast
+from sia.backbones.llama import IDENTITY_PARAMETERS, LlamaModel
+from sia.backbones.packed_linear import bfloat16_products_fast
 from sia.backbones.weights import read_hf, resolve_base
 from sia.checkpoint import (
     BASE_FILE,

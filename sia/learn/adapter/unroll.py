@@ -20,8 +20,10 @@ from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
 from sia.identity.shock import standardise
 from sia.identity.state import Dynamics, IdentityState, self_step, trace_step, welford_step
+from sia.model.conditioning import Conditioning
 from sia.model.generate import left_padded, padded_inputs
-from sia.model.transformer import Conditioning, KVCache, ModelOutput
+from sia.model.identity_model import ModelOutput
+from sia.model.kv_cache import KVCache
 from sia.personas import PERSONAS
 
 __all__ = [
@@ -163,9 +165,7 @@ def write_turn(
     recording (a stop-gradient on the state's path through them); the memory tokens, which read the turn and
     the slot, and the self update are always differentiable, so the gradient still reaches every turn's write.
     With ``read_detached`` the slots read a detached copy of the state: a loss on this turn's reply trains the read
-    but not the write, and the state reaches later turns only through the self update. With ``config.fresh_write``
-    the memory tokens read the turn in a pass of its own with a fresh identity (``LlamaModel.write_input``), as the
-    service does.
+    but not the write, and the state reaches later turns only through the self update.
     """
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
@@ -178,13 +178,8 @@ def write_turn(
     key_valid = torch.cat([prefix, valid], dim=1)
     cond = model.condition(carry.trace, carry.self_state.detach() if read_detached else carry.self_state)
     tail = max(len(t.tokens) - t.message[0] + 1 for t in turns)  # logits from the message on
-    fresh = model.config.fresh_write  # the write reads the turn in a pass of its own (LlamaModel.write_input)
     if grad_tokens:
-        out = forward_padded(model, cond, idx, key_valid, counted, memory=not fresh, tail=tail)
-        logits, stats = out.logits, out.stats
-    elif fresh:
-        with torch.no_grad():
-            out = forward_padded(model, cond, idx, key_valid, counted, tail=tail)
+        out = forward_padded(model, cond, idx, key_valid, counted, memory=True, tail=tail)
         logits, stats = out.logits, out.stats
     else:
         cache = model.new_cache(cond, L + model.config.memory_tokens)
@@ -204,11 +199,8 @@ def write_turn(
         summary = model.summarize(stats)
         trace = trace_step(carry.trace, summary.keys, summary.queries, shock, alpha=dynamics.alpha, decay=dynamics.decay)
         new_shock = torch.stack(welford_step(count, mean, m2, nll), dim=-1)
-    if fresh:
-        z = model.write_input([t.tokens for t in turns], [t.counted for t in turns])
-    else:
-        assert out.memory is not None
-        z = stats.written_by(out.memory).hidden  # (B, (K+1)·C), the write's input, differentiable
+    assert out.memory is not None
+    z = stats.written_by(out.memory).hidden  # (B, (K+1)·C), the write's input, differentiable
     if model.training and model.self_update.proj.weight.requires_grad:  # the statistics are the write's: frozen with it
         model.self_update.observe(z)
     s = self_step(carry.self_state, z, model.self_update, eta=dynamics.eta)

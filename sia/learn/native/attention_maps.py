@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from sia.identity.state import Dynamics
 from sia.learn.native.episodes import EncodedTurn, StateBatch, batch_turns, forward_turn
 from sia.learn.native.play import cat_states, model_device
+from sia.model.native import LayerConditioning, SIAModel, TraceAttention
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import LayerConditioning, SIAModel, TraceAttention
 
 # ---------------------------------------------------------------------------------------------------------
 # 5. Attention maps

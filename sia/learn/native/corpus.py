@@ -9,7 +9,7 @@ An episode is one persona talking with one user for 4 to 6 turns:
 
 - turn 0: the user greets (with a name the persona echoes back) and states one or two facts from FACTS
   (favourite colour, pet, current mood, hobby), and sometimes asks for short answers;
-- later turns are small talk, a *shock* (hostile, emotional or odd; ``Turn.shock`` is True), an extra fact
+- later turns are small talk, a *shock* (hostile, emotional or odd; ``ScriptedTurn.shock`` is True), an extra fact
   ("Oh, and another thing. I live with my parrot.", acknowledged without repeating the value), or a *probe*:
   the user asks about a fact stated at least two turns earlier, and the reply is ``prefix + answer + suffix``,
   where the answer is the value the user gave. Every episode has at least one probe, at turn 2 or later,
@@ -64,7 +64,7 @@ __all__ = [
     "Corpus",
     "Episode",
     "Probe",
-    "Turn",
+    "ScriptedTurn",
     "iter_text",
     "make_corpus",
     "make_episode",
@@ -73,7 +73,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Turn:
+class ScriptedTurn:
     user: str  # the user's message
     reply: str  # the persona's reply
     shock: bool = False  # designed to be surprising/hostile/emotional
@@ -95,7 +95,7 @@ class Probe:
 class Episode:
     persona: str  # key of PERSONAS
     user: str  # the user's name
-    turns: tuple[Turn, ...]
+    turns: tuple[ScriptedTurn, ...]
     probes: tuple[Probe, ...]
 
 
@@ -286,7 +286,7 @@ def make_episode(rng: random.Random, split: str, persona: str | None = None) -> 
             continue
         probe_at[rng.choice(options)] = (kind, source)
 
-    turns: list[Turn] = []
+    turns: list[ScriptedTurn] = []
     probes: list[Probe] = []
     used: set[str] = set()  # small-talk lines and replies already in this episode
     for t in range(n_turns):
@@ -300,27 +300,27 @@ def make_episode(rng: random.Random, split: str, persona: str | None = None) -> 
                 if len(message := " ".join(parts)) <= MAX_MESSAGE_CHARS:
                     break
             reply = rng.choice(replies["greet"]).replace("{name}", name)
-            turns.append(Turn(message, reply))
+            turns.append(ScriptedTurn(message, reply))
         elif t == mention_turn:
             kind = next(k for k, src in stated if src == t)
             user = rng.choice(pools["mention"]) + rng.choice(pools[f"state.{kind}"]).replace("{value}", values[kind])
-            turns.append(Turn(user, rng.choice(replies["brief" if brief else "ack"])))
+            turns.append(ScriptedTurn(user, rng.choice(replies["brief" if brief else "ack"])))
         elif t in probe_at:
             kind, source = probe_at[t]
             prefix, suffix = rng.choice(_PROBE_SLOTS[split][persona][kind])
             answer = values[kind]
             reply = prefix + answer + _probe_suffix(suffix, brief)
-            turns.append(Turn(rng.choice(pools[f"ask.{kind}"]), reply))
+            turns.append(ScriptedTurn(rng.choice(pools[f"ask.{kind}"]), reply))
             probes.append(Probe(t, kind, answer, FACTS[kind], prefix, source))
         elif rng.random() < SHOCK_RATE:
             shock_kind = rng.choice(SHOCK_KINDS)
-            turns.append(Turn(rng.choice(pools[f"shock.{shock_kind}"]), rng.choice(replies[shock_kind]), shock=True))
+            turns.append(ScriptedTurn(rng.choice(pools[f"shock.{shock_kind}"]), rng.choice(replies[shock_kind]), shock=True))
         else:
             user = rng.choice([s for s in pools["smalltalk"] if s not in used])
             pool = replies["brief" if brief else "smalltalk"]
             reply = rng.choice([r for r in pool if r not in used] or pool)  # avoid repeating a reply while possible
             used.update((user, reply))
-            turns.append(Turn(user, reply))
+            turns.append(ScriptedTurn(user, reply))
     return Episode(persona, name, tuple(turns), tuple(probes))
 
 

@@ -1,6 +1,6 @@
 """Teacher-forced turns over batches of episodes: what training and evaluation share with serving.
 
-Notation: B episodes (rows), L tokens of one turn after right padding, n_layer, H, d as in sia/model/transformer.py.
+Notation: B episodes (rows), L tokens of one turn after right padding, n_layer, H, d as in sia/model/native.py.
 
 A turn is encoded exactly as serving encodes it (sia/identity/turn.py):
 
@@ -25,10 +25,10 @@ from torch import Tensor
 from sia.identity.shock import standardise
 from sia.identity.state import Dynamics, IdentityState, ShockStats, self_step, trace_step, welford_step
 from sia.model.config import ModelConfig
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 
-__all__ = ["EncodedTurn", "StateBatch", "TurnBatch", "TurnOutput", "batch_turns", "encode_turn", "forward_turn"]
+__all__ = ["EncodedTurn", "StateBatch", "TurnBatch", "TurnBatchOutput", "batch_turns", "encode_turn", "forward_turn"]
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class StateBatch:
 
 
 @dataclass
-class TurnOutput:
+class TurnBatchOutput:
     logits: Tensor  # (B, L, V)
     token_nll: Tensor  # (B, L-1) NLL of every target token
     message_nll: Tensor  # (B,) mean NLL of the message (0 for inactive rows)
@@ -147,8 +147,8 @@ class TurnOutput:
     state: StateBatch  # after the turn (inactive rows unchanged)
 
 
-def forward_turn(model: SIAModel, batch: TurnBatch, state: StateBatch, dynamics: Dynamics) -> TurnOutput:
-    """One teacher-forced turn for every row: logits, shock, and the advanced state (DESIGN §2, steps 2-5)."""
+def forward_turn(model: SIAModel, batch: TurnBatch, state: StateBatch, dynamics: Dynamics) -> TurnBatchOutput:
+    """One teacher-forced turn for every row: logits, shock, and the advanced state (sia.identity.turn's steps)."""
     cond = model.condition(state.trace, state.self_state)
     out = model(batch.tokens, cond, summary_mask=batch.summary_mask)
     logits = out.logits  # (B, L, V)
@@ -157,7 +157,7 @@ def forward_turn(model: SIAModel, batch: TurnBatch, state: StateBatch, dynamics:
     message_nll = ((token_nll.detach() * batch.message_targets).sum(1) / counts).double()  # (B,)
     shock = standardise(message_nll, state.shock_count, state.shock_mean, state.shock_m2, model.config)
     if not model.stateful:
-        return TurnOutput(logits, token_nll, message_nll, shock, state)
+        return TurnBatchOutput(logits, token_nll, message_nll, shock, state)
     summary = model.summarize(out.stats)
     trace = trace_step(
         state.trace, summary.keys.detach(), summary.queries.detach(), shock.float(), alpha=dynamics.alpha, decay=dynamics.decay
@@ -165,4 +165,4 @@ def forward_turn(model: SIAModel, batch: TurnBatch, state: StateBatch, dynamics:
     self_state = self_step(state.self_state, summary.hidden, model.self_update, eta=dynamics.eta)
     count, mean, m2 = welford_step(state.shock_count, state.shock_mean, state.shock_m2, message_nll)
     new = StateBatch(trace, self_state, count, mean, m2)
-    return TurnOutput(logits, token_nll, message_nll, shock, new.where(batch.active, state))
+    return TurnBatchOutput(logits, token_nll, message_nll, shock, new.where(batch.active, state))

@@ -50,7 +50,7 @@ from sia.learn.native.play import encode_episodes, play_episodes
 from sia.learn.native.plots import PLOT_FILES, plot_all
 from sia.learn.native.recall import MODES, ProbeScore, chance, recall, recall_summary
 from sia.learn.native.report import fmt, markdown, model_info, targets
-from sia.model.transformer import SIAModel
+from sia.model.native import SIAModel
 
 __all__ = ["evaluate", "run_eval"]
 

@@ -17,8 +17,8 @@ from sia.learn.native.corpus import Episode
 from sia.learn.native.episodes import StateBatch, batch_turns, forward_turn
 from sia.learn.native.play import cat_states, encode_episodes, model_device, play_episodes
 from sia.model.generate import SamplingParams
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 from sia.personas import persona_preamble
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from sia.identity.state import Dynamics
 from sia.learn.native.corpus import Episode
 from sia.learn.native.episodes import EncodedTurn, StateBatch, batch_turns, forward_turn
 from sia.learn.native.train import encode_episode_turns
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 
 # ---------------------------------------------------------------------------------------------------------
 # Batched play of episodes

@@ -15,8 +15,8 @@ from sia.learn.native.attention_maps import probe_attention_maps
 from sia.learn.native.corpus import Episode
 from sia.learn.native.episodes import EncodedTurn
 from sia.learn.native.play import encode_episodes, play_episodes
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 
 PLOT_FILES = {
     "attention": "attention.png",
@@ -153,7 +153,7 @@ def _plot_spectra(trace_eigs: Tensor, metric_eigs: Tensor, rho: float, episode: 
 
 
 def _plot_shocks(episodes: Sequence[Episode], indices: Sequence[int], shocks: Sequence[Sequence[float]], path: Path) -> None:
-    """Shock per turn for a few episodes; designed shock turns (Turn.shock) are marked with a red cross."""
+    """Shock per turn for a few episodes; designed shock turns (ScriptedTurn.shock) are marked with a red cross."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, episode, values in zip(indices, episodes, shocks, strict=True):

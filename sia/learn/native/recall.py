@@ -16,9 +16,10 @@ from sia.identity.state import Dynamics
 from sia.learn.native.corpus import Episode, Probe
 from sia.learn.native.episodes import EncodedTurn, StateBatch, batch_turns, encode_turn, forward_turn
 from sia.learn.native.play import Play, cat_states, encode_episodes, model_device, play_episodes
+from sia.model.conditioning import Conditioning
 from sia.model.generate import left_padded
+from sia.model.native import LayerConditioning, SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import Conditioning, LayerConditioning, SIAModel
 
 MODES = ("state", "stateless", "transcript")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sia.model.transformer import SIAModel
+from sia.model.native import SIAModel
 
 PERPLEXITY_RATIO_TARGET = 1.05
 KL_TARGET = 0.05  # nats: history must move the reply distribution at least this much

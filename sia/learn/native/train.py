@@ -35,8 +35,8 @@ from sia.identity.state import Dynamics
 from sia.learn.native.corpus import FACTS, Episode, Probe, make_corpus, short_episode
 from sia.learn.native.episodes import EncodedTurn, StateBatch, batch_turns, encode_turn, forward_turn
 from sia.model.config import ModelConfig, check_fields, read_json_object
+from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.transformer import SIAModel
 from sia.personas import persona_preamble
 
 __all__ = ["RecallProbe", "TrainConfig", "encode_episode_turns", "train"]

@@ -14,7 +14,8 @@ from fastapi.testclient import TestClient
 from server.core.config import Settings
 from server.db import migrate
 from server.main import create_app
-from sia.backbones.llama import LlamaModel, init_slot_map
+from sia.backbones.llama import LlamaModel
+from sia.backbones.slot_maps import init_slot_map
 from sia.checkpoint import load_model
 from sia.identity.state import state_from_bytes, state_to_bytes
 from sia.personas import PERSONAS
@@ -154,7 +155,7 @@ def test_the_served_model_packs_its_matrices_unless_told_not_to(settings: Settin
     it natively; off, or in bfloat16 weights, not.
     The setting's earlier true / false still read as float32 / off; anything else is refused."""
     from server.runtime.services import served_model
-    from sia.backbones.llama import bfloat16_packing_available, bfloat16_products_fast, packing_available
+    from sia.backbones.packed_linear import bfloat16_packing_available, bfloat16_products_fast, packing_available
 
     if not packing_available():
         pytest.skip("this torch build has no oneDNN to pack weights with")

@@ -1,0 +1,244 @@
+"""The attention of a LLaMA-family layer with Trace Tensor Attention and the self slots injected.
+
+Notation: B batch, L tokens in this call, C residual width, H query heads, H_kv key/value heads, G = H / H_kv,
+d head width, w a layer's kernel width, d_s self-state width, S self slots per key/value head, R_i the rotation of position i.
+
+The pretrained logits stay; the identity adds to them (docs/attention.md, "Injecting into a pretrained model"):
+
+    e_ij = (R_i q_i)·(R_j k_j) / sqrt(d)            the base model, RoPE as it was trained
+           - (u_i - w_j)^T M (u_i - w_j)            trace layers only: u, w unit *pre-rotation* query and key
+    e_is = (R_i q_i)·k_s / sqrt(d) - u_i^T M u_i + log(|s|^2/d_s) + b (+ g_h·x_i)
+                                                    the self slots: k_s = W_ks s at positions 0..S-1, at the metric's origin;
+                                                    g_h·x_i the per-token read gate (config.slot_gate), x_i the layer's input
+
+M is the injected metric of the stored trace (sia.identity.state.stabilised_metric with offset 0, so M = 0 for a zero
+trace). Expanding the square drops the row constant u_i^T M u_i, so each layer is one fused kernel call over
+
+    q~_i = [R_i q_i / sqrt(d), 2 M u_i, 1, g·x_i]      k~_j = [R_j k_j, w_j, -w_j^T M w_j, 0]      k~_s = [k_s, 0, gate(s), 1]
+
+(the middle block only in trace layers, the last column only with the read gate; zero-padded to a multiple of 8).
+A fresh identity has M = 0 and the slot's gate at -1e4, whose softmax weight is exactly 0: the logits are the base
+model's, whatever the read gate adds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sia.backbones.packed_linear import Linear
+from sia.backbones.slot_maps import slot_map
+from sia.model.attention import attend
+from sia.model.config import LlamaConfig
+from sia.model.kv_cache import KVCache
+
+__all__ = ["CLOSED_GATE", "InjectedAttention", "InjectedLayer", "injected_attention_reference", "rotate", "row_starts"]
+
+CLOSED_GATE = -1e4  # the slot's logit for a zero self state: exp(-1e4 - max) is exactly 0 in float32 and bfloat16
+
+
+def _round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+@dataclass
+class InjectedLayer:
+    """One layer's share of a turn's conditioning, per batch row."""
+
+    metric: Tensor | None  # (B, H_kv, d, d) M per key/value head; None in a layer without a trace
+    slot_key: Tensor  # (B, H_kv, S, w) augmented self-slot keys, S = config.self_slots
+    slot_value: Tensor  # (B, H_kv, S, w)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE in the rotate-half layout: x (B, heads, L, d), cos/sin (B, 1, L, d)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def _row_by_row(m: nn.Module, s: Tensor, alone: bool) -> Tensor:
+    """``m(s)`` for (B, d) rows; with ``alone`` one row at a time, so that a row's result is bit for bit the one it
+    gets alone (a product's rounding can depend on how many rows it multiplies)."""
+    if s.shape[0] == 1 or not alone:
+        out: Tensor = m(s)
+        return out
+    return torch.cat([m(s[b : b + 1]) for b in range(s.shape[0])])
+
+
+class InjectedAttention(nn.Module):
+    """Grouped-query attention with RoPE, plus (when stateful) the metric deformation and the self slot."""
+
+    def __init__(self, config: LlamaConfig, has_trace: bool) -> None:
+        super().__init__()
+        self.H, self.H_kv, self.d = config.n_head, config.n_kv_head, config.head_dim
+        self.has_trace = has_trace
+        self.stateful = config.attention == "trace"
+        self.gated = self.stateful and config.slot_gate
+        # kernel width: rotated block, (pre-rotation block,) bias column, (read gate column,) zero padding
+        self.w = _round8(self.d + (self.d if has_trace else 0) + 1 + int(self.gated)) if self.stateful else self.d
+        C, d = config.n_embd, config.head_dim
+        self.S = config.self_slots
+        self.q_proj = Linear(C, self.H * d, bias=False)
+        self.k_proj = Linear(C, self.H_kv * d, bias=False)
+        self.v_proj = Linear(C, self.H_kv * d, bias=False)
+        self.o_proj = Linear(self.H * d, C, bias=False)
+        if self.stateful:
+            self.self_key = slot_map(config.d_self, self.H_kv * self.S * d, config.slot_rank)
+            self.self_value = slot_map(config.d_self, self.H_kv * self.S * d, config.slot_rank)
+            self.slot_bias = nn.Parameter(torch.zeros(self.H_kv * self.S))
+        if self.gated:
+            self.slot_gate = nn.Linear(C, self.H, bias=False)  # per query head, a token's shift of the slots' logits
+
+    def condition(self, metric: Tensor | None, s: Tensor, shift: float = 0.0, rows_alone: bool = False) -> InjectedLayer:
+        """metric (B, H_kv, d, d) or None, s (B, d_s) -> this layer's InjectedLayer; every slot's logit lowered by
+        ``shift`` (the model's read_shift); ``rows_alone``: each row's slots computed as if it were alone."""
+        B, H_kv, S, d, w = s.shape[0], self.H_kv, self.S, self.d, self.w
+        energy = s.float().square().mean(-1)  # (B,) |s|^2 / d_s, in [0, 1]
+        gate = torch.where(energy > 0, torch.log(energy.clamp_min(1e-30)), torch.full_like(energy, CLOSED_GATE))
+        k_s = _row_by_row(self.self_key, s, rows_alone).view(B, H_kv, S, d)  # (B, H_kv, S, d)
+        bias = gate.view(B, 1, 1, 1) + (self.slot_bias - shift).view(1, H_kv, S, 1)  # (B, H_kv, S, 1)
+        mid = d if self.has_trace else 0  # the slots have no pre-rotation key: the metric does not score them
+        ones = s.new_ones(B, H_kv, S, int(self.gated))  # the read gate's column: the query's g·x lands on the slots only
+        zeros = s.new_zeros(B, H_kv, S, mid), s.new_zeros(B, H_kv, S, w - d - mid - 1 - ones.shape[-1])
+        slot_key = torch.cat([k_s, zeros[0], bias.to(s.dtype), ones, zeros[1]], dim=-1)  # (B, H_kv, S, w)
+        slot_value = F.pad(_row_by_row(self.self_value, s, rows_alone).view(B, H_kv, S, d), (0, w - d))  # (B, H_kv, S, w)
+        return InjectedLayer(metric, slot_key, slot_value)
+
+    def forward(
+        self,
+        x: Tensor,
+        lc: InjectedLayer | None,
+        rope: tuple[Tensor, Tensor],
+        cache: KVCache | None,
+        layer: int,
+        attn_mask: Tensor | None,
+        starts: list[int] | None = None,
+    ) -> Tensor:
+        """``starts``: instead of ``attn_mask``, each row's keys as the prefix and the columns from its start on
+        (``row_starts``): every row then attends alone, as it would unbatched, bit for bit."""
+        B, L, _ = x.shape
+        H, H_kv, d, w = self.H, self.H_kv, self.d, self.w
+        cos, sin = rope
+        q = self.q_proj(x).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
+        k = self.k_proj(x).view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
+        v = self.v_proj(x).view(B, L, H_kv, d).transpose(1, 2)
+        q_rot = rotate(q, cos, sin) / math.sqrt(d)  # (B, H, L, d), the base scale folded in
+        k_rot = rotate(k, cos, sin)
+        if lc is None:  # the base model
+            q_aug, k_aug, v_aug = q_rot, k_rot, v
+        else:
+            q_parts, k_parts = [q_rot], [k_rot]
+            if lc.metric is not None:
+                metric = lc.metric.to(q.dtype)  # (B, H_kv, d, d)
+                u = F.normalize(q, dim=-1)  # (B, H, L, d) unit pre-rotation queries
+                u = u.reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by their key/value head
+                q_parts.append((2.0 * u @ metric).view(B, H, L, d))  # 2 M u (M symmetric)
+                w_k = F.normalize(k, dim=-1)  # (B, H_kv, L, d)
+                k_parts.append(w_k)
+                k_bias = -((w_k @ metric) * w_k).sum(-1, keepdim=True)  # (B, H_kv, L, 1) = -w^T M w
+            else:
+                k_bias = k.new_zeros(B, H_kv, L, 1)
+            q_parts.append(q.new_ones(B, H, L, 1))
+            if self.gated:
+                q_parts.append(self.slot_gate(x).transpose(1, 2).unsqueeze(-1))  # (B, H, L, 1) g_h·x_i
+            k_parts.append(k_bias)
+            q_aug = F.pad(torch.cat(q_parts, dim=-1), (0, w - sum(p.shape[-1] for p in q_parts)))  # (B, H, L, w)
+            k_aug = F.pad(torch.cat(k_parts, dim=-1), (0, w - sum(p.shape[-1] for p in k_parts)))  # (B, H_kv, L, w)
+            v_aug = F.pad(v, (0, w - d))
+        if cache is None:
+            if lc is not None:
+                k_aug = torch.cat([lc.slot_key.to(k_aug.dtype), k_aug], dim=2)  # (B, H_kv, S+L, w)
+                v_aug = torch.cat([lc.slot_value.to(v_aug.dtype), v_aug], dim=2)
+        else:
+            k_aug, v_aug = cache.extend(layer, k_aug, v_aug)  # (B, H_kv, slot+cached+L, w)
+        if starts is None:
+            y = attend(q_aug, k_aug, v_aug, causal=True, attn_mask=attn_mask, enable_gqa=H_kv != H)  # (B, H, L, w)
+        else:
+            y = self._attend_rows(q_aug, k_aug, v_aug, starts, cache.prefix if cache is not None else 0)
+        y = y[..., :d].transpose(1, 2).reshape(B, L, H * d)
+        out: Tensor = self.o_proj(y)
+        return out
+
+    def _attend_rows(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int], prefix: int) -> Tensor:
+        """Each row alone: its queries that are not padding against the prefix and its own key columns."""
+        B, H, Lq, w = q.shape
+        Lk = k.shape[2]
+        y = q.new_zeros(B, H, Lq, w)
+        for b, start in enumerate(starts):
+            keys, values = k[b : b + 1], v[b : b + 1]
+            if start > prefix:
+                keys = torch.cat([keys[:, :, :prefix], keys[:, :, start:]], dim=2)
+                values = torch.cat([values[:, :, :prefix], values[:, :, start:]], dim=2)
+            n = min(Lq, Lk - start)  # the queries at the row's own columns (padding queries stay zero)
+            if n == 0:
+                continue
+            y[b : b + 1, :, Lq - n :] = attend(q[b : b + 1, :, Lq - n :], keys, values, causal=True, enable_gqa=self.H_kv != H)
+        return y
+
+
+def row_starts(attn_mask: Tensor, prefix: int) -> list[int] | None:
+    """Where each left-padded row's own key columns start, if ``attn_mask`` (B, 1, Lq, Lk) is what ``padded_inputs``
+    makes (the prefix and one run of columns to the end visible, causal): the rows can then attend one by one;
+    None for any other mask. A row whose last column is hidden (a row fed padding while it leaves) starts at Lk:
+    nothing of it is computed."""
+    visible = attn_mask[:, 0, -1]  # (B, Lk): the last query sees every key of its row
+    Lq, Lk = attn_mask.shape[2], attn_mask.shape[3]
+    live = visible[:, -1]  # (B,)
+    first = torch.where(live, prefix + visible[:, prefix:].int().argmax(dim=1), Lk)  # (B,)
+    at = torch.arange(Lk, device=attn_mask.device)
+    own = (at < prefix) | (at >= first[:, None])  # (B, Lk)
+    causal = torch.ones(Lq, Lk, dtype=torch.bool, device=attn_mask.device).tril(diagonal=Lk - Lq)
+    if not torch.equal(attn_mask[live, 0], (causal & own[:, None, :])[live]):
+        return None
+    return [int(f) for f in first.tolist()]
+
+
+def injected_attention_reference(
+    attn: InjectedAttention, x: Tensor, lc: InjectedLayer, s: Tensor, positions: Tensor, rope_theta: float
+) -> Tensor:
+    """The injected attention written out term by term, O(B·H·L·L·d) memory: test oracle only.
+
+    x (B, L, C) normalised layer input, s (B, d_s) the self state, positions (B, L); causal, no cache.
+    """
+    B, L, _ = x.shape
+    H, H_kv, d = attn.H, attn.H_kv, attn.d
+    G = H // H_kv
+    inv_freq = 1.0 / (rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))  # (d/2,)
+    angles = positions.float().unsqueeze(-1) * inv_freq  # (B, L, d/2)
+    angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)  # (B, 1, L, d)
+    cos, sin = angles.cos(), angles.sin()
+    q = attn.q_proj(x).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d)
+    k = attn.k_proj(x).view(B, L, H_kv, d).transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, L, d)
+    v = attn.v_proj(x).view(B, L, H_kv, d).transpose(1, 2).repeat_interleave(G, dim=1)
+    base = rotate(q, cos, sin) @ rotate(k, cos, sin).transpose(-1, -2) / math.sqrt(d)  # (B, H, L, L)
+    if lc.metric is not None:
+        metric = lc.metric.repeat_interleave(G, dim=1)  # (B, H, d, d)
+        diff = F.normalize(q, dim=-1).unsqueeze(3) - F.normalize(k, dim=-1).unsqueeze(2)  # (B, H, L, L, d)
+        base = base - torch.einsum("bhijd,bhde,bhije->bhij", diff, metric, diff)
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    base = base.masked_fill(~causal, float("-inf"))
+    S = attn.S
+    k_s = attn.self_key(s).view(B, H_kv, S, d).repeat_interleave(G, dim=1)  # (B, H, S, d)
+    energy = s.square().mean(-1)  # (B,)
+    gate = torch.where(energy > 0, energy.clamp_min(1e-30).log(), torch.full_like(energy, CLOSED_GATE))
+    q_rot = rotate(q, cos, sin)
+    slot = (
+        q_rot @ k_s.transpose(-1, -2) / math.sqrt(d)
+        + gate.view(B, 1, 1, 1)
+        + attn.slot_bias.view(H_kv, S).repeat_interleave(G, dim=0).view(1, H, 1, S)
+    )  # (B, H, L, S)
+    if attn.gated:
+        slot = slot + attn.slot_gate(x).transpose(1, 2).unsqueeze(-1)  # (B, H, L, 1): the token's read gate
+    if lc.metric is not None:  # the slot sits at the origin of the metric's space: distance u^T M u
+        u = F.normalize(q, dim=-1)
+        slot = slot - torch.einsum("bhid,bhde,bhie->bhi", u, metric, u).unsqueeze(-1)
+    weights = torch.softmax(torch.cat([slot, base], dim=-1), dim=-1)  # (B, H, L, S + L)
+    v_s = attn.self_value(s).view(B, H_kv, S, d).repeat_interleave(G, dim=1)
+    y = weights @ torch.cat([v_s, v], dim=2)  # (B, H, L, d)
+    out: Tensor = attn.o_proj(y.transpose(1, 2).reshape(B, L, H * d))
+    return out

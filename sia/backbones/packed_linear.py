@@ -1,0 +1,135 @@
+"""``Linear``: the backbone's matrix products, with faster paths for float32 inference on a CPU: a few rows as W·xᵀ,
+and products with a copy of the weight packed in oneDNN's blocked layout (float32 or bfloat16); with the checks of
+what this torch build and this CPU can pack (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "NO_BFLOAT16_PACKING",
+    "PACKED_DTYPES",
+    "PACKED_MIN_ROWS",
+    "SMALL_PRODUCT_ROWS",
+    "Linear",
+    "bfloat16_packing_available",
+    "bfloat16_products_fast",
+    "packing_available",
+]
+
+
+SMALL_PRODUCT_ROWS = 32  # up to this many rows (decoding: one per batch row), a float32 CPU product runs as W·xᵀ
+PACKED_MIN_ROWS = 3  # from this many rows on, a float32 CPU product uses the packed copy of its weight, if it has one
+PACKED_DTYPES = (torch.float32, torch.bfloat16)  # what a packed copy may hold
+
+
+def packing_available() -> bool:
+    """Whether this torch build can pack weights for oneDNN's matrix products (x86 CPU builds can)."""
+    ops = torch.ops.mkldnn
+    built = bool(torch._C._has_mkldnn)  # what torch.backends.mkldnn.is_available() reads
+    return built and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
+
+
+NO_BFLOAT16_PACKING = (
+    "this CPU cannot pack bfloat16 weights (oneDNN's bfloat16 products need AVX-512 BW, VL and DQ, or AVX-NE-CONVERT)"
+)
+
+
+@functools.cache
+def bfloat16_packing_available() -> bool:
+    """Whether oneDNN can pack bfloat16 weights on this CPU (tried once on a small matrix): its bfloat16 path needs
+    AVX-512 BW, VL and DQ or AVX-NE-CONVERT, which AVX2-only CPUs lack."""
+    if not packing_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), None)
+    except RuntimeError:
+        return False
+    return True
+
+
+@functools.cache
+def bfloat16_products_fast() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices no slower than float32 ones (timed once): it does with native
+    bfloat16 instructions (AVX-512 BF16, AMX); without them bfloat16 is emulated, measured 86x slower."""
+    times = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(128, 576, dtype=dtype), torch.randn(576, 576, dtype=dtype)
+        a @ b
+        start = time.perf_counter()
+        for _ in range(5):
+            a @ b
+        times[dtype] = time.perf_counter() - start
+    return times[torch.bfloat16] <= 1.2 * times[torch.float32]
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (no bias) with two faster paths for float32 inference on a CPU (no gradients):
+
+    * at most SMALL_PRODUCT_ROWS rows compute (W xᵀ)ᵀ instead of x Wᵀ, one row doubled to two: the BLAS kernels for
+      a few rows are far slower in the x Wᵀ orientation, and slowest of all for one row (every matrix of one
+      SmolLM2 decode step on the 2-core machine: 52 ms for one row, 22 ms this way; docs/performance.md);
+    * after ``pack()``, from PACKED_MIN_ROWS rows on (batched decoding, prefill), oneDNN's product with a copy of W
+      in its own blocked layout: eight rows 1.6x and sixteen 1.8x faster again, and a row's result does not depend
+      on how many rows are multiplied with it. The copy costs W's size in memory, so packing is asked for, not
+      automatic; it is used only while W is the tensor it was made from (an in-place change of W retires it);
+    * after ``pack(torch.bfloat16)``, every product (any number of rows) with a bfloat16 copy of W in that layout,
+      x rounded to bfloat16 on the way in and the result returned in float32, as under bfloat16 autocast: half the
+      bytes to read, so decoding, which is bound by reading the weights, runs faster on CPUs with bfloat16
+      instructions, and a row's result still does not depend on its mates (the same kernel for one row or many).
+
+    Anything else (a GPU, bfloat16, gradients) is ``nn.Linear`` as it is."""
+
+    packed: Tensor | None = None
+    packed_dtype: torch.dtype = torch.float32  # the copy's: float32, or bfloat16 (every product then uses it)
+    min_rows = PACKED_MIN_ROWS  # products of this many rows or more use the copy
+    _packed_from: tuple[int, int] = (0, -1)  # W's storage and version when packed
+
+    def pack(self, dtype: torch.dtype = torch.float32, *, every_row: bool = False) -> int:
+        """Keep a packed copy of the weight in ``dtype``: float32 (for products of PACKED_MIN_ROWS rows or more, or
+        of any number with ``every_row``) or bfloat16 (for every product, rounded as under bfloat16 autocast);
+        returns the copy's bytes."""
+        w = self.weight
+        if w.device.type != "cpu" or w.dtype != torch.float32:
+            raise ValueError(f"only float32 weights on a CPU are packed; this one is {w.dtype} on {w.device}")
+        if dtype not in PACKED_DTYPES:
+            raise ValueError(f"weights are packed in float32 or bfloat16; got {dtype}")
+        if not packing_available():
+            raise ValueError("this torch build cannot pack weights (oneDNN is not available)")
+        if dtype == torch.bfloat16 and not bfloat16_packing_available():
+            raise ValueError(f"{NO_BFLOAT16_PACKING}; pack them in float32")
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().to(dtype), None)
+        self.packed_dtype = dtype
+        self.min_rows = 1 if every_row or dtype == torch.bfloat16 else PACKED_MIN_ROWS
+        self._packed_from = (w.data_ptr(), w._version)
+        return w.numel() * dtype.itemsize
+
+    def unpack(self) -> None:
+        """Drop the packed copy (its memory is freed): back to the unpacked paths."""
+        self.packed = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight
+        rows = x.numel() // x.shape[-1]
+        cpu_float32 = w.device.type == "cpu" and w.dtype == torch.float32 and x.dtype == torch.float32
+        if not cpu_float32 or torch.is_grad_enabled():
+            return super().forward(x)
+        flat = x.reshape(rows, x.shape[-1])
+        # one row doubled to two: both kernels multiply a single row in another, slower or differently rounded way
+        pair = torch.cat([flat, flat]) if rows == 1 else flat
+        packed = self.packed is not None and self._packed_from == (w.data_ptr(), w._version)
+        if packed and rows >= self.min_rows:
+            out: Tensor = torch.ops.mkldnn._linear_pointwise(
+                pair.to(self.packed_dtype).contiguous(), self.packed, None, "none", [], ""
+            )[:rows].to(x.dtype)
+        elif rows <= SMALL_PRODUCT_ROWS:
+            out = torch.mm(w, pair.t()).t()[:rows].contiguous()  # (rows, out)
+        else:
+            return super().forward(x)
+        return out.view(*x.shape[:-1], w.shape[0])

@@ -1,0 +1,34 @@
+"""What one turn fixes for each batch row before any token is read: the per-layer conditioning built from the
+identity state (the metric folded into the queries, the self slots), shared by every model family.
+
+Notation: B batch, w a layer's kernel width, d_s self-state width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from torch import Tensor
+
+__all__ = ["Conditioning", "SlotLayer"]
+
+
+class SlotLayer(Protocol):
+    """A layer's conditioning as the cache sees it: the self slot's augmented key and value."""
+
+    slot_key: Tensor  # (B, heads, 1, w)
+    slot_value: Tensor  # (B, heads, 1, w)
+
+
+@dataclass
+class Conditioning:
+    """Everything one turn fixes for each batch row. Built by the model's ``condition``; never mutated."""
+
+    layers: Sequence[SlotLayer | None]  # per layer; None for a variant without state (plain attention)
+    self_state: Tensor  # (B, d_s)
+
+    @property
+    def batch_size(self) -> int:
+        return self.self_state.shape[0]

@@ -1,0 +1,147 @@
+"""What generation, turns and the runtime rely on, whatever the model family: ``IdentityModel``, a causal LM
+conditioned on one identity state per row, and ``ModelOutput``, what its forward returns.
+
+Implemented by the native model (sia.model.native.SIAModel) and the pretrained backbone
+(sia.backbones.llama.LlamaModel). Notation: B batch, L tokens in this call, C residual width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from sia.identity.state import IdentityState, SelfUpdate, TurnSummary
+from sia.model.conditioning import Conditioning
+from sia.model.config import AnyConfig
+from sia.model.kv_cache import KVCache
+from sia.model.summary_sums import SummarySums
+from sia.model.tokenizer import Tokenizer
+
+__all__ = ["IdentityModel", "ModelOutput"]
+
+
+@dataclass
+class ModelOutput:
+    logits: Tensor  # (B, L, vocab)
+    stats: SummarySums
+    memory: Tensor | None = None  # (B, K, C) final hidden states of the memory tokens, when they were read
+
+
+class IdentityModel(nn.Module):
+    """What generation, turns and the runtime rely on: a causal LM conditioned on one identity state per row.
+
+    Subclasses (the native SIAModel, sia.backbones.llama.LlamaModel) build ``condition``, ``forward``, ``summarize`` and
+    ``new_cache``; the stacking of states, pooling and the variant checks are shared here.
+    """
+
+    config: AnyConfig
+    tokenizer: Tokenizer
+    wte: nn.Embedding
+    self_update: SelfUpdate
+    pool: nn.Linear | None
+    # whether a batched row computes bit for bit what it computes alone (LlamaModel with bfloat16 packed weights):
+    # then a padded group is prefilled row by row (sia.model.batching)
+    exact_rows: bool = False
+
+    def condition(self, trace: Tensor, self_state: Tensor) -> Conditioning:
+        raise NotImplementedError
+
+    def decode_in(self, dtype: torch.dtype) -> IdentityModel:
+        """Cast the weights to ``dtype`` to decode in it (bfloat16 halves them and, on GPUs and on CPUs with bfloat16
+        instructions, decodes faster), keeping the self update, which writes the identity state, in float32; the
+        turn statistics are pooled in float32 either way. Returns the model."""
+        if not dtype.is_floating_point:
+            raise ValueError(f"a model decodes in a floating-point dtype; got {dtype}")
+        self.to(dtype)
+        self.self_update.float()
+        return self
+
+    def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
+        raise NotImplementedError
+
+    def summarize(self, stats: SummarySums) -> TurnSummary:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        idx: Tensor,
+        cond: Conditioning,
+        *,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        summary_mask: Tensor | None = None,
+        logits_from: int = 0,
+    ) -> ModelOutput:
+        raise NotImplementedError
+
+    @property
+    def stateful(self) -> bool:
+        """False for the plain-attention variant, which ignores identity state."""
+        return self.config.attention != "dot"
+
+    @property
+    def memory_after_reply(self) -> int:
+        """Memory tokens a generation reads after the reply, in its own cache: the write's (none when the model ignores
+        the state)."""
+        return self.config.memory_tokens if self.stateful else 0
+
+    @property
+    def prefix_len(self) -> int:
+        """Keys before the first token: the self slot, or none."""
+        return 1 if self.stateful else 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.wte.weight.device
+
+    def _check_state_shapes(self, trace: Tensor, self_state: Tensor) -> None:
+        c = self.config
+        if trace.dim() != 5 or trace.shape[1:] != c.trace_shape:
+            raise ValueError(f"trace must be (B, {', '.join(map(str, c.trace_shape))}); got {tuple(trace.shape)}")
+        if self_state.shape != (trace.shape[0], c.d_self):
+            raise ValueError(f"self_state must be ({trace.shape[0]}, {c.d_self}); got {tuple(self_state.shape)}")
+
+    def _positions_and_weights(
+        self, idx: Tensor, cond: Conditioning, cache: KVCache | None, positions: Tensor | None, summary_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """forward's checks and defaults: positions (B, L), next after the cache unless given, and the summary
+        weight (B, L, 1) of each token (1 unless summary_mask says otherwise)."""
+        B, L = idx.shape
+        if cond.batch_size != B:
+            raise ValueError(f"idx has {B} rows but the conditioning has {cond.batch_size}")
+        start = 0 if cache is None else cache.tokens
+        if positions is None:
+            positions = torch.arange(start, start + L, device=idx.device).expand(B, L)
+        if int(positions.max()) >= self.config.block_size:
+            raise ValueError(f"position {int(positions.max())} exceeds the context of {self.config.block_size} tokens")
+        weight = (torch.ones(B, L, device=idx.device) if summary_mask is None else summary_mask.float()).unsqueeze(-1)
+        return positions, weight
+
+    def condition_states(self, states: Sequence[IdentityState]) -> Conditioning:
+        """Stack one IdentityState per row into a Conditioning."""
+        if not states:
+            raise ValueError("need at least one identity state")
+        for state in states:
+            state.validate(self.config)
+        trace = torch.stack([s.trace for s in states]).to(self.device)
+        selves = torch.stack([s.self_state for s in states]).to(self.device)
+        return self.condition(trace, selves)
+
+    def _pool(self, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Online-softmax pooling sums of x (B, L, C) over tokens with weight (B, L, 1) > 0."""
+        B, L, _ = x.shape
+        # (B, L); the scores in the pool's own dtype (a bfloat16 model), the sums in x's (float32)
+        scores = x.new_zeros(B, L) if self.pool is None else self.pool(x.to(self.pool.weight.dtype)).squeeze(-1).to(x.dtype)
+        counted = weight.squeeze(-1) > 0
+        scores = scores.masked_fill(~counted, float("-inf"))
+        top = scores.max(dim=1).values  # (B,)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row with nothing counted
+        e = torch.exp(scores - top.unsqueeze(-1)) * weight.squeeze(-1)  # (B, L)
+        return (e.unsqueeze(-1) * x).sum(dim=1), top, e.sum(dim=1)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,66 @@
+"""The key/value cache of one generation: preallocated per layer, the self slots at its first positions.
+
+Notation: B batch, H heads (key/value heads for a grouped-query model), L tokens in this call, w a layer's kernel width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from sia.model.conditioning import Conditioning
+
+__all__ = ["KVCache"]
+
+
+class KVCache:
+    """Keys and values per layer, preallocated; with a stateful variant position 0 holds the self slot.
+
+    ``widths`` gives each layer's kernel width (one int: the same for all); ``dtype`` defaults to the self state's.
+    """
+
+    def __init__(
+        self, cond: Conditioning, max_tokens: int, *, n_head: int, width: int | Sequence[int], dtype: torch.dtype | None = None
+    ) -> None:
+        s = cond.self_state
+        B = s.shape[0]
+        widths = [width] * len(cond.layers) if isinstance(width, int) else list(width)
+        first = cond.layers[0]
+        self.prefix = 0 if first is None else first.slot_key.shape[2]  # the self slots
+        self.capacity = max_tokens + self.prefix
+        self.length = self.prefix
+        dtype = dtype or s.dtype
+        self.keys = [s.new_zeros((B, n_head, self.capacity, w), dtype=dtype) for w in widths]
+        self.values = [s.new_zeros((B, n_head, self.capacity, w), dtype=dtype) for w in widths]
+        for layer, lc in enumerate(cond.layers):
+            if lc is not None:
+                self.keys[layer][:, :, : self.prefix] = lc.slot_key
+                self.values[layer][:, :, : self.prefix] = lc.slot_value
+
+    @property
+    def tokens(self) -> int:
+        """Tokens cached so far (the self slot not counted)."""
+        return self.length - self.prefix
+
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write (B, H, L, w) keys/values after the current length; return the filled prefix."""
+        start, end = self.length, self.length + k.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"KV cache holds {self.capacity - self.prefix} tokens; this step needs {end - self.prefix}")
+        self.keys[layer][:, :, start:end] = k
+        self.values[layer][:, :, start:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def select(self, rows: Tensor) -> KVCache:
+        """A new cache holding a copy of the given rows (B',) of this one, a row may repeat (e.g. one prompt read
+        once, then continued several ways)."""
+        new = object.__new__(KVCache)
+        new.prefix, new.capacity, new.length = self.prefix, self.capacity, self.length
+        new.keys = [k[rows] for k in self.keys]
+        new.values = [v[rows] for v in self.values]
+        return new
