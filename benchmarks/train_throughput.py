@@ -61,7 +61,7 @@ def time_batch(config: TrainConfig, batch: int, steps: int, warmup: int, cache: 
         _sync(device)
         began = time.perf_counter()
         with amp:
-            losses = episode_losses(model, readout, examples, config, dynamics, step)
+            losses = episode_losses(model, readout, examples, config, dynamics)
         total = losses["answer"] + config.readout_weight * losses["readout"] + config.distill_weight * losses["distill"]
         optimizer.zero_grad(set_to_none=True)
         total.backward()  # type: ignore[no-untyped-call]

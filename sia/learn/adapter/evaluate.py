@@ -257,7 +257,7 @@ def retention(model: LlamaModel, checkpoint: str | Path | None, options: EvalOpt
     path = None if checkpoint is None else Path(checkpoint) / READOUT_FILE
     if path is None or not path.is_file():
         return []
-    readout = ReadOut.saved(path, model).to(model.device)
+    readout = ReadOut.saved(path, model.config.d_self).to(model.device)
     n = 2 * options.episodes
     return [{"depth": d, **heldout_readout(model, readout, n, dynamics, between=d)} for d in sorted({0, *options.depths})]
 

@@ -13,10 +13,12 @@ Loss, per step:
   from the self state alone (against state collapse: it gives the write a gradient from step 0);
 - distillation: on one ordinary turn per episode, KL(teacher || student) over the reply, the teacher being the
   base model with the whole transcript in context, the student the stateful model with only that turn.
-Gradients run through the self state across every turn of an episode (backpropagation through time); the turn
-tokens themselves are differentiated only in the turns a loss reads (see unroll.write_turn). A curriculum grows
-the number of unrelated turns between statement and question. bf16 autocast, AdamW with warm-up and cosine decay,
-a higher learning rate for the gates; resumable checkpoints (safetensors and JSON); held-out recall during training.
+The answer and the distillation read the state detached: they train the read. The read-out's gradient (and the
+ranking term's, with ``rank_to_write``) runs through the self state across every turn of an episode
+(backpropagation through time) into the write; the turn tokens themselves are differentiated only in the turns a
+loss reads (see unroll.write_turn). A curriculum grows the number of unrelated turns between statement and question.
+bf16 autocast, AdamW with warm-up and cosine decay, a higher learning rate for the gates; resumable checkpoints
+(safetensors and JSON); held-out recall during training.
 """
 
 from __future__ import annotations
@@ -27,19 +29,18 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from sia.backbones.chat_tokenizer import ChatTokenizer
-from sia.backbones.llama import IDENTITY_PARAMETERS, LlamaModel, bfloat16_products_fast
+from sia.backbones.llama import LlamaModel, bfloat16_products_fast
 from sia.backbones.weights import read_hf, resolve_base
 from sia.checkpoint import (
     BASE_FILE,
@@ -68,13 +69,9 @@ from sia.personas import PERSONAS
 
 __all__ = [
     "ReadOut",
-    "StatePool",
     "TrainConfig",
     "build_model",
-    "build_pool",
     "heldout_recall",
-    "pool_batch",
-    "pool_losses",
     "train",
 ]
 
@@ -98,11 +95,6 @@ def _is_read(name: str) -> bool:
     return _named(name, READ_PARAMETERS)
 
 
-def _is_write(name: str) -> bool:
-    """An identity parameter of the write: not a slot's key, value or bias (those read the state)."""
-    return not (_is_read(name) or name.endswith("slot_bias"))
-
-
 @dataclass
 class TrainConfig:
     base: str | None = None  # a GGUF file or HF directory; None: the bundled SmolLM2-135M-Instruct
@@ -118,19 +110,6 @@ class TrainConfig:
     gate_lr: float = 1e-2
     read_lr: float | None = None  # the slots' keys and values (the read); None: lr. Measured: 2e-3 with 4 slots diverged
     readout_lr: float = 1e-2  # the read-out must grow from nothing to name values: it learns fast or the write gets no signal
-    # steps in which the read's losses stop at the state (the write learns from the read-out); null: all of them
-    write_warmup: int | None = 150
-    # the write (memory tokens, pooling, self update) stays as it starts and only the read trains: a read fine-tuned
-    # over a trained write (with init), which cannot collapse the state the write keeps
-    freeze_write: bool = False
-    # only the identity parameters with one of these names train (e.g. ["slot_gate"]: the read gate alone, over a
-    # trained adapter given by init); null: all of them (less the write with freeze_write)
-    train_only: list[str] | None = None
-    # the read trains on a pool of this many training episodes whose states the frozen write wrote once (needs a write
-    # that does not train: freeze_write, or train_only naming read parts); each step asks freshly drawn questions about
-    # a batch of them and distils one ordinary turn of each from the state it began with. null: every step plays its
-    # episodes anew. The write's turns are then paid once, not every step: more questions a minute, in bigger batches
-    state_pool: int | None = None
     write_stage_steps: int = 0  # first stage: statement turns alone, read-out only (many examples per step, cheap)
     write_stage_batch: int = 24
     min_lr: float = 2e-4
@@ -158,21 +137,14 @@ class TrainConfig:
     rank_weight: float = 0.0
     # the ranking term reads the state undetached, in a probe pass of its own that stops at the value's first token:
     # the write learns from the read's ranking of the kind's values as well as from the read-out (the reply's
-    # cross-entropy and the distillation still stop at the state while the read is shielded; needs rank_weight > 0)
+    # cross-entropy and the distillation still stop at the state; needs rank_weight > 0)
     rank_to_write: bool = False
     readout_weight: float = 1.0
     # how the read-out standardises the states it names facts from: null, across each turn's rows of the batch (few
     # at a deep turn, where only the longer episodes still play); a number in (0, 1], by running moments of the
     # states moved by that share at every turn (ReadOut)
     readout_momentum: float | None = None
-    # the read-out names the open kinds' values (names, cities) by their tokens, scored against the backbone's token
-    # embeddings, instead of classifying them among the training values (ReadOut): what teaches the write to carry
-    # values it never saw in training
-    readout_tokens: bool = False
     distill_weight: float = 1.0
-    # whom the distillation matches on an ordinary turn: "transcript" (the base model reading the whole conversation)
-    # or "base" (the base model reading the same turn: language as it was, the measure of reply perplexity)
-    distill_teacher: str = "transcript"
     eval_every: int = 100
     eval_episodes: int = 24
     eval_between: int = 4
@@ -209,7 +181,6 @@ class TrainConfig:
                 self.distill_weight,
                 self.warmup_steps,
                 self.weight_decay,
-                0 if self.write_warmup is None else self.write_warmup,
             )
             < 0
         ):
@@ -233,19 +204,6 @@ class TrainConfig:
                 )
             if [c[0] for c in spans] != sorted({c[0] for c in spans}):
                 raise ValueError(f"cosine_steps' steps must increase; got {spans}")
-        if self.train_only is not None and (
-            not isinstance(self.train_only, list) or not self.train_only or not set(self.train_only) <= set(IDENTITY_PARAMETERS)
-        ):
-            raise ValueError(
-                f"train_only must be a non-empty list of {list(IDENTITY_PARAMETERS)} (or null); got {self.train_only!r}"
-            )
-        if self.state_pool is not None:
-            if not isinstance(self.state_pool, int) or self.state_pool < self.batch_size:
-                raise ValueError(
-                    f"state_pool must be an integer >= batch_size ({self.batch_size}) or null; got {self.state_pool!r}"
-                )
-            if not (self.freeze_write or (self.train_only is not None and not any(map(_is_write, self.train_only)))):
-                raise ValueError("state_pool needs a write that does not train: set freeze_write, or train_only to read parts")
         if self.readout_momentum is not None and (
             isinstance(self.readout_momentum, bool)
             or not isinstance(self.readout_momentum, (int, float))
@@ -254,16 +212,10 @@ class TrainConfig:
             raise ValueError(f"readout_momentum must be a number in (0, 1] or null; got {self.readout_momentum!r}")
         if not isinstance(self.rank_to_write, bool) or (self.rank_to_write and not self.rank_weight > 0):
             raise ValueError(f"rank_to_write must be true or false, and true needs rank_weight > 0; got {self.rank_to_write!r}")
-        if self.rank_to_write and self.state_pool is not None:
-            raise ValueError("rank_to_write trains the write through the ranking term; a state pool's write does not train")
-        if not isinstance(self.readout_tokens, bool):
-            raise ValueError(f"readout_tokens must be true or false; got {self.readout_tokens!r}")
         if self.kind_weights is not None:
             if not isinstance(self.kind_weights, dict):
                 raise ValueError(f"kind_weights must be an object {{kind: weight}} or null; got {self.kind_weights!r}")
             facts.draw_kinds(random.Random(0), self.n_facts, self.kind_weights)  # validates kinds, weights and n_facts
-        if self.distill_teacher not in ("transcript", "base"):
-            raise ValueError(f"distill_teacher must be transcript or base; got {self.distill_teacher!r}")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be auto, bf16 or fp32; got {self.precision!r}")
         LlamaConfig(**self.model)  # validates the injection fields
@@ -296,55 +248,27 @@ class ReadOut(nn.Module):
     """Training only: per fact kind, a linear classifier of the self state over that kind's training values.
 
     The states are standardised first, so that what tells users apart is what counts, at any scale. With ``momentum``
-    null, across the rows of each call (the shipped recipe): a turn at which few episodes of the batch are still
-    playing then gives a noisy standardisation, one episode alone a zero input, and the write no signal. With a
-    momentum, by running first and second moments of the states, moved by that share at every training call: one
-    row is read as well as many.
+    null, across the rows of each call: a turn at which few episodes of the batch are still playing then gives a noisy
+    standardisation, one episode alone a zero input, and the write no signal. With a momentum (the shipped recipe's),
+    by running first and second moments of the states, moved by that share at every training call: one row is read
+    as well as many."""
 
-    With ``model`` (the backbone), the open kinds (names, cities) are read as tokens instead: a linear map of the state
-    into the backbone's embedding space, scored against every token's embedding (frozen), should name each token of
-    the value. A classifier over the training names teaches the write to tell those names apart, which no held-out
-    name is; naming tokens teaches it to carry whatever a user said, in the form the read can give back."""
-
-    def __init__(self, d_self: int, momentum: float | None = None, model: LlamaModel | None = None) -> None:
+    def __init__(self, d_self: int, momentum: float | None = None) -> None:
         super().__init__()
         if momentum is not None and not 0 < momentum <= 1:
             raise ValueError(f"the read-out's momentum must be in (0, 1] or None; got {momentum}")
-        classified = facts.KINDS if model is None else facts.CLOSED_KINDS
-        self.heads = nn.ModuleDict({kind: nn.Linear(d_self, len(facts.values(kind, "train"))) for kind in classified})
-        self.index = {kind: {v: i for i, v in enumerate(facts.values(kind, "train"))} for kind in classified}
-        self.spell = nn.ModuleDict()
-        self.vocab: Tensor | None
-        self.register_buffer("vocab", None if model is None else model.wte.weight.detach(), persistent=False)  # not a copy
-        self.encode: Callable[[str], list[int]] | None = None
-        if model is not None:
-            tok = model.tokenizer
-            assert isinstance(tok, ChatTokenizer)
-            self.spell = nn.ModuleDict({kind: nn.Linear(d_self, model.config.n_embd) for kind in facts.OPEN_KINDS})
-            self.encode = tok.encode
+        self.heads = nn.ModuleDict({kind: nn.Linear(d_self, len(facts.values(kind, "train"))) for kind in facts.KINDS})
+        self.index = {kind: {v: i for i, v in enumerate(facts.values(kind, "train"))} for kind in facts.KINDS}
         self.momentum = momentum
         self.moments: Tensor
         self.updates: Tensor
         self.register_buffer("moments", torch.zeros(2, d_self))  # running mean of s and of s², per feature
         self.register_buffer("updates", torch.zeros((), dtype=torch.long))  # 0: no running moments (standardise per call)
 
-    @property
-    def tokens(self) -> bool:
-        """Whether the open kinds are read as tokens."""
-        return len(self.spell) > 0
-
-    def value_tokens(self, value: str) -> list[int]:
-        """The tokens of ``value`` as an answer spells it (after a space)."""
-        if self.encode is None:
-            raise ValueError("this read-out reads no kind as tokens")
-        return self.encode(f" {value}")
-
     @classmethod
-    def saved(cls, path: str | Path, model: LlamaModel) -> ReadOut:
-        """The read-out saved at ``path`` for ``model``, reading the open kinds as it was trained to."""
-        with safe_open(str(path), framework="pt") as f:  # the names alone; load() reads the tensors
-            spelt = any(key.startswith("spell.") for key in f.keys())  # noqa: SIM118 (safe_open is not iterable)
-        readout = cls(model.config.d_self, model=model if spelt else None)
+    def saved(cls, path: str | Path, d_self: int) -> ReadOut:
+        """The read-out saved at ``path``, for self states of ``d_self`` features."""
+        readout = cls(d_self)
         readout.load(path)
         return readout
 
@@ -365,25 +289,12 @@ class ReadOut(nn.Module):
     def loss(self, s: Tensor, stated: list[facts.Fact], update: bool = False) -> tuple[Tensor, float]:
         """s (N, d_s): row i should name stated[i]'s value; mean cross-entropy over rows, and the share named right.
         ``update``: a training call, which moves the running moments (with a momentum). The rows of one kind are
-        read together and the share is counted on the device: one host read per call, not one per row. A kind read
-        as tokens scores each row by the mean cross-entropy of its value's tokens, and names it right where the
-        top token is one of them."""
+        read together and the share is counted on the device: one host read per call, not one per row."""
         s = self.standardise(s, update)
         total, right = s.new_zeros(()), s.new_zeros((), dtype=torch.long)
         for kind in dict.fromkeys(fact.kind for fact in stated):
             rows = [i for i, fact in enumerate(stated) if fact.kind == kind]
             picked = s[torch.tensor(rows, device=s.device)]
-            if kind in self.spell:
-                assert self.vocab is not None
-                logits = self.spell[kind](picked) @ self.vocab.to(picked.dtype).T  # (rows, V)
-                spelt = [self.value_tokens(stated[i].value) for i in rows]
-                owner = torch.tensor([r for r, ids in enumerate(spelt) for _ in ids], device=s.device)
-                ids = torch.tensor([t for ids in spelt for t in ids], device=s.device)
-                weight = torch.tensor([1 / len(ids) for ids in spelt for _ in ids], device=s.device)
-                total = total + (F.cross_entropy(logits[owner], ids, reduction="none") * weight).sum()
-                top = logits.argmax(-1)
-                right = right + torch.zeros_like(top).index_add_(0, owner, (top[owner] == ids).long()).clamp_max(1).sum()
-                continue
             targets = torch.tensor([self.index[kind][stated[i].value] for i in rows], device=s.device)
             logits = self.heads[kind](picked)
             total = total + F.cross_entropy(logits, targets, reduction="sum")
@@ -393,10 +304,8 @@ class ReadOut(nn.Module):
     def load(self, path: str | Path) -> None:
         """The read-out saved at ``path``; one saved before running moments existed standardises per call."""
         tensors = load_file(str(path))
-        spelt = any(key.startswith("spell.") for key in tensors)
-        if spelt != self.tokens:
-            how = "as tokens" if spelt else "by classifiers over the training values"
-            raise ValueError(f"the read-out at {path} reads the open kinds {how}; this one does not (readout_tokens)")
+        if any(key.startswith("spell.") for key in tensors):
+            raise ValueError(f"the read-out at {path} reads names and cities as tokens, which this trainer no longer does")
         if "moments" not in tensors:
             tensors = {**tensors, "moments": torch.zeros_like(self.moments), "updates": torch.zeros_like(self.updates)}
         self.load_state_dict(tensors)
@@ -425,10 +334,7 @@ def build_model(config: TrainConfig, cache_dir: Path = DEFAULT_CACHE) -> tuple[L
     model.init_identity(config.seed, slot_bias=config.slot_bias)
     identity = model.identity_state_dict()
     for name, p in model.named_parameters():
-        chosen = config.train_only is None or _named(name, config.train_only)
-        p.requires_grad_(name in identity and chosen and not (config.freeze_write and _is_write(name)))
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(f"nothing to train: no identity parameter of this model is named {config.train_only}")
+        p.requires_grad_(name in identity)
     return model, ref
 
 
@@ -475,12 +381,12 @@ def sample_batch(config: TrainConfig, model: LlamaModel, step: int) -> list[Exam
 
 
 def episode_losses(
-    model: LlamaModel, readout: ReadOut, batch: list[Example], config: TrainConfig, dynamics: Dynamics, step: int = 0
+    model: LlamaModel, readout: ReadOut, batch: list[Example], config: TrainConfig, dynamics: Dynamics
 ) -> dict[str, Tensor]:
-    """The step's losses. Before ``config.write_warmup`` steps the read's losses (the answer, the distillation) read a
-    detached state and train the read only: an untrained read only adds noise, and its gradient would shut the
-    write (gate closed, state constant; measured: the distillation alone took the held-out read-out from 89 % to
-    25 % in 150 steps) before the read-out has taught the write anything."""
+    """The step's losses. The read's losses (the answer, the distillation) read a detached state and train the read
+    only; the write learns from the read-out (and, with ``rank_to_write``, from the ranking term). The read's gradient
+    would shut the write (gate closed, state constant; measured: the distillation alone took the held-out read-out
+    from 89 % to 25 % in 150 steps)."""
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
     B = len(batch)
@@ -489,7 +395,6 @@ def episode_losses(
     readout_right: list[float] = []
     distill_terms: list[Tensor] = []
     n_turns = max(len(ex.episode.turns) for ex in batch)
-    shielded = _shielded(config, step)  # the read's losses stop at the state: the write learns from the read-out
     for t in range(n_turns):
         active = [b for b, ex in enumerate(batch) if t < len(ex.episode.turns)]
         for grad in (True, False):
@@ -499,11 +404,11 @@ def episode_losses(
             turns = [
                 render_turn(tok, batch[b].context, batch[b].episode.turns[t].user, batch[b].episode.turns[t].reply) for b in rows
             ]
-            part, logits, _ = write_turn(model, carry.take(rows), turns, dynamics, grad_tokens=grad, read_detached=shielded)
+            part, logits, _ = write_turn(model, carry.take(rows), turns, dynamics, grad_tokens=grad, read_detached=True)
             carry = carry.put(rows, part)
             if grad and config.distill_weight > 0:
                 examples = [batch[b] for b in rows]
-                distill_terms.append(_distill(model, examples, turns, logits, config.distill_teacher == "base"))
+                distill_terms.append(_distill(model, examples, turns, logits))
         # read-out of every stated fact from each state from the statement on
         stated = [b for b in active if t >= batch[b].episode.stated_at]
         if stated and config.readout_weight > 0:
@@ -512,7 +417,7 @@ def episode_losses(
             term, right = readout.loss(carry.self_state[torch.tensor(owners, device=model.device)], said, update=True)
             readout_terms.append(term)
             readout_right.append(right)
-    reading = carry if not shielded else Carry(carry.self_state.detach(), carry.trace, carry.shock)
+    reading = Carry(carry.self_state.detach(), carry.trace, carry.shock)  # the read's losses stop at the state
     zero = carry.self_state.new_zeros((), dtype=torch.float32)
     asked = any(ex.asked for ex in batch)
     answer, named_value = _answer_loss(model, reading, batch, config, ranked=not config.rank_to_write) if asked else (zero, zero)
@@ -530,11 +435,6 @@ def episode_losses(
         "readout_acc": named,
         "answer_acc": named_value,
     }
-
-
-def _shielded(config: TrainConfig, step: int) -> bool:
-    """Whether the read's losses stop at the state at ``step`` (``write_warmup``; null: always)."""
-    return config.write_warmup is None or step < config.write_warmup
 
 
 def _answer_loss(
@@ -626,18 +526,13 @@ def _value_choices(tok: ChatTokenizer, ex: Example, probe: facts.Probe, turn: Re
     return ids, ids.index(true_id)
 
 
-def _distill(model: LlamaModel, examples: list[Example], turns: list[Any], student: Tensor, base: bool = False) -> Tensor:
-    """KL(teacher || student) per reply token of each example's turn ``distill_at``; the teacher reads the whole
-    transcript with a fresh state, or with ``base`` the same turn the student reads, with a fresh state (the base
-    model)."""
+def _distill(model: LlamaModel, examples: list[Example], turns: list[Any], student: Tensor) -> Tensor:
+    """KL(teacher || student) per reply token of each example's turn ``distill_at``; the teacher is the base model
+    (a fresh state) reading the whole transcript up to that turn."""
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
     rows, spans = [], []
-    for ex, turn in zip(examples, turns, strict=True):
-        if base:
-            rows.append(turn.tokens)
-            spans.append(turn.reply)
-            continue
+    for ex in examples:
         exchanges = [(x.user, x.reply) for x in ex.episode.turns[: ex.distill_at + 1]]
         tokens, reply_spans = transcript(tok, ex.context, exchanges)
         rows.append(tokens)
@@ -654,93 +549,6 @@ def _distill(model: LlamaModel, examples: list[Example], turns: list[Any], stude
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The state pool: the read trained over states a frozen write wrote once
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StatePool:
-    """Training episodes played once by a write that does not train, and the states they left."""
-
-    examples: list[Example]  # per episode: its persona's block and the ordinary turn distilled from it
-    final: Carry  # the state after each episode's last turn: what its questions read
-    before: Carry  # the state each episode's distilled turn began with
-
-
-@torch.no_grad()
-def build_pool(config: TrainConfig, model: LlamaModel, dynamics: Dynamics, chunk: int = 16) -> StatePool:
-    """``config.state_pool`` training episodes of the curriculum's longest stage (``config.between_range`` of its
-    unrelated turns), each played from a fresh identity as ``episode_losses`` plays it; a function of the seed only."""
-    assert config.state_pool is not None
-    tok = model.tokenizer
-    assert isinstance(tok, ChatTokenizer)
-    rng = random.Random(f"{config.seed}:pool")
-    top = max(turns for _, turns in config.curriculum)
-    examples = []
-    for _ in range(config.state_pool):
-        between = rng.randint(*config.between_range(top))
-        episode = facts.make_episode(rng, "train", between=between, kinds=_kinds(rng, config), n_facts=config.n_facts)
-        context = tok.system_prompt(PERSONAS[rng.choice(sorted(PERSONAS))].system_prompt)
-        ordinary = [t for t in range(1, len(episode.turns)) if t != episode.stated_at]
-        examples.append(Example(episode, context, rng.choice(ordinary), ()))
-    finals, befores = [], []
-    for start in range(0, len(examples), chunk):
-        part = examples[start : start + chunk]
-        episodes, contexts = [ex.episode for ex in part], [ex.context for ex in part]
-        final, began = unroll_keeping(model, episodes, contexts, dynamics, before=[ex.distill_at for ex in part])
-        finals.append(final)
-        befores.append(began)
-
-    def joined(carries: list[Carry]) -> Carry:
-        with torch.autocast(model.device.type, enabled=False):  # state tensors keep their own dtypes
-            return Carry(*(torch.cat([getattr(c, f) for c in carries]) for f in ("self_state", "trace", "shock")))
-
-    return StatePool(examples, joined(finals), joined(befores))
-
-
-def pool_batch(config: TrainConfig, pool: StatePool, step: int) -> tuple[list[int], list[Example]]:
-    """The pool's episodes of ``step`` and freshly drawn questions about their facts; a function of (seed, step) only."""
-    rng = random.Random(f"{config.seed}:{step}")
-    picks = rng.sample(range(len(pool.examples)), config.batch_size)
-    batch = []
-    for i in picks:
-        ex = pool.examples[i]
-        episode = replace(ex.episode, probes=tuple(facts.ask(rng, "train", fact) for fact in ex.episode.facts))
-        asked = tuple(sorted(rng.sample(range(len(episode.probes)), min(config.probes_per_episode, len(episode.probes)))))
-        distill_at = ex.distill_at if step % config.distill_every == 0 and config.distill_weight > 0 else -1
-        batch.append(Example(episode, ex.context, distill_at, asked))
-    return picks, batch
-
-
-def pool_losses(
-    model: LlamaModel, pool: StatePool, picks: list[int], batch: list[Example], config: TrainConfig, dynamics: Dynamics
-) -> dict[str, Tensor]:
-    """The step's losses over pooled states: the answers from each episode's final state, the distillation of its
-    ordinary turn from the state that turn began with. The write does not train, so there is no read-out."""
-    tok = model.tokenizer
-    assert isinstance(tok, ChatTokenizer)
-    reading = pool.final.take(picks)
-    answer, named_value = _answer_loss(model, reading, batch, config)
-    distill = answer.new_zeros(())
-    rows = [k for k, ex in enumerate(batch) if ex.distill_at >= 0]
-    if rows:
-        examples = [batch[k] for k in rows]
-        said = [ex.episode.turns[ex.distill_at] for ex in examples]
-        turns = [render_turn(tok, ex.context, x.user, x.reply) for ex, x in zip(examples, said, strict=True)]
-        _, logits, _ = write_turn(model, pool.before.take([picks[k] for k in rows]), turns, dynamics, grad_tokens=True)
-        distill = _distill(model, examples, turns, logits, config.distill_teacher == "base")
-    zero = answer.new_zeros(())
-    return {
-        "answer": answer,
-        "readout": zero,
-        "distill": distill,
-        "spread": reading.self_state.float().std(0).mean(),
-        "readout_acc": zero,
-        "answer_acc": named_value,
-    }
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Held-out recall, the figure training is steered by
 # ---------------------------------------------------------------------------------------------------------
 
@@ -748,27 +556,15 @@ def pool_losses(
 @torch.no_grad()
 def unroll_states(model: LlamaModel, episodes: list[facts.Episode], contexts: list[list[int]], dynamics: Dynamics) -> Carry:
     """The state of each episode after its last turn (every row written as the service writes it)."""
-    return unroll_keeping(model, episodes, contexts, dynamics, before=[-1] * len(episodes))[0]
-
-
-@torch.no_grad()
-def unroll_keeping(
-    model: LlamaModel, episodes: list[facts.Episode], contexts: list[list[int]], dynamics: Dynamics, before: Sequence[int]
-) -> tuple[Carry, Carry]:
-    """``unroll_states``, and the state each row b had when its turn ``before[b]`` began (a fresh one where none)."""
     tok = model.tokenizer
     assert isinstance(tok, ChatTokenizer)
     carry = Carry.fresh(model, len(episodes))
-    kept = Carry.fresh(model, len(episodes))
     for t in range(max(len(e.turns) for e in episodes)):
-        at = [b for b in range(len(episodes)) if before[b] == t]
-        if at:
-            kept = kept.put(at, carry.take(at))
         rows = [b for b, e in enumerate(episodes) if t < len(e.turns)]
         turns = [render_turn(tok, contexts[b], episodes[b].turns[t].user, episodes[b].turns[t].reply) for b in rows]
         part, _, _ = write_turn(model, carry.take(rows), turns, dynamics, grad_tokens=True)
         carry = carry.put(rows, part)
-    return carry, kept
+    return carry
 
 
 def probe_accuracy(
@@ -799,20 +595,12 @@ def heldout_set(model: LlamaModel, n: int, between: int, seed: int = 1) -> tuple
 @torch.no_grad()
 def heldout_readout(model: LlamaModel, readout: ReadOut, n: int, dynamics: Dynamics, between: int = 0) -> dict[str, float]:
     """The training read-out's accuracy on held-out statements of colour, pet and hobby (values it has seen, wordings
-    it has not), from the state ``between`` unrelated turns after the statement turn; chance is 1/6. A read-out of
-    tokens also names held-out names and cities (values never trained on): ``readout_open``."""
-
-    def named(kinds: tuple[str, ...]) -> float:
-        episodes = facts.episodes("heldout", n, 2, between=between, kinds=kinds)
-        carry = unroll_states(model, episodes, persona_contexts(model, n), dynamics)
-        said = [f for e in episodes for f in e.facts]
-        owners = torch.tensor([b for b, e in enumerate(episodes) for _ in e.facts], device=model.device)
-        return readout.loss(carry.self_state[owners], said)[1]
-
-    figures = {"readout": named(("colour", "pet", "hobby"))}
-    if readout.tokens:
-        figures["readout_open"] = named(facts.OPEN_KINDS)
-    return figures
+    it has not), from the state ``between`` unrelated turns after the statement turn; chance is 1/6."""
+    episodes = facts.episodes("heldout", n, 2, between=between, kinds=("colour", "pet", "hobby"))
+    carry = unroll_states(model, episodes, persona_contexts(model, n), dynamics)
+    said = [f for e in episodes for f in e.facts]
+    owners = torch.tensor([b for b, e in enumerate(episodes) for _ in e.facts], device=model.device)
+    return {"readout": readout.loss(carry.self_state[owners], said)[1]}
 
 
 def heldout_recall(model: LlamaModel, n: int, between: int, dynamics: Dynamics) -> dict[str, float]:
@@ -937,7 +725,7 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
     model, ref = build_model(config, cache_dir)
     model.to(device).train()
     torch.manual_seed(config.seed)  # the read-out's initial weights
-    readout = ReadOut(model.config.d_self, config.readout_momentum, model if config.readout_tokens else None).to(device)
+    readout = ReadOut(model.config.d_self, config.readout_momentum).to(device)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     gates = [p for n, p in named if n.endswith(GATE_PARAMETERS)]
     read = [p for n, p in named if _is_read(n)]
@@ -965,24 +753,12 @@ def train(config: TrainConfig, *, progress: bool = True, cache_dir: Path = DEFAU
     history = out / HISTORY_FILE
     _keep_history(history, step)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16(config.precision, device))
-    pool = None
-    if config.state_pool is not None and step < config.steps:
-        began = time.perf_counter()
-        model.eval()
-        with amp:
-            pool = build_pool(config, model, dynamics)
-        model.train()
-        log.info("state pool: %d episodes written in %.0f s", config.state_pool, time.perf_counter() - began)
     started, done_here = time.perf_counter(), 0
     while step < config.steps:
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, step, group["peak"])
         with amp:
-            if pool is not None:
-                picks, batch = pool_batch(config, pool, step)
-                losses = pool_losses(model, pool, picks, batch, config, dynamics)
-            else:
-                losses = episode_losses(model, readout, sample_batch(config, model, step), config, dynamics, step)
+            losses = episode_losses(model, readout, sample_batch(config, model, step), config, dynamics)
         total = losses["answer"] + config.readout_weight * losses["readout"] + config.distill_weight * losses["distill"]
         optimizer.zero_grad(set_to_none=True)
         total.backward()  # type: ignore[no-untyped-call]
