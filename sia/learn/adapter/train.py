@@ -97,6 +97,10 @@ def _is_read(name: str) -> bool:
 
 @dataclass
 class TrainConfig:
+    """One adapter training run. The defaults are the shipped recipe's first stage (configs/train-smollm2.json), so a
+    config file states only what differs; its keys are these fields, flat, and any other key is refused."""
+
+    # --- the run ------------------------------------------------------------------------------------------------
     base: str | None = None  # a GGUF file or HF directory; None: the bundled SmolLM2-135M-Instruct
     model: dict[str, Any] = field(default_factory=dict)  # LlamaConfig injection fields (backbone fields come from the base)
     out_dir: str = "runs/smollm2"
@@ -104,33 +108,40 @@ class TrainConfig:
     # fresh ones, its read-out too where it has one; its config must be this run's model. Unused when resuming.
     init: str | None = None
     seed: int = 0
-    batch_size: int = 8
     steps: int = 1500
+    checkpoint_every: int = 25
+    slot_bias: float = 0.0  # where the slot's bias starts: open, so the read has a gradient
+
+    # --- optimisation: AdamW, linear warm-up then cosine decay to min_lr ----------------------------------------------
     lr: float = 2e-3
     gate_lr: float = 1e-2
-    read_lr: float | None = None  # the slots' keys and values (the read); None: lr. Measured: 2e-3 with 4 slots diverged
+    read_lr: float | None = 1e-3  # the slots' keys and values (the read); None: lr. Measured: 2e-3 with 4 slots diverged
     readout_lr: float = 1e-2  # the read-out must grow from nothing to name values: it learns fast or the write gets no signal
-    write_stage_steps: int = 0  # first stage: statement turns alone, read-out only (many examples per step, cheap)
-    write_stage_batch: int = 24
     min_lr: float = 2e-4
-    warmup_steps: int = 30
+    warmup_steps: int = 20
+    # [[step, length], ...]: from each step on, the cosine decays as if the run had that many steps (null: steps);
+    # a run lengthened or shortened while it trained, stated so that one command replays it
+    cosine_steps: list[list[int]] | None = None
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    slot_bias: float = 0.0  # where the slot's bias starts: open, so the read has a gradient
-    curriculum: list[list[int]] = field(default_factory=lambda: [[0, 1], [200, 2], [400, 4], [700, 6]])  # [step, max turns]
+
+    # --- curriculum and data ---------------------------------------------------------------------------------------
+    batch_size: int = 6
+    write_stage_steps: int = 100  # first stage: statement turns alone, read-out only (many examples per step, cheap)
+    write_stage_batch: int = 24
+    curriculum: list[list[int]] = field(default_factory=lambda: [[0, 2], [250, 4]])  # [step, max turns]
     # the fewest unrelated turns an episode gets: null, half the stage's most (at least 1); a number, that many (at most
     # the stage's most), so that shallower depths than the stage's keep being trained; 0 includes questions asked
     # right after the statement
     min_between: int | None = None
-    # [[step, length], ...]: from each step on, the cosine decays as if the run had that many steps (null: steps);
-    # a run lengthened or shortened while it trained, stated so that one command replays it
-    cosine_steps: list[list[int]] | None = None
     n_facts: int = 3
     # how often each fact kind is drawn into a training episode, relative to the others: {kind: weight}, a kind not
-    # named weighs 1, 0 never drawn (facts.draw_kinds); null: n_facts kinds drawn uniformly, as before it existed
+    # named weighs 1, 0 never drawn (facts.draw_kinds); null: n_facts kinds drawn uniformly
     kind_weights: dict[str, float] | None = None
-    probes_per_episode: int = 1  # questions asked per episode each step (read-out covers every fact anyway)
-    distill_every: int = 4  # distil from the transcript teacher every N steps (its transcript forward is the dearest part)
+    probes_per_episode: int = 3  # questions asked per episode each step (read-out covers every fact anyway)
+    distill_every: int = 2  # distil from the transcript teacher every N steps (its transcript forward is the dearest part)
+
+    # --- losses ------------------------------------------------------------------------------------------------------
     value_weight: float = 3.0
     # the answer's ranking term: a cross-entropy among the first tokens of the kind's values (facts.values) where the
     # value begins, added to the answer with this weight; 0: off. Held-out misses mostly rank the truth second
@@ -143,13 +154,16 @@ class TrainConfig:
     # how the read-out standardises the states it names facts from: null, across each turn's rows of the batch (few
     # at a deep turn, where only the longer episodes still play); a number in (0, 1], by running moments of the
     # states moved by that share at every turn (ReadOut)
-    readout_momentum: float | None = None
+    readout_momentum: float | None = 0.05
     distill_weight: float = 1.0
+
+    # --- evaluation during training: held-out recall (the read-out's accuracy during the write stage) -----------------
     eval_every: int = 100
-    eval_episodes: int = 24
+    eval_episodes: int = 12
     eval_between: int = 4
-    checkpoint_every: int = 25
-    threads: int | None = None
+
+    # --- runtime -------------------------------------------------------------------------------------------------
+    threads: int | None = 2  # torch threads; None: torch's default
     device: str = "cpu"
     precision: str = (
         "auto"  # "bf16" autocast, "fp32", or "auto": bf16 where its matrix products are fast (GPU; CPU with native bf16)
