@@ -32,7 +32,12 @@ from benchmarks.generation import machine_info
 from sia.backbones.weights import write_random_weights
 from sia.checkpoint import DEFAULT_CACHE
 from sia.identity.state import Dynamics
-from sia.learn.adapter.train import ReadOut, TrainConfig, build_model, episode_losses, sample_batch, use_bf16
+from sia.learn.adapter.batch import sample_batch
+from sia.learn.adapter.config import TrainConfig
+from sia.learn.adapter.losses import episode_losses
+from sia.learn.adapter.readout import ReadOut
+from sia.learn.adapter.train import use_bf16
+from sia.learn.adapter.trainable import build_model
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -25,16 +25,13 @@ from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, TurnResult, stream_turns
 from sia.learn.adapter import facts
 from sia.learn.adapter import train as adapter_train
-from sia.learn.adapter.train import (
-    READOUT_FILE,
-    ReadOut,
-    TrainConfig,
-    build_model,
-    episode_losses,
-    sample_batch,
-    train,
-    unroll_states,
-)
+from sia.learn.adapter.batch import sample_batch
+from sia.learn.adapter.config import TrainConfig
+from sia.learn.adapter.heldout import unroll_states
+from sia.learn.adapter.losses import episode_losses
+from sia.learn.adapter.readout import READOUT_FILE, ReadOut
+from sia.learn.adapter.train import train
+from sia.learn.adapter.trainable import build_model
 from sia.learn.adapter.unroll import Carry, Rendered, probe_logits, render_turn, score_candidates, span, write_turn
 from sia.learn.native import train as native_train
 from sia.model.generate import SamplingParams

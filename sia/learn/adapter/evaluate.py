@@ -33,7 +33,8 @@ from sia.checkpoint import DEFAULT_CACHE, load_model
 from sia.identity.spectra import trace_eigenvalues
 from sia.identity.state import Dynamics
 from sia.learn.adapter import facts
-from sia.learn.adapter.train import READOUT_FILE, ReadOut, heldout_readout
+from sia.learn.adapter.heldout import heldout_readout
+from sia.learn.adapter.readout import READOUT_FILE, ReadOut
 from sia.learn.adapter.unroll import (
     Carry,
     persona_contexts,
