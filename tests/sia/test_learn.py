@@ -458,6 +458,62 @@ def test_sia_eval_measures_a_tiny_model_end_to_end(config: TrainConfig, cache: P
     assert not (tmp_path / "cli").exists()
 
 
+def test_sia_eval_pools_recall_over_held_out_draws_and_judges_the_targets_on_it(
+    config: TrainConfig, cache: Path, tmp_path: Path
+) -> None:
+    """``sia eval --draws``: each draw is recall_at's own figures at that eval seed, at the target depth; the pooled
+    figures are the mean over the draws, chance is over every episode drawn, the targets read the pooled figures, and
+    report.md shows them; a draw given twice is refused."""
+    from sia.checkpoint import save_llama_checkpoint
+    from sia.learn.adapter.evaluate import CLOSED_TRIO, EvalOptions, chance, recall_at, report, run_eval, targets
+
+    model, ref = build_model(config, cache)
+    open_read(model, 7)
+    save_llama_checkpoint(model, tmp_path / "ckpt", ref)
+    options = EvalOptions(episodes=6, depths=(1,), target_depth=1, conversations=1, draws=(100, 300, 700))
+    run_eval(tmp_path / "ckpt", tmp_path / "eval", options, cache_dir=cache)
+    figures = json.loads((tmp_path / "eval" / "figures.json").read_text())
+    pooled = figures["pooled"]
+    assert [r["draw"] for r in pooled["draws"]] == [100, 300, 700] and figures["options"]["draws"] == [100, 300, 700]
+    assert pooled["depth"] == 1 and pooled["episodes"] == 18 and all(r["episodes"] == 6 for r in pooled["draws"])
+    model = model.eval()
+    dynamics = Dynamics.from_config(model.config)
+    drawn = []
+    for row in pooled["draws"]:  # each draw measured again on its own
+        alone_options = EvalOptions(episodes=6, depths=(1,), target_depth=1, seed=row["draw"])
+        with torch.no_grad():
+            alone, episodes, _ = recall_at(model, 1, CLOSED_TRIO, alone_options, dynamics, ("state", "stateless", "other_user"))
+        drawn += episodes
+        for name in ("state", "stateless", "other_user"):
+            assert row[name] == alone[name], (row["draw"], name)
+    assert pooled["state"]["per_fact"] > 0  # a mean of something
+    for name in ("state", "stateless", "other_user"):
+        for figure in ("per_fact", "all_three"):
+            assert pooled[name][figure] == pytest.approx(sum(r[name][figure] for r in pooled["draws"]) / 3, abs=1e-12)
+        for kind in CLOSED_TRIO:
+            expected = sum(r[name]["by_kind"][kind] for r in pooled["draws"]) / 3
+            assert pooled[name]["by_kind"][kind] == pytest.approx(expected, abs=1e-12)
+    assert pooled["chance"] == pytest.approx(chance(drawn))
+    assert pooled["draws"][0]["chance"]["per_fact_sd"] > pooled["chance"]["per_fact_sd"]  # 18 episodes against 6
+    judged = {t["name"].split(" after")[0]: t for t in figures["targets"]}
+    assert judged["per fact"]["measured"] == f"{100 * pooled['state']['per_fact']:.1f} %"
+    assert judged["all three"]["measured"] == f"{100 * pooled['state']['all_three']:.1f} %"
+    assert "(18 episodes, 3 draws)" in judged["per fact"]["name"]
+    text = (tmp_path / "eval" / "report.md").read_text()
+    assert "## The acceptance figure: recall after 1 turns over 3 held-out draws" in text
+    assert f"| **pooled** | 18 | **{100 * pooled['state']['per_fact']:.1f} %** |" in text
+    one_draw = {**figures, "pooled": None}  # without draws the targets read the one draw at the target depth
+    plain = targets(one_draw, options)
+    assert plain[0]["measured"] == f"{100 * figures['recall'][0]['state']['per_fact']:.1f} %" and "draws" not in plain[0]["name"]
+    assert "acceptance figure" not in report(one_draw)
+
+    with pytest.raises(ValueError, match="draws must be distinct"):
+        EvalOptions(draws=(100, 300, 100))
+    args = ["eval", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "twice"), "--cache", str(cache)]
+    assert main([*args, "--draws", "100", "100"]) == 2  # refused before anything is measured
+    assert not (tmp_path / "twice").exists()
+
+
 def test_the_write_stage_plays_statements_alone_and_trains_the_write_by_the_read_out(config: TrainConfig, cache: Path) -> None:
     """The first stage: statement turns only, nothing asked, no distillation; the read-out alone moves the write."""
     config = replace(config, write_stage_steps=2, write_stage_batch=3)
