@@ -25,6 +25,8 @@ TRAINER_FILE = "trainer.json"
 def save_run(
     directory: Path, model: LlamaModel, ref: BaseRef, readout: ReadOut, optimizer: torch.optim.Optimizer, step: int
 ) -> None:
+    """The run at ``step`` into ``directory``, written beside it first and then moved in: a run stopped while saving
+    keeps its previous checkpoint."""
     tmp = directory.with_name(directory.name + ".tmp")
     if tmp.exists():
         for child in tmp.iterdir():
@@ -43,6 +45,7 @@ def save_run(
 
 
 def resume_run(directory: Path, model: LlamaModel, readout: ReadOut, optimizer: torch.optim.Optimizer) -> int:
+    """The identity parameters, read-out and optimizer state saved in ``directory``, loaded in place; the step reached."""
     identity = load_file(str(directory / "identity.safetensors"))
     missing = set(model.identity_state_dict()) - set(identity)
     if missing:

@@ -27,6 +27,7 @@ def _is_read(name: str) -> bool:
 
 
 def base_ref(config: TrainConfig) -> tuple[Path, BaseRef]:
+    """Where ``config.base`` is (the bundled checkpoint's base where null) and the reference a checkpoint keeps of it."""
     if config.base is None:
         ref = BaseRef.read(DEFAULT_CHECKPOINT / BASE_FILE)
         return ref.locate(DEFAULT_CHECKPOINT), ref
