@@ -32,7 +32,12 @@ from benchmarks.generation import machine_info
 from sia.backbones.weights import write_random_weights
 from sia.checkpoint import DEFAULT_CACHE
 from sia.identity.state import Dynamics
-from sia.learn.adapter.train import ReadOut, TrainConfig, build_model, episode_losses, sample_batch, use_bf16
+from sia.learn.adapter.batch import sample_batch
+from sia.learn.adapter.config import TrainConfig
+from sia.learn.adapter.losses import episode_losses
+from sia.learn.adapter.readout import ReadOut
+from sia.learn.adapter.train import use_bf16
+from sia.learn.adapter.trainable import build_model
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -61,7 +66,7 @@ def time_batch(config: TrainConfig, batch: int, steps: int, warmup: int, cache: 
         _sync(device)
         began = time.perf_counter()
         with amp:
-            losses = episode_losses(model, readout, examples, config, dynamics, step)
+            losses = episode_losses(model, readout, examples, config, dynamics)
         total = losses["answer"] + config.readout_weight * losses["readout"] + config.distill_weight * losses["distill"]
         optimizer.zero_grad(set_to_none=True)
         total.backward()  # type: ignore[no-untyped-call]

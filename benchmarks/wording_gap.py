@@ -25,7 +25,8 @@ from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
 from sia.identity.state import Dynamics
 from sia.learn.adapter import facts
-from sia.learn.adapter.train import probe_accuracy, unroll_states, use_bf16
+from sia.learn.adapter.heldout import probe_accuracy, unroll_states
+from sia.learn.adapter.train import use_bf16
 from sia.learn.adapter.unroll import persona_contexts
 
 RESULTS = Path(__file__).parent / "results" / "wording_gap.json"

@@ -147,6 +147,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             seed=args.seed + 100,
             device=args.device,
             read_shifts=tuple(args.read_shifts),
+            draws=tuple(args.draws),
         )
         figures = run_memory_eval(args.checkpoint, args.out, options, history=args.history, cache_dir=args.cache)
         log.info(
@@ -270,6 +271,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="pretrained backbone: recall and perplexity with every slot logit lowered by each of these in place of the"
         " checkpoint's own read shift (e.g. 0 0.5 1)",
+    )
+    ev.add_argument(
+        "--draws",
+        type=int,
+        nargs="*",
+        default=[],
+        help="pretrained backbone: held-out draws (eval seeds, --seed + 100 is the first figure's) of --episodes each at"
+        " the target depth, pooled into the figure the targets are judged on (the shipped adapter's: 100 200 ... 1000,"
+        " --episodes 32)",
     )
     ev.add_argument("--history", type=Path, default=None, help="pretrained backbone: the training run's history.jsonl to plot")
     ev.add_argument(

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
+import json
 import random
 import re
+import tomllib
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import asdict
 from functools import cache
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,12 +23,14 @@ from sia.learn.adapter.facts import (
     CLOSED_VALUES,
     KINDS,
     OPEN_KINDS,
+    PHRASES_FILE,
     SPLITS,
     Episode,
     chitchat,
     draw_kinds,
     episodes,
     make_episode,
+    read_phrases,
     values,
     wordings,
 )
@@ -85,6 +94,51 @@ def test_deterministic() -> None:
     )
     one = make_episode(random.Random(5), "heldout", between=3, user="u")
     assert one == make_episode(random.Random(5), "heldout", between=3, user="u")
+
+
+def test_the_corpus_is_the_one_every_shipped_adapter_was_trained_and_measured_on() -> None:
+    """A digest of 120 episodes of both splits and every wording, pinned: moving the phrase tables (or touching how an
+    episode is drawn) must leave the corpus byte for byte as it was, or every shipped figure stops being reproducible."""
+    digest = hashlib.sha256()
+    for split, seed, kinds in (("train", 0, None), ("heldout", 104, ("colour", "pet", "hobby")), ("heldout", 3, None)):
+        for episode in episodes(split, 40, seed, between=4, kinds=kinds):
+            digest.update(json.dumps(asdict(episode), sort_keys=True).encode())
+        digest.update(json.dumps(sorted(wordings(split))).encode())
+    assert digest.hexdigest() == "2c180438421cebd382ff000aad1cea0e6020a2ace89ec33614e1d5e2c892df05"
+
+
+def test_the_phrase_tables_ship_with_the_package_and_a_broken_one_is_refused_named(tmp_path: Path) -> None:
+    """The tables live in sia/learn/data/facts_phrases.json, which pyproject's package data carries (as it carries
+    the native model's native_phrases.json); a table missing or of the wrong shape is refused with its name."""
+    package_data = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for name in ("facts_phrases.json", "native_phrases.json"):
+        assert any(fnmatch.fnmatch(f"learn/data/{name}", glob) for glob in package_data["sia"]), name
+    assert read_phrases()[0] == CLOSED_VALUES and read_phrases()[3] == _STYLES
+    tables = json.loads(PHRASES_FILE.read_text(encoding="utf-8"))
+
+    def broken(change: Callable[[dict[str, Any]], None]) -> Path:
+        data = json.loads(json.dumps(tables))
+        change(data)
+        path = tmp_path / "phrases.json"
+        path.write_text(json.dumps(data))
+        return path
+
+    cases: list[tuple[Callable[[dict[str, Any]], None], str]] = [
+        (lambda d: d.pop("names"), "lacks the table 'names'"),
+        (lambda d: d["styles"].pop("heldout"), r"styles must be an object with the keys \['heldout', 'train'\]"),
+        (lambda d: d["styles"]["train"]["clauses"].pop("pet"), "styles.train.clauses must be an object"),
+        (lambda d: d["styles"]["train"].pop("openers"), "styles.train.openers must be a non-empty list of strings"),
+        (
+            lambda d: d["styles"]["heldout"]["chitchat"].append(["only the user"]),
+            r"styles.heldout.chitchat\[\d+\] must be a pair",
+        ),
+        (lambda d: d["styles"]["train"]["direct"]["city"][0].pop("answers"), r"direct.city\[0\] must be"),
+        (lambda d: d["styles"]["train"].update(connectors=[", "]), "connectors must hold at least 5"),
+        (lambda d: d["closed_values"].update(pet=[]), "closed_values.pet must be a non-empty list"),
+    ]
+    for change, match in cases:
+        with pytest.raises(ValueError, match=match):
+            read_phrases(broken(change))
 
 
 def test_wordings_disjoint() -> None:

@@ -6,6 +6,8 @@ played turn by turn as the service plays it (sia.learn.adapter.unroll):
   about; the answer is right when the true value is the most likely of its kind's candidates. Read under the
   user's own state, a fresh state (stateless), another user's state, and by the base model with the whole
   transcript in context (what the backbone itself can do); chance and its standard deviation beside them;
+- the acceptance figure: with ``draws``, recall at the target depth over several held-out draws of ``episodes``
+  each, pooled (each draw's figures kept), against which the targets are judged;
 - open vocabulary: names and cities never seen in training, ranked among every held-out name or city;
 - the trace's share: recall with the trace frozen at zero (alpha = 0) against the trace on;
 - reply perplexity with state against the base model on the held-out dialogue (sia/learn/data/dialogue.jsonl);
@@ -18,8 +20,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +33,11 @@ from torch import Tensor
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
 from sia.checkpoint import DEFAULT_CACHE, load_model
-from sia.identity.spectra import trace_eigenvalues
 from sia.identity.state import Dynamics
 from sia.learn.adapter import facts
-from sia.learn.adapter.train import READOUT_FILE, ReadOut, heldout_readout
+from sia.learn.adapter.heldout import heldout_readout
+from sia.learn.adapter.plots import plot_recall, plot_self_state, plot_spectra, plot_training
+from sia.learn.adapter.readout import READOUT_FILE, ReadOut
 from sia.learn.adapter.unroll import (
     Carry,
     persona_contexts,
@@ -47,13 +51,14 @@ from sia.learn.adapter.unroll import (
 from sia.learn.dialogue import load_dialogue
 from sia.personas import PERSONAS
 
-__all__ = ["EvalOptions", "run_eval"]
+__all__ = ["EvalOptions", "pooled_recall", "run_eval"]
 
 log = logging.getLogger(__name__)
 
 CLOSED_TRIO = ("colour", "pet", "hobby")
 OPEN_SET = ("name", "city", "job")
 CONDITIONS = ("state", "stateless", "other_user", "transcript")
+POOLED_CONDITIONS = ("state", "stateless", "other_user")  # the draws' (the transcript reading is the base model's)
 TARGETS = {"per_fact": 0.90, "all_three": 0.75, "perplexity_ratio": 1.05, "open_vocabulary": 0.80, "double_depth": 0.80}
 
 
@@ -67,6 +72,9 @@ class EvalOptions:
     chunk: int = 8  # probes scored per forward
     device: str = "cpu"  # the torch device to evaluate on (e.g. cuda)
     read_shifts: tuple[float, ...] = ()  # the read's strength: recall and perplexity with every slot logit lowered by each
+    # held-out draws (eval seeds, as ``seed``) of ``episodes`` each at the target depth, pooled: the acceptance figure
+    # (the shipped adapter's: 100, 200, ..., 1000 of 32 episodes); empty: the targets read the one draw at ``seed``
+    draws: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.episodes < 2:
@@ -75,6 +83,8 @@ class EvalOptions:
             raise ValueError(f"depths must be >= 0 and hold target_depth {self.target_depth}; got {self.depths}")
         if self.conversations < 1 or self.chunk < 1:
             raise ValueError(f"conversations and chunk must be >= 1; got {self.conversations}, {self.chunk}")
+        if len(set(self.draws)) != len(self.draws):
+            raise ValueError(f"draws must be distinct: a draw pooled twice counts its episodes twice; got {list(self.draws)}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -180,6 +190,29 @@ def recall_at(
     return figures, episodes, states
 
 
+def pooled_recall(model: LlamaModel, options: EvalOptions, dynamics: Dynamics) -> dict[str, Any]:
+    """Recall at the target depth over each of ``options.draws`` (its own ``options.episodes`` held-out episodes,
+    read under the user's state, a fresh one and another user's), and pooled: the mean over the draws (of equal size,
+    so the share over every probe drawn), with chance over every episode drawn."""
+    if not options.draws:
+        raise ValueError("pooled recall needs at least one draw")
+    depth, rows, drawn = options.target_depth, [], []
+    for draw in options.draws:
+        figures, episodes, _ = recall_at(model, depth, CLOSED_TRIO, replace(options, seed=draw), dynamics, POOLED_CONDITIONS)
+        rows.append({"draw": draw, "episodes": len(episodes), **{name: figures[name] for name in POOLED_CONDITIONS}})
+        rows[-1]["chance"] = figures["chance"]
+        drawn += episodes
+    pooled: dict[str, Any] = {"depth": depth, "episodes": len(drawn), "draws": rows, "chance": chance(drawn)}
+    for name in POOLED_CONDITIONS:
+        pooled[name] = {
+            "per_fact": statistics.fmean(r[name]["per_fact"] for r in rows),
+            "all_three": statistics.fmean(r[name]["all_three"] for r in rows),
+            "by_kind": {kind: statistics.fmean(r[name]["by_kind"][kind] for r in rows) for kind in CLOSED_TRIO},
+        }
+    log.info("pooled over %d draws at depth %d: %s", len(rows), depth, pooled["state"])
+    return pooled
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Reply quality
 # ---------------------------------------------------------------------------------------------------------
@@ -257,7 +290,7 @@ def retention(model: LlamaModel, checkpoint: str | Path | None, options: EvalOpt
     path = None if checkpoint is None else Path(checkpoint) / READOUT_FILE
     if path is None or not path.is_file():
         return []
-    readout = ReadOut.saved(path, model).to(model.device)
+    readout = ReadOut.saved(path, model.config.d_self).to(model.device)
     n = 2 * options.episodes
     return [{"depth": d, **heldout_readout(model, readout, n, dynamics, between=d)} for d in sorted({0, *options.depths})]
 
@@ -307,97 +340,8 @@ def reset_determinism(model: LlamaModel) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Plots and report
+# Report
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_recall(by_depth: list[dict[str, Any]], path: Path) -> None:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    depths = [f["depth"] for f in by_depth]
-    for name in CONDITIONS:
-        ax.plot(depths, [f[name]["per_fact"] for f in by_depth], marker="o", label=name.replace("_", " "))
-    ch = [f["chance"]["per_fact"] for f in by_depth]
-    ax.plot(depths, ch, "k--", label="chance")
-    ax.axhline(TARGETS["per_fact"], color="grey", lw=0.5)
-    ax.set(
-        xlabel="unrelated turns between statement and question",
-        ylabel="recall per fact",
-        ylim=(0, 1),
-    )
-    ax.set_xscale("symlog", linthresh=1)  # logarithmic from 1 turn on, and 0 (right after the statement) beside it
-    ax.set_xticks(depths)
-    ax.set_xticklabels([str(d) for d in depths])
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_self_state(states: list[Carry], episode: facts.Episode, row: int, path: Path) -> None:
-    plt = _pyplot()
-    selves = torch.stack([c.self_state[row] for c in states[: len(episode.turns)]]).float().cpu()  # (turns, d_s)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    image = ax.imshow(selves.T.numpy(), aspect="auto", cmap="coolwarm", vmin=-1, vmax=1, interpolation="nearest")
-    ax.set(xlabel="turn", ylabel="self-state dimension", title=f"self state over an episode (facts at turn {episode.stated_at})")
-    fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_spectra(model: LlamaModel, carry: Carry, row: int, path: Path) -> None:
-    plt = _pyplot()
-    trace = carry.trace[row].float().cpu()  # (n_trace, heads, d, d)
-    eig = trace_eigenvalues(trace, model.config)[0].flip(-1)[:, 0]  # (n_trace, d) eig sym(T), first head, largest first
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    image = ax.imshow(eig.numpy(), aspect="auto", cmap="magma", interpolation="nearest")
-    ax.set(xlabel="eigenvalue index (largest first)", ylabel="trace layer", title="trace spectra after an episode")
-    ax.set_yticks(range(len(model.trace_layers)), [str(i) for i in model.trace_layers])
-    fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_training(history: Path, path: Path) -> None:
-    plt = _pyplot()
-    records = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
-    steps = [r["step"] for r in records]
-    for key in ("answer", "readout", "distill"):
-        points = [(r["step"], r[key]) for r in records if r.get(key)]
-        if points:
-            left.plot(*zip(*_smooth(points), strict=True), label=key)
-    left.set(xlabel="step", ylabel="loss (smoothed)")
-    left.legend()
-    evals = [(r["step"], r["heldout"]["per_fact"], r["heldout"]["all"]) for r in records if "heldout" in r]
-    if evals:
-        right.plot([e[0] for e in evals], [e[1] for e in evals], marker="o", label="held-out per fact")
-        right.plot([e[0] for e in evals], [e[2] for e in evals], marker="o", label="held-out all three")
-    right.plot(steps, [r["max_between"] / 10 for r in records], "k:", label="curriculum turns / 10")
-    right.set(xlabel="step", ylim=(0, 1))
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _smooth(points: list[tuple[float, float]], width: int = 20) -> list[tuple[float, float]]:
-    out = []
-    for i in range(len(points)):
-        window = points[max(0, i - width + 1) : i + 1]
-        out.append((points[i][0], sum(v for _, v in window) / len(window)))
-    return out
 
 
 def _pct(x: float) -> str:
@@ -426,6 +370,8 @@ def report(figures: dict[str, Any]) -> str:
     lines += ["", "By kind, under the state:", ""]
     for f in figures["recall"]:
         lines.append(f"- {f['depth']} turns: " + ", ".join(f"{k} {_pct(v)}" for k, v in f["state"]["by_kind"].items()))
+    if figures.get("pooled"):
+        lines += _pooled_report(figures["pooled"])
     o = figures["open_vocabulary"]
     lines += ["", f"## Open vocabulary ({o['depth']} unrelated turns; names and cities never seen in training)", ""]
     lines += ["| kind | state | stateless | transcript | chance |", "|---|---|---|---|---|"]
@@ -484,19 +430,44 @@ def report(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _pooled_report(p: dict[str, Any]) -> list[str]:
+    lines = ["", f"## The acceptance figure: recall after {p['depth']} turns over {len(p['draws'])} held-out draws", ""]
+    lines += ["| draw (eval seed) | episodes | per fact | all three | stateless | other user |", "|---|---|---|---|---|---|"]
+    for r in p["draws"]:
+        lines.append(
+            f"| {r['draw']} | {r['episodes']} | {_pct(r['state']['per_fact'])}"
+            f" | {_pct(r['state']['all_three'])} | {_pct(r['stateless']['per_fact'])} | {_pct(r['other_user']['per_fact'])} |"
+        )
+    ch = p["chance"]
+    lines.append(
+        f"| **pooled** | {p['episodes']} | **{_pct(p['state']['per_fact'])}** | **{_pct(p['state']['all_three'])}**"
+        f" | {_pct(p['stateless']['per_fact'])} | {_pct(p['other_user']['per_fact'])} |"
+    )
+    lines += [
+        "",
+        f"Chance over every episode drawn: per fact {_pct(ch['per_fact'])} ± {_pct(ch['per_fact_sd'])}, all three"
+        f" {_pct(ch['all_three'])} ± {_pct(ch['all_three_sd'])}. By kind, pooled: "
+        + ", ".join(f"{k} {_pct(v)}" for k, v in p["state"]["by_kind"].items())
+        + ". The targets below are judged on the pooled figures.",
+    ]
+    return lines
+
+
 def targets(figures: dict[str, Any], options: EvalOptions) -> list[dict[str, Any]]:
-    at = next(f for f in figures["recall"] if f["depth"] == options.target_depth)
+    """The targets, judged at the target depth on the pooled draws where there are any, else on the one draw."""
+    at = figures.get("pooled") or next(f for f in figures["recall"] if f["depth"] == options.target_depth)
     deep = [f for f in figures["recall"] if f["depth"] >= 2 * options.target_depth]
     ch = at["chance"]
     ceiling = ch["per_fact"] + 2 * ch["per_fact_sd"]
+    over = f" ({at['episodes']} episodes, {len(at['draws'])} draws)" if "draws" in at else ""
     out = [
         {
-            "name": f"per fact after {options.target_depth} turns >= 90 %",
+            "name": f"per fact after {options.target_depth} turns >= 90 %{over}",
             "measured": _pct(at["state"]["per_fact"]),
             "met": at["state"]["per_fact"] >= 0.9,
         },
         {
-            "name": f"all three after {options.target_depth} turns >= 75 %",
+            "name": f"all three after {options.target_depth} turns >= 75 %{over}",
             "measured": _pct(at["state"]["all_three"]),
             "met": at["state"]["all_three"] >= 0.75,
         },
@@ -550,7 +521,7 @@ def run_eval(
     dynamics = Dynamics.from_config(model.config)
     figures: dict[str, Any] = {
         "checkpoint": str(checkpoint or "bundled"),
-        "options": options.__dict__ | {"depths": list(options.depths)},
+        "options": options.__dict__ | {"depths": list(options.depths), "draws": list(options.draws)},
         "read_shift": model.read_shift,  # every figure but read_strength's is read at the checkpoint's own
     }
     by_depth, kept = [], None
@@ -560,6 +531,8 @@ def run_eval(
         if depth == options.target_depth:
             kept = (episodes, states)
     figures["recall"] = by_depth
+    if options.draws:
+        figures["pooled"] = pooled_recall(model, options, dynamics)
     assert kept is not None
     episodes, states = kept
     o, _, _ = recall_at(model, options.target_depth, OPEN_SET, options, dynamics, ("state", "stateless", "transcript"))
@@ -576,7 +549,7 @@ def run_eval(
     if options.read_shifts:
         figures["read_strength"] = read_strength(model, dynamics, options)
     figures["targets"] = targets(figures, options)
-    plot_recall(by_depth, out / "recall.png")
+    plot_recall(by_depth, out / "recall.png", CONDITIONS, TARGETS["per_fact"])
     plot_self_state(states, episodes[0], 0, out / "self_state.png")
     plot_spectra(model, states[-1], 0, out / "spectra.png")
     if history is not None and history.is_file():
