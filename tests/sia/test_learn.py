@@ -337,6 +337,7 @@ def test_scoring_candidates_is_scoring_each_reply_in_full(config: TrainConfig, c
         ({"batch_size": 0}, "batch_size"),
         ({"read_lr": 0.0}, "read_lr"),
         ({"model": {"memory_tokens": -1}}, "memory_tokens"),
+        ({"model": {"memory_token": 8}}, "unknown config keys \\[.memory_token.\\]"),
         ({"cosine_steps": [[5, 100]]}, "cosine_steps"),
         ({"cosine_steps": [[0, 100], [50, 100], [20, 300]]}, "cosine_steps"),
         ({"cosine_steps": [[0, 10]], "warmup_steps": 10}, "cosine_steps"),

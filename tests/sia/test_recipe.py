@@ -4,6 +4,7 @@ one before and is exported as the recipe says; a finished recipe run again train
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,17 @@ def test_a_bad_recipe_is_refused_naming_the_file(tmp_path: Path, change: Any, ma
     with pytest.raises(ValueError, match=match) as raised:
         Recipe.from_file(path)
     assert str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize("path", sorted(SHIPPED.parent.glob("*.json")), ids=lambda p: p.name)
+def test_every_recipe_builds_each_stage_as_it_states_it(path: Path) -> None:
+    """Each recipe in recipes/ loads, and every stage's config holds what the recipe and the stage state."""
+    recipe = Recipe.from_file(path)
+    for index, stage in enumerate(recipe.stages):
+        config = asdict(recipe.config(index, Path("runs/r")))
+        stated = {**recipe.train, **stage.train}
+        for key, value in stated.items():
+            if key == "model":
+                assert {**config["model"], **recipe.train.get("model", {}), **stage.train.get("model", {})} == config["model"]
+            else:
+                assert config[key] == value, (path.name, stage.name, key)

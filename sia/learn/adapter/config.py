@@ -152,7 +152,7 @@ class TrainConfig:
             facts.draw_kinds(random.Random(0), self.n_facts, self.kind_weights)  # validates kinds, weights and n_facts
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be auto, bf16 or fp32; got {self.precision!r}")
-        LlamaConfig(**self.model)  # validates the injection fields
+        LlamaConfig.from_dict(self.model)  # validates the injection fields (an unknown one: ValueError)
 
     def cosine_length(self, step: int) -> int:
         """How many steps the cosine spans at ``step`` (``cosine_steps``, or the run's length)."""
