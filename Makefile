@@ -40,8 +40,8 @@ test: install chromium
 	$(BIN)/python -m pytest
 
 lint: install
-	$(BIN)/ruff check sia server migrations tests benchmarks
-	$(BIN)/ruff format --check sia server migrations tests benchmarks
+	$(BIN)/ruff check sia server migrations tests benchmarks experiments
+	$(BIN)/ruff format --check sia server migrations tests benchmarks experiments
 	$(BIN)/mypy
 
 bench: install
