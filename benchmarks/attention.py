@@ -70,7 +70,7 @@ from sia.model.attention import (
 
 Method = Callable[[Tensor, Tensor, Tensor, Tensor, bool], object]
 
-DEFAULT_LENGTHS: tuple[int, ...] = (256, 1024, 4096)  # 16384 on request (--lengths): over 15 minutes on 2 cores
+DEFAULT_LENGTHS: tuple[int, ...] = (256, 1024, 4096, 16384)
 QUICK_LENGTHS: tuple[int, ...] = (256, 1024)
 DEFAULT_HEADS: tuple[int, ...] = (4, 16)
 DEFAULT_DIMS: tuple[int, ...] = (32, 64)

@@ -189,10 +189,9 @@ def http(r: Result) -> Rendered:
     text = table(header, rows)
     for f in r.get("flood", []):
         text += (
-            f"\n\nAfter a flood ({f['backend']}: {f['rounds']} rounds of {f['flood_requests']} clients that give up after "
-            f"{1000 * f['give_up_s']:.0f} ms): a normal request p50 {ms(f['p50_ms'], '.0f')} ms, "
-            f"max {ms(f['max_ms'], '.0f')} ms, "
-            f"{f['errors']} errors."
+            f"\n\nAfter a flood ({f['backend']}: {f['rounds']} round{'s' * (f['rounds'] != 1)} of "
+            f"{f['flood_requests']} clients that give up after {1000 * f['give_up_s']:.0f} ms): "
+            f"a normal request p50 {ms(f['p50_ms'], '.0f')} ms, max {ms(f['max_ms'], '.0f')} ms, {f['errors']} errors."
         )
         targets.append(Target(f"HTTP ({f['backend']}): 0 errors after a flood", f"{f['errors']} errors", f["errors"] == 0, "-"))
     return text, targets
@@ -254,8 +253,8 @@ def backbone(r: Result) -> Rendered:
         f"\n\nA stored identity: {s['fresh']:,} bytes fresh, {s['after_5_turns']:,} after 5 turns. A turn through the "
         f"runtime ({t['reply_tokens']} tokens, SQLite, p50): model {t['model']['p50_ms']:.0f} ms, store "
         f"{t['store']['p50_ms']:.1f} ms ({t['store_share']:.1%} of the turn). Over HTTP: time to first token p50 "
-        f"{h['ttft']['p50_ms']:.0f} ms ({h['max_tokens']}-token replies), {h['http_minus_in_process_ms']:.0f} ms more "
-        "than the same turn in process."
+        f"{h['ttft']['p50_ms']:.0f} ms ({h['max_tokens']}-token replies), {h['http_minus_in_process_ms']:+.0f} ms against "
+        "the same turn in process (a paired median)."
     )
     targets.append(at_most("SmolLM2: a stored identity <= 256 KiB", s["after_5_turns"] / 1024, 256, ".1f", " KiB"))
     targets.append(at_most("SmolLM2: store share of a turn <= 5 %", 100 * t["store_share"], 5, ".1f", " %"))
