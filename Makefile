@@ -40,10 +40,11 @@ test: install chromium
 	$(BIN)/python -m pytest
 
 lint: install
-	$(BIN)/ruff check sia server migrations tests benchmarks
-	$(BIN)/ruff format --check sia server migrations tests benchmarks
+	$(BIN)/ruff check sia server migrations tests benchmarks experiments
+	$(BIN)/ruff format --check sia server migrations tests benchmarks experiments
 	$(BIN)/mypy
 
+# every benchmark on the shipped checkpoints, one after another (results in benchmarks/results/), then docs/performance.md
 bench: install
 	$(BIN)/python -m benchmarks.attention
 	$(BIN)/python -m benchmarks.store
@@ -55,6 +56,7 @@ bench: install
 	$(BIN)/python -m benchmarks.batching
 	$(BIN)/python -m benchmarks.served_batching
 	$(BIN)/python -m benchmarks.sampling
+	$(BIN)/python -m benchmarks.report
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -47,20 +47,19 @@ import ctypes.util
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from benchmarks.machine import machine_info
 from sia.model.attention import (
     augment_keys,
     augment_queries,
@@ -393,20 +392,12 @@ def observe_kernels(dims: Sequence[int], length: int, heads: int) -> list[dict[s
 # ---------------------------------------------------------------------------------------------- output
 
 
-def machine_info() -> dict[str, object]:
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
+def run_info() -> dict[str, object]:
+    return machine_info(torch.get_num_threads()) | {
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_count": os.cpu_count(),
-        "torch_num_threads": torch.get_num_threads(),
         "dtype": "float32",
         "batch": 1,
         "memory_method": MEMORY_METHOD,
-        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -498,7 +489,7 @@ def run_grid(args: argparse.Namespace, info: dict[str, object], kernels: object)
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    info = machine_info()
+    info = run_info()
     sys.stdout.write(f"machine: {json.dumps(info)}\n\n")
     with torch.inference_mode():
         warm_up_all()

@@ -4,15 +4,17 @@ Run: ``python -m benchmarks.backbone [--quick] [--threads 2] [--tokens 32] [--re
 
 Three decoders share one set of weights, the bundled GGUF dequantised once into a temporary cache directory:
 
-* ``sia``: the bundled SIA checkpoint (``load_model()``), conditioned on the state its own 5 greedy turns left
-  (non-zero trace and self state). The shipped self-value weights are zero (the read is untrained), so they get
-  random N(0, 0.02) values here: the self slot then really adds to every layer's attention output.
+* ``sia``: the shipped SIA checkpoint (``load_model()``: SmolLM2 with its trained adapter, weights as shipped),
+  conditioned on the state its own 5 greedy turns left (non-zero trace and self state), so the self slot adds to
+  every layer's attention output as it does in service.
 * ``dot``: the same code with ``attention="dot"``: plain grouped-query attention, no state, no self slot.
 * ``hf``: ``transformers.LlamaForCausalLM.from_pretrained`` on the dequantised directory (SDPA attention),
   ``generate(do_sample=False, min_new_tokens=max_new_tokens)``.
 
-Every decoder makes exactly ``--tokens`` tokens per row (checked): SIA's output layer gets a bias of -1e4 on the
-end-of-turn logit (one (V,) add per forward), HF's ``min_new_tokens`` masks it. Greedy decoding throughout.
+Every decoder makes exactly ``--tokens`` tokens per row (checked): SIA's decoders (and the runtime's turns) decode
+with ``benchmarks.fixed_length.endless`` (the end tokens banned, as the special tokens are), HF's
+``min_new_tokens`` masks them. The 5 turns that make the state run with the tokenizer as shipped. Greedy decoding
+throughout.
 
 Measured, CPU, ``torch.set_num_threads(--threads)``, float32 and bfloat16 (``model.to(torch.bfloat16)``):
 
@@ -72,20 +74,20 @@ from typing import Any
 import httpx
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.generation import END_BIAS, machine_info
-from benchmarks.launch import free_port, serving
+from benchmarks.fixed_length import endless
+from benchmarks.machine import machine_info
 from benchmarks.store import percentiles
 from benchmarks.turn import PHASES, phased_turn
 from server.core.config import Settings
 from server.db import migrate
+from server.launcher import free_port, serving
 from server.runtime.services import Services
 from server.store import Store
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
-from sia.backbones.slot_maps import init_slot_map
 from sia.backbones.weights import bundled_gguf, file_sha256, read_hf, resolve_base
 from sia.checkpoint import load_model
 from sia.identity.state import Dynamics, IdentityState, state_to_bytes
@@ -117,7 +119,6 @@ LONG_TEXT = (
     "and the gulls argue over whatever the night boats brought in. By seven the market is loud with prices and "
     "weather, and by nine the tourists arrive to photograph the boats they will never sail. "
 )
-SELF_VALUE_STD = 0.02
 HTTP_MAX_TOKENS = 8
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 VARIANTS = ("sia", "dot", "hf")
@@ -155,25 +156,10 @@ def memory_mib() -> dict[str, float]:
     return out
 
 
-def ban_end(model: LlamaModel, tok: ChatTokenizer) -> None:
-    """Give the (tied) output layer a bias of END_BIAS on the end tokens, so every reply has its full length."""
-    bias = torch.zeros(model.config.vocab_size, dtype=model.wte.weight.dtype)
-    bias[sorted(tok.end_ids)] = END_BIAS
-    model.lm_head.bias = nn.Parameter(bias, requires_grad=False)
-
-
-def open_read(model: LlamaModel, seed: int = 0) -> None:
-    """Random self-value weights (the shipped ones are zero), so the self slot adds to every attention output."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for attn in model.attentions:
-            init_slot_map(attn.self_value, SELF_VALUE_STD, generator)
-
-
 def dot_twin(model: LlamaModel, hf_dir: Path) -> LlamaModel:
     """The same backbone weights with attention="dot": no state, no self slot."""
     _, tensors = read_hf(hf_dir)
-    twin = LlamaModel(dataclasses.replace(model.config, attention="dot"), model.tokenizer)
+    twin = LlamaModel(dataclasses.replace(model.config, attention="dot"), model.tokenizer)  # the same (endless) tokenizer
     twin.load_base(tensors)
     return twin.eval()
 
@@ -355,6 +341,8 @@ def probe(args: argparse.Namespace) -> None:
         model = load_model(cache_dir=args.cache)
         assert isinstance(model, LlamaModel)
         tok = model.tokenizer
+        assert isinstance(tok, ChatTokenizer)
+        model.tokenizer = endless(tok)
 
         def generate(prompt: list[int]) -> Decode:
             return sia_decode(model, [prompt], [IdentityState.fresh(model.config)], args.tokens)
@@ -700,10 +688,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         assert isinstance(model, LlamaModel)
         tok = model.tokenizer
         assert isinstance(tok, ChatTokenizer)
-        open_read(model)
-        ban_end(model, tok)
-        twin = dot_twin(model, hf_dir)
-        ban_end(twin, tok)
         hf = load_hf(hf_dir)
 
         sys.stdout.write("five turns for a state...\n")
@@ -717,8 +701,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         result["state"] = {
             "trace_norm": float(state.trace.float().norm()),
             "self_state_norm": float(state.self_state.norm()),
-            "self_value_std": SELF_VALUE_STD,
         }
+        model.tokenizer = endless(tok)  # from here on every reply has exactly --tokens tokens
+        twin = dot_twin(model, hf_dir)
 
         with sqlite_services(model, tmp / "store") as services:  # float32, as the service runs
             sys.stdout.write("turns through the runtime...\n")
@@ -761,8 +746,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "prefill_tokens": args.prefill_tokens,
         "prompt_tokens": [len(p) for p in prompts],
         "system_prompt": SYSTEM,
-        "end_logit_bias": END_BIAS,
-        "self_value_std": SELF_VALUE_STD,
+        "end_tokens": "banned (benchmarks.fixed_length.endless); transformers: min_new_tokens",
         "torch_interop_threads": torch.get_num_interop_threads(),
     }
     result["summary"] = {

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.generation import machine_info
+from benchmarks.machine import machine_info
 from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
 from sia.identity.state import IdentityState

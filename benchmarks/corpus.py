@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from benchmarks.machine import machine_info
 from sia.learn.adapter import facts
 from sia.learn.native.corpus import make_corpus
 
@@ -55,8 +56,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     result: dict[str, Any] = {
         "benchmark": "corpus",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine()},
+        "machine": machine_info(torch.get_num_threads()),
         "repeats": args.repeats,
         "results": rows,
     }

@@ -32,21 +32,19 @@ table to stdout.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
+from benchmarks.fixed_length import END_BIAS, without_end
+from benchmarks.machine import machine_info
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity.state import IdentityState
 from sia.model.config import ModelConfig
@@ -56,40 +54,6 @@ from sia.model.tokenizer import ByteTokenizer
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "generation.json"
 PROMPT = "Tell me about the sea, the ships on it and the people who sail them."
-END_BIAS = -1e4
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info(threads: int) -> dict[str, Any]:
-    """Where and under what load a benchmark ran; call it at the start and add ``loadavg_end`` at the end."""
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": list(os.getloadavg()),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": threads,
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-
-
-def without_end(model: SIAModel, tokenizer: ByteTokenizer) -> SIAModel:
-    """A copy of ``model`` that never picks <|end|>: its tied output layer gets a bias of END_BIAS on that logit."""
-    twin = copy.deepcopy(model)
-    bias = torch.zeros(model.config.vocab_size)
-    bias[tokenizer.end_id] = END_BIAS
-    twin.lm_head.bias = nn.Parameter(bias, requires_grad=False)
-    return twin.eval()
 
 
 def dot_twin(config: ModelConfig) -> SIAModel:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from benchmarks.batching import batched, identities, prompts
-from benchmarks.generation import machine_info
+from benchmarks.machine import machine_info
 from sia.checkpoint import load_model
 from sia.model import generate as generation
 from sia.model.generate import SamplingParams, draw, draw_over_vocabulary, nucleus, nucleus_reference, sample_next

@@ -48,9 +48,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.generation import machine_info
-from benchmarks.launch import free_port, server_process
+from benchmarks.machine import machine_info
 from server.core.config import Settings
+from server.launcher import free_port, server_process
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "served_batching.json"
 PERSONA = "sia"

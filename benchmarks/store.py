@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ import torch
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from benchmarks.machine import machine_info
 from server.core.config import Settings
 from server.db import migrate
 from server.records import NewTurn
@@ -164,17 +163,6 @@ def run_backend(name: str, url: str, data_dir: Path, args: argparse.Namespace) -
         store.close()
 
 
-def machine_info() -> dict[str, Any]:
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-
-
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| backend | load p50/p95 | update p50/p95 | persist p50/p95 | turn p50/p95 | store share | state work share |",
@@ -194,7 +182,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    info = machine_info()
+    info = machine_info(torch.get_num_threads())
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:

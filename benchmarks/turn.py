@@ -45,7 +45,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.generation import machine_info, without_end
+from benchmarks.fixed_length import without_end
+from benchmarks.machine import machine_info
 from benchmarks.store import percentiles
 from server.core.config import Settings
 from server.db import migrate

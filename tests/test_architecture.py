@@ -1,5 +1,6 @@
 """The arrows of docs/architecture.md that must never exist, checked on every import statement of the tree
-(module level and inside functions alike)."""
+(module level and inside functions alike): the library, the service and the benchmarks; the lab (experiments/)
+may import any of them, nothing of them imports the lab."""
 
 from __future__ import annotations
 
@@ -27,7 +28,11 @@ FORBIDDEN: list[tuple[str, str, str]] = [
     ("server.store", "server.api", "the store knows nothing of HTTP"),
     ("server.db", "server.runtime", "tables and migrations do not call the services built on them"),
     ("server.db", "server.api", "tables and migrations know nothing of HTTP"),
+    ("sia", "experiments", "the library never imports the lab's probes"),
+    ("server", "experiments", "the service never imports the lab's probes"),
+    ("benchmarks", "experiments", "benchmarks measure what ships, never a probe of the lab"),
 ]
+CHECKED = ("sia", "server", "benchmarks", "experiments")  # the parts whose imports are read
 
 ROUTES = "server.api.routes"
 # the one aggregator: /admin (routes/admin.py) includes the admin routers, the modules named routes/admin_*.py
@@ -64,7 +69,7 @@ def inside(module: str, part: str) -> bool:
 
 
 def sources(root: Path = ROOT) -> list[Path]:
-    return sorted(p for top in ("sia", "server") for p in (root / top).rglob("*.py"))
+    return sorted(p for top in CHECKED for p in (root / top).rglob("*.py"))
 
 
 def crossings(root: Path = ROOT) -> list[str]:
@@ -100,6 +105,8 @@ def test_the_tree_is_read() -> None:
     assert len(sources()) > 40
     assert "sia.model.config" in imported(ROOT / "sia" / "identity" / "state.py")
     assert "sia.commands" in imported(ROOT / "server" / "cli.py")
+    assert "server.launcher.serving" in imported(ROOT / "benchmarks" / "http.py")
+    assert any(inside(module_name(p), "experiments.probes") for p in sources())
 
 
 def test_no_import_crosses_a_forbidden_arrow() -> None:
@@ -144,6 +151,27 @@ def test_a_server_crossing_is_caught(tmp_path: Path, where: str, source: str, ex
     (tmp_path / where).parent.mkdir(parents=True)
     (tmp_path / where).write_text(source)
     (tmp_path / "server" / "fine.py").write_text("from server.store import Store\nfrom server.api.deps import AdminDep\n")
+    assert [line for line in crossings(tmp_path) if expected in line] != []
+    assert all("fine" not in line for line in crossings(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("where", "source", "expected"),
+    [
+        ("sia/model/probe.py", "import experiments.probes.deformation\n", "sia.model.probe imports experiments.probes"),
+        ("server/runtime/probe.py", "from experiments.probes import recall_misses\n", "server.runtime.probe imports experiments"),
+        ("benchmarks/probe.py", "def f():\n    from experiments import probes\n", "benchmarks.probe imports experiments.probes"),
+        ("benchmarks/sub/probe.py", "from ...experiments import probes\n", "benchmarks.sub.probe imports experiments"),
+    ],
+)
+def test_an_import_of_the_lab_is_caught(tmp_path: Path, where: str, source: str, expected: str) -> None:
+    # the library, the service and the benchmarks never import experiments/; experiments/ imports any of them
+    (tmp_path / where).parent.mkdir(parents=True)
+    (tmp_path / where).write_text(source)
+    (tmp_path / "experiments" / "probes").mkdir(parents=True)
+    (tmp_path / "experiments" / "probes" / "fine.py").write_text(
+        "from sia.checkpoint import load_model\nfrom benchmarks.machine import machine_info\nimport server.launcher\n"
+    )
     assert [line for line in crossings(tmp_path) if expected in line] != []
     assert all("fine" not in line for line in crossings(tmp_path))
 

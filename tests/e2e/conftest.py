@@ -1,4 +1,4 @@
-"""End-to-end tests: real `sia serve` processes (started by benchmarks/launch.py) spoken to over HTTP.
+"""End-to-end tests: real `sia serve` processes (started by server/launcher.py) spoken to over HTTP.
 
 What a server did is read from its /metrics, its log or its database, never from how long it took.
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.launch import free_port, serving
+from server.launcher import free_port, serving
 from tests.e2e.conftest import local_env, metric, turn_outcomes
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.launch import BIN, free_port, serving
 from server.core.config import Settings
 from server.db import migrate
+from server.launcher import BIN, free_port, serving
 from server.store import Store
 from tests.test_deploy import ROOT, compose, service_env
 

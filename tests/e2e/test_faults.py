@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import make_url
 
-from benchmarks.launch import free_port, server_process
 from server.core.config import Settings
 from server.db import migrate
+from server.launcher import free_port, server_process
 from server.store import Store
 from tests.e2e.conftest import local_env
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from benchmarks.launch import free_port, serving
 from server.core.config import Settings
+from server.launcher import free_port, serving
 from server.store import Store
 from tests.e2e.conftest import local_env, metric
 

@@ -17,8 +17,8 @@ import httpx
 import pytest
 import torch
 
-from benchmarks.launch import free_port, serving
 from server.core.config import Settings
+from server.launcher import free_port, serving
 from server.runtime.keys import KeyRing
 from server.store import Store
 from sia.checkpoint import NATIVE_CHECKPOINT, save_checkpoint

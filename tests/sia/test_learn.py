@@ -813,9 +813,9 @@ def test_the_ranking_term_can_reach_the_write_while_the_reply_stays_shielded(con
 def test_a_recipe_judged_over_seeds_trains_exports_and_measures_each_run(
     config: TrainConfig, cache: Path, tmp_path: Path
 ) -> None:
-    """benchmarks.recipe_seeds: one run per seed (the seeds give different adapters), each exported in float16 and
+    """experiments.probes.recipe_seeds: one run per seed (the seeds give different adapters), each exported in float16 and
     measured; the summary is over the runs; a second sweep finds the runs finished and trains nothing again."""
-    from benchmarks import recipe_seeds
+    from experiments.probes import recipe_seeds
 
     recipe = tmp_path / "recipe.json"
     config.to_file(recipe)
@@ -848,7 +848,7 @@ def test_a_recipe_judged_over_seeds_trains_exports_and_measures_each_run(
 def test_measuring_one_adapter_pools_its_draws_of_held_out_episodes(config: TrainConfig, cache: Path, tmp_path: Path) -> None:
     """recipe_seeds measure --draws: each draw is recall_at's own figures at that eval seed; the top level pools
     them (the mean over draws of equal size), with chance over every episode drawn."""
-    from benchmarks import recipe_seeds
+    from experiments.probes import recipe_seeds
     from sia.checkpoint import save_llama_checkpoint
     from sia.learn.adapter.evaluate import CLOSED_TRIO, EvalOptions, recall_at
 
@@ -883,7 +883,7 @@ def test_measuring_one_adapter_pools_its_draws_of_held_out_episodes(config: Trai
 def test_training_throughput_times_each_batch_size_over_the_base_or_random_weights_of_its_shapes(
     config: TrainConfig, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from benchmarks import train_throughput
+    from experiments.probes import train_throughput
     from sia.backbones.weights import resolve_base
 
     recipe, out = tmp_path / "recipe.json", tmp_path / "throughput.json"
@@ -914,9 +914,9 @@ def test_training_throughput_times_each_batch_size_over_the_base_or_random_weigh
 def test_recall_misses_ranks_every_probe_and_agrees_with_the_evals_recall(
     config: TrainConfig, cache: Path, tmp_path: Path
 ) -> None:
-    """benchmarks.recall_misses reads the eval's own episodes: its share of probes whose truth ranks first is
+    """experiments.probes.recall_misses reads the eval's own episodes: its share of probes whose truth ranks first is
     recall_at's per-fact recall through the state, to the probe."""
-    from benchmarks import recall_misses
+    from experiments.probes import recall_misses
     from sia.learn.adapter.evaluate import CLOSED_TRIO, EvalOptions, recall_at
 
     model = build_model(config, cache)[0].eval()
@@ -936,7 +936,7 @@ def test_recall_misses_ranks_every_probe_and_agrees_with_the_evals_recall(
 
 
 def test_a_recipe_sweep_stops_at_a_failed_run_and_names_its_log(config: TrainConfig, cache: Path, tmp_path: Path) -> None:
-    from benchmarks import recipe_seeds
+    from experiments.probes import recipe_seeds
 
     recipe = tmp_path / "recipe.json"
     replace(config, base=str(tmp_path / "missing.gguf")).to_file(recipe)
@@ -969,7 +969,7 @@ def test_rewrites_counts_the_dimensions_each_kind_of_turn_moves() -> None:
 
 
 def test_write_input_splits_the_variance_of_z_between_turn_and_state(config: TrainConfig, cache: Path) -> None:
-    from benchmarks.write_input import measure, variance_shares
+    from experiments.probes.write_input import measure, variance_shares
 
     turn_part = torch.tensor([1.0, -1.0, 3.0]).view(3, 1, 1) * torch.ones(3, 4, 5)
     state_part = torch.tensor([2.0, 0.0, -2.0, 0.0]).view(1, 4, 1) * torch.ones(3, 4, 5)

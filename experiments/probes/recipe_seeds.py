@@ -11,9 +11,9 @@ standard deviation of about 4 points per fact and 8 all three, five draws of 32 
 standard deviation and range over seeds. Runs resume: a finished run is not trained again, a stopped one goes on
 from its last checkpoint.
 
-    python -m benchmarks.recipe_seeds --config configs/train-smollm2.json --seeds 0 1 2 \\
+    python -m experiments.probes.recipe_seeds --config configs/train-smollm2.json --seeds 0 1 2 \\
         [--device cuda] [--parallel 3] [--runs runs/seeds] [--episodes 32] [--conversations 60] [--out FILE]
-    python -m benchmarks.recipe_seeds measure --checkpoint DIR --out FILE \\
+    python -m experiments.probes.recipe_seeds measure --checkpoint DIR --out FILE \\
         [--draws 100 200 300 400 500]   # one adapter (what the sweep runs)
 """
 
@@ -149,7 +149,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     export = [*sia, "export", "--dtype", "float16", "--cache", str(args.cache)]
     if args.slot_rank:
         export += ["--slot-rank", str(args.slot_rank)]
-    score = [sys.executable, "-m", "benchmarks.recipe_seeds", "measure", "--device", device, *common]
+    score = [sys.executable, "-m", "experiments.probes.recipe_seeds", "measure", "--device", device, *common]
     score += ["--episodes", str(args.episodes), "--between", str(args.between), "--conversations", str(args.conversations)]
     score += ["--draws", *map(str, args.draws)]
     began = time.perf_counter()

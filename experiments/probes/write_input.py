@@ -8,7 +8,7 @@ unrelated turns before), every turn under every state, and splits the variance o
 depends on the turn alone, a part that depends on the state alone, and the rest (two-way analysis of variance).
 A write that summarises what a turn says has most of its variance in the turn's part.
 
-    python -m benchmarks.write_input [--checkpoint DIR] [--users 16] [--turns 8] [--between 4] [--out FILE]
+    python -m experiments.probes.write_input [--checkpoint DIR] [--users 16] [--turns 8] [--between 4] [--out FILE]
 """
 
 from __future__ import annotations

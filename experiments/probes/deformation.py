@@ -7,9 +7,9 @@ identity: reply perplexity (target: with state <= 1.05x fresh) and the mean next
 the reply's positions (target: > 0, the state still matters). Each ``--scale`` (the metric's c) is one row, and
 a row with the self slot closed (s = 0) isolates the trace's share.
 
-    python -m benchmarks.deformation [--turns 20] [--scales 0.5 1 2 4 8] [--conversations 30] [--out FILE]
+    python -m experiments.probes.deformation [--turns 20] [--scales 0.5 1 2 4 8] [--conversations 30] [--out FILE]
 
-Writes benchmarks/results/deformation.json (the sweep of the default scales: deformation_sweep.json) and prints
+Writes experiments/probes/results/deformation.json (the sweep of the default scales: deformation_sweep.json) and prints
 a table.
 """
 
@@ -36,7 +36,7 @@ from sia.learn.dialogue import Conversation, load_dialogue
 from sia.model.generate import SamplingParams
 from sia.personas import PERSONAS
 
-log = logging.getLogger("benchmarks.deformation")
+log = logging.getLogger("experiments.probes.deformation")
 RESULTS = Path(__file__).parent / "results" / "deformation.json"
 
 

@@ -6,7 +6,7 @@ steps. Each batch size trains ``--steps`` steps of the config's recipe in its un
 (``--between``: 2 to 4 unrelated turns by default, every fact asked), after ``--warmup`` steps that are not timed, on
 a model whose adapter starts fresh; the batches are the recipe's own for steps 0, 1, ... at each size.
 
-    python -m benchmarks.train_throughput --config configs/train-smollm2.json --batches 6 16 48 \\
+    python -m experiments.probes.train_throughput --config configs/train-smollm2.json --batches 6 16 48 \\
         [--device cuda] [--steps 4] [--warmup 1] [--between 4] [--base DIR] [--random-weights] [--out FILE]
 
 ``--random-weights``: ``--base`` is a directory with the model's config.json and tokenizer alone, filled here with
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.generation import machine_info
+from benchmarks.machine import machine_info
 from sia.backbones.weights import write_random_weights
 from sia.checkpoint import DEFAULT_CACHE
 from sia.identity.state import Dynamics

@@ -1,6 +1,6 @@
 """A fast recall diagnostic: can a small model carry one stated value to a later turn in its self state?
 
-Run: ``python -m benchmarks.recall_diagnostic [--steps 900] [--recall-weight 1] [--out PATH]``.
+Run: ``python -m experiments.probes.recall_diagnostic [--steps 900] [--recall-weight 1] [--out PATH]``.
 
 Episodes are colour facts only and three turns long: the user greets and states a favourite colour, one
 small-talk turn follows, then the user asks for the colour and the reply names it. They are written from
@@ -41,7 +41,7 @@ from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
 from sia.personas import PERSONAS
 
-log = logging.getLogger("benchmarks.recall_diagnostic")
+log = logging.getLogger("experiments.probes.recall_diagnostic")
 
 SMALL_MODEL: dict[str, Any] = {"n_layer": 2, "n_head": 4, "n_embd": 64, "d_self": 16, "block_size": 256}
 
@@ -90,7 +90,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=150)
     parser.add_argument("--model", type=json.loads, default=SMALL_MODEL, help="ModelConfig fields as JSON")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/recall_diagnostic.json"))
+    parser.add_argument("--out", type=Path, default=Path("experiments/probes/results/recall_diagnostic.json"))
     return parser.parse_args(argv)
 
 

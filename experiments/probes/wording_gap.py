@@ -7,7 +7,7 @@ Users, values and turn orders are new in all four; only the wordings' split chan
 held-out statements is the write's (or the read's of what the write made of unseen statements), a gap between
 training and held-out questions is the read's.
 
-    python -m benchmarks.wording_gap [--checkpoint DIR] [--episodes 24] [--between 4] [--out FILE]
+    python -m experiments.probes.wording_gap [--checkpoint DIR] [--episodes 24] [--between 4] [--out FILE]
 """
 
 from __future__ import annotations

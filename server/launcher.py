@@ -1,7 +1,9 @@
 """Start `sia serve` (or another of the project's commands) as a real process and wait until it is ready.
 
 The one launcher of the end-to-end tests (``tests/e2e/``) and of the benchmarks that time a real server
-(``benchmarks/http.py``, the time to first token over HTTP in ``benchmarks/backbone.py``).
+(``benchmarks/http.py``, ``benchmarks/served_batching.py``, the time to first token over HTTP in
+``benchmarks/backbone.py``). It lives beside the command it starts (``server/cli.py``) so that tests and benchmarks
+share it without either importing the other; it needs nothing beyond the standard library.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import httpx
 
 BIN = Path(sys.executable).parent  # the project's own executables, from this environment
 
@@ -32,6 +34,15 @@ def server_env(extra: Mapping[str, str]) -> dict[str, str]:
     with one OpenMP thread, then ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIA_")}
     return {**env, "OMP_NUM_THREADS": "1", **extra}
+
+
+def _ready(url: str) -> bool:
+    """Whether ``url`` answers 200 within 2 s (a refused connection or any other status: not yet)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 @dataclass
@@ -62,11 +73,8 @@ def server_process(
     deadline = time.monotonic() + ready_timeout
     try:
         while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+            if _ready(f"{url}/readyz"):
+                break
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{' '.join(argv)} did not become ready:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.2)

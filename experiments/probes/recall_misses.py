@@ -6,7 +6,7 @@ a kind), which values the model names and how often each is the truth, and every
 truth ranks second is a weak read of a fact the state holds; misses that pile onto one value are a default the read
 falls back to. The episodes are ``sia eval``'s own (the same held-out episodes at the same depth).
 
-    python -m benchmarks.recall_misses --checkpoint sia/checkpoints/smollm2 [--between 4] [--episodes 32] [--out FILE]
+    python -m experiments.probes.recall_misses --checkpoint sia/checkpoints/smollm2 [--between 4] [--episodes 32] [--out FILE]
 """
 
 from __future__ import annotations

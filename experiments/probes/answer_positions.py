@@ -8,7 +8,7 @@ a probe's reply names the value ("Your favourite colour is" -> " blue"), and thr
 (other wordings, chit-chat and users). Reported: the share of held-out answer positions it finds and of ordinary
 positions it rejects.
 
-    python -m benchmarks.answer_positions [--episodes 40] [--layers 3 9 15 21 27] [--out FILE]
+    python -m experiments.probes.answer_positions [--episodes 40] [--layers 3 9 15 21 27] [--out FILE]
 """
 
 from __future__ import annotations
