@@ -114,7 +114,9 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
     with serving(env, tmp_path / "server.log", port=port) as url:
         served = httpx.get(f"{url}/", timeout=30)
         assert served.status_code == 200 and served.headers["content-type"].startswith("text/html")
-        assert httpx.get(f"{url}/web/app.js", timeout=30).status_code == 200
+        for script in re.findall(r'<script src="(/web/[a-z]+\.js)" defer>', served.text):  # the page's four scripts
+            assert httpx.get(f"{url}{script}", timeout=30).status_code == 200, script
+        assert len(re.findall(r"<script ", served.text)) == 4
 
         page, failures = open_page(browser, url)
         expect(page.locator("#access-mode")).to_have_text(re.compile("development mode"))
@@ -192,13 +194,6 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
         expect(page.locator("#version")).to_have_text("6")  # a counterfactual writes nothing
         assert api(url, "GET", "/admin/personas/sia/identities/ana")["version"] == 6
 
-        shots = os.environ.get("SIA_SCREENSHOTS")
-        if shots:  # the README's pictures: the whole page, then the inspector at a phone's width
-            Path(shots).mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(Path(shots) / "web-desktop.png"), full_page=True)
-            page.set_viewport_size({"width": 390, "height": 844})
-            page.evaluate("document.getElementById('inspector-title').scrollIntoView()")
-            page.screenshot(path=str(Path(shots) / "web-phone.png"))
         page.set_viewport_size({"width": 390, "height": 844})
         assert page.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways scrolling on a phone
         chat, inspector = (page.locator(f".{part}").bounding_box() for part in ("chat", "inspector"))
