@@ -40,8 +40,8 @@ test: install chromium
 	$(BIN)/python -m pytest
 
 lint: install
-	$(BIN)/ruff check sia server migrations tests benchmarks experiments
-	$(BIN)/ruff format --check sia server migrations tests benchmarks experiments
+	$(BIN)/ruff check sia server migrations tests benchmarks experiments scripts
+	$(BIN)/ruff format --check sia server migrations tests benchmarks experiments scripts
 	$(BIN)/mypy
 
 # every benchmark on the shipped checkpoints, one after another (results in benchmarks/results/), then docs/performance.md

@@ -64,38 +64,29 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.fixed_length import endless
 from benchmarks.machine import machine_info
-from benchmarks.store import percentiles
-from benchmarks.turn import PHASES, phased_turn
-from server.core.config import Settings
-from server.db import migrate
-from server.launcher import free_port, serving
-from server.runtime.services import Services
-from server.store import Store
+from benchmarks.served_turn import http_ttft, run_turns, sqlite_services
+from benchmarks.step_causes import run_causes
+from benchmarks.turn import PHASES
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
-from sia.backbones.weights import bundled_gguf, file_sha256, read_hf, resolve_base
+from sia.backbones.weights import bundled_gguf, read_hf, resolve_base
 from sia.checkpoint import load_model
 from sia.identity.state import Dynamics, IdentityState, state_to_bytes
 from sia.identity.turn import TurnRequest, run_turn
-from sia.model.generate import Sampling, SamplingParams, stream
+from sia.model.generate import SamplingParams, stream
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "backbone.json"
-PERSONA = "sia"
 SYSTEM = "You are Sia, a warm and attentive companion."
 MESSAGES = (  # row 0 is the batch-1 prompt; the rest make a left-padded batch of 8
     "Tell me about the sea, the ships on it and the people who sail them.",
@@ -119,10 +110,8 @@ LONG_TEXT = (
     "and the gulls argue over whatever the night boats brought in. By seven the market is loud with prices and "
     "weather, and by nine the tourists arrive to photograph the boats they will never sail. "
 )
-HTTP_MAX_TOKENS = 8
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 VARIANTS = ("sia", "dot", "hf")
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -385,201 +374,6 @@ def run_probe(kind: str, cache: Path, args: argparse.Namespace) -> dict[str, Any
     return {**result, "process_s": wall, "startup_s": wall - result["load_s"] - result["generate_s"]}
 
 
-# --- 5. a turn through the runtime ------------------------------------------------------------------------------------
-
-
-def streamed_turn(services: Services, user: str, message: str, sampling: Sampling) -> tuple[float, float, int]:
-    """(time to first token, total time, reply tokens) of one real turn."""
-    t0 = time.perf_counter()
-    turn = services.turns.stream_turn(PERSONA, user, message, sampling)
-    next(turn)
-    first = time.perf_counter() - t0
-    outcome = turn.finish()
-    return first, time.perf_counter() - t0, outcome.completion_tokens
-
-
-@contextmanager
-def sqlite_services(model: LlamaModel, directory: Path) -> Iterator[Services]:
-    """The services over a fresh, migrated SQLite file with the default personas."""
-    settings = Settings(data_dir=directory, database_url=f"sqlite:///{directory / 'bench.db'}")
-    migrate.upgrade(settings)
-    store = Store(settings)
-    try:
-        services = Services.over(model, store)
-        services.personas.ensure_defaults()
-        yield services
-    finally:
-        store.close()
-
-
-def run_turns(services: Services, args: argparse.Namespace) -> dict[str, Any]:
-    for user in ("phased", "real"):  # create both identities first
-        services.turns.turn(PERSONA, user, "Hello.", Sampling(max_tokens=4, seed=0))
-    phases: dict[str, list[float]] = {name: [] for name in PHASES}
-    share, model_s, real, ttft = [], [], [], []
-    for i in range(1 + args.turns):
-        message = f"Tell me something about day {i} of the voyage."
-        sampling = Sampling(max_tokens=args.tokens, seed=i)
-        timed, n = phased_turn(services, "phased", message, sampling)
-        first, total, m = streamed_turn(services, "real", message, sampling)
-        if n != args.tokens or m != args.tokens:
-            raise AssertionError(f"replies of {n} and {m} tokens, not {args.tokens}")
-        if i == 0:
-            continue  # warm-up
-        for name in PHASES:
-            phases[name].append(timed[name])
-        phase_sum = sum(timed.values())
-        share.append((timed["load"] + timed["persist"]) / phase_sum)
-        model_s.append(timed["shock"] + timed["generation"] + timed["update"])
-        real.append(total)
-        ttft.append(first)
-    return {
-        "reply_tokens": args.tokens,
-        "turns": args.turns,
-        "phases": {name: percentiles(t) for name, t in phases.items()},
-        "model": percentiles(model_s),
-        "store": percentiles([a + b for a, b in zip(phases["load"], phases["persist"], strict=True)]),
-        "real_turn": percentiles(real),
-        "real_turn_ttft": percentiles(ttft),
-        "store_share": statistics.median(share),
-    }
-
-
-# --- 6. time to first token over HTTP -------------------------------------------------------------------------------
-
-
-def http_ttft(services: Services, hf_dir: Path, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Streamed chat requests to a real server, each followed by the same turn through ``services`` in this process
-    (the server is idle meanwhile), so the two times to first token are paired under the same machine load."""
-    models = directory / "models"
-    models.mkdir(parents=True)
-    (models / file_sha256(bundled_gguf())).symlink_to(hf_dir, target_is_directory=True)  # no second conversion
-    port = free_port()
-    extra = {
-        "SIA_DATA_DIR": str(directory),
-        "SIA_PORT": str(port),
-        "SIA_AUTO_MIGRATE": "true",
-        "SIA_TORCH_THREADS": str(args.threads),
-        "OMP_NUM_THREADS": str(args.threads),
-    }
-    body = {"user": "bench", "message": MESSAGES[0], "stream": True, "max_tokens": HTTP_MAX_TOKENS, "temperature": 0.0}
-    same = Sampling(max_tokens=HTTP_MAX_TOKENS, temperature=0.0)
-    t0 = time.perf_counter()
-    with serving(extra, directory / "serve.log", port=port) as base:
-        ready_s = time.perf_counter() - t0
-        firsts, totals, local = [], [], []
-        with httpx.Client(base_url=base, timeout=120.0) as client:
-            for i in range(1 + args.requests):
-                start = time.perf_counter()
-                first: float | None = None
-                with client.stream("POST", f"/v1/personas/{PERSONA}/chat", json=body) as response:
-                    response.raise_for_status()
-                    event = ""
-                    for line in response.iter_lines():
-                        if line.startswith("event: "):
-                            event = line.removeprefix("event: ")
-                        elif line.startswith("data: ") and event == "token" and first is None:
-                            first = time.perf_counter() - start
-                        elif event == "error":
-                            raise RuntimeError(f"the server sent an error event: {line}")
-                if first is None:
-                    raise AssertionError("the stream carried no token event")
-                total = time.perf_counter() - start
-                in_process = streamed_turn(services, "bench", MESSAGES[0], same)[0]
-                if i > 0:  # the first round is the warm-up (it also creates both identities)
-                    firsts.append(first)
-                    totals.append(total)
-                    local.append(in_process)
-    return {
-        "ready_s": ready_s,
-        "max_tokens": HTTP_MAX_TOKENS,
-        "requests": args.requests,
-        "ttft": percentiles(firsts),
-        "ttft_min_ms": 1000 * min(firsts),
-        "ttft_max_ms": 1000 * max(firsts),
-        "request": percentiles(totals),
-        "in_process_ttft": percentiles(local),
-        "http_minus_in_process_ms": 1000 * statistics.median(a - b for a, b in zip(firsts, local, strict=True)),
-        "torch_threads": args.threads,
-    }
-
-
-# --- 7. where a decoding step goes (the cause of a missed target) ---------------------------------------------------
-
-
-def sdpa_gqa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """How sia.model.attention.attend calls the kernel at a decoding step: q (B, H, 1, w), k and v (B, H_kv, Lk, w)."""
-    return F.scaled_dot_product_attention(q, k, v, scale=1.0, enable_gqa=True)
-
-
-def sdpa_folded(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """The same result with the G query heads of each key/value head folded into the query length (exact for one new
-    query, which sees every key): q (B, H_kv, G, w), as transformers calls it for a padded batch."""
-    B, H, _, w = q.shape
-    H_kv = k.shape[1]
-    return F.scaled_dot_product_attention(q.view(B, H_kv, H // H_kv, w), k, v, scale=1.0)
-
-
-def kernel_times(model: LlamaModel, dtype: torch.dtype, rows: int, keys: int, calls: int = 100) -> dict[str, Any]:
-    """Median us per SDPA call at a decoding step's shapes (k, v views of a longer cache), for every kernel width the
-    models use, called both ways."""
-    c = model.config
-    out: dict[str, Any] = {}
-    for w in sorted({attn.w for attn in model.attentions} | {c.head_dim}):
-        q = torch.randn(rows, c.n_head, 1, w, dtype=dtype)
-        k = torch.randn(rows, c.n_kv_head, keys + 64, w, dtype=dtype)[:, :, :keys]
-        v = torch.randn(rows, c.n_kv_head, keys + 64, w, dtype=dtype)[:, :, :keys]
-        times: dict[str, float] = {}
-        for name, form in (("gqa_us", sdpa_gqa), ("folded_us", sdpa_folded)):
-            for _ in range(10):
-                form(q, k, v)
-            runs = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    form(q, k, v)
-                runs.append((time.perf_counter() - t0) / calls)
-            times[name] = 1e6 * statistics.median(runs)
-        out[str(w)] = times
-    return out
-
-
-def step_profile(model: LlamaModel, prompt: list[int], states: list[IdentityState], steps: int = 8) -> dict[str, Any]:
-    """ATen ops per decoding step and their self CPU time by kind, under torch.profiler (which inflates the times)."""
-    rows = len(states)
-    with torch.inference_mode():
-        cond = model.condition_states(states)
-        cache = model.new_cache(cond, len(prompt) + steps)
-        model(torch.tensor([prompt] * rows), cond, cache=cache)
-        token = torch.full((rows, 1), prompt[-1])
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(steps):
-                model(token, cond, cache=cache)
-    kinds = {"matmul": 0.0, "attention kernel": 0.0, "other": 0.0}
-    ops = 0
-    for event in prof.key_averages():
-        ops += event.count
-        kind = "matmul" if event.key in MATMUL_OPS else "attention kernel" if "scaled_dot_product" in event.key else "other"
-        kinds[kind] += event.self_cpu_time_total / 1000 / steps
-    return {"ops_per_step": ops / steps, "self_ms_per_step": kinds}
-
-
-def run_causes(model: LlamaModel, twin: LlamaModel, prompt: list[int], state: IdentityState, tokens: int) -> dict[str, Any]:
-    keys = len(prompt) + tokens // 2 + 1  # a mid-reply step: prompt, half the reply, the self slot
-    out: dict[str, Any] = {"keys": keys, "kernel": {}, "profile": {}}
-    widths = {"sia": [attn.w for attn in model.attentions], "dot": [attn.w for attn in twin.attentions]}
-    for rows in (1, 8):
-        times = kernel_times(model, model.wte.weight.dtype, rows, keys)
-        per_step = {  # the kernel's time in one decoding step: one call per layer at that layer's width
-            f"{name}_{form}_ms": sum(times[str(w)][f"{form}_us"] for w in ws) / 1000
-            for name, ws in widths.items()
-            for form in ("gqa", "folded")
-        }
-        out["kernel"][str(rows)] = {"us_per_call": times, "per_step": per_step}
-        out["profile"][str(rows)] = {name: step_profile(m, prompt, [state] * rows) for name, m in (("sia", model), ("dot", twin))}
-    return out
-
-
 # --- report ------------------------------------------------------------------------------------------------------
 
 
@@ -709,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.stdout.write("turns through the runtime...\n")
             result["turn"] = run_turns(services, args)
             sys.stdout.write("time to first token over HTTP...\n")
-            result["http"] = http_ttft(services, hf_dir, tmp / "http", args)
+            result["http"] = http_ttft(services, hf_dir, tmp / "http", args, MESSAGES[0])
 
         prompts = [tok.turn_prompt(m, system)[0] for m in MESSAGES]
         long_prompt = tok.turn_prompt(LONG_TEXT * 8, system)[0][: args.prefill_tokens]

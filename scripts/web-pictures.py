@@ -3,7 +3,8 @@
 Starts ``sia serve`` (the bundled SmolLM2 checkpoint, a fresh SQLite database in a temporary directory), talks to
 persona ``sia`` as user ``ana`` through the web page in headless Chromium (Debian's package:
 ``scripts/install-chromium``), greedy, then saves the page at desktop width and the inspector at a phone's width,
-and the conversation as JSON, with the last two questions asked again by a user the persona never met. Run: ``.venv/bin/python scripts/web-pictures.py [--out docs/images]``.
+and the conversation as JSON, with the last two questions asked again by a user the persona never met.
+Run: ``.venv/bin/python scripts/web-pictures.py [--out docs/images]``.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def main() -> int:
                     page.fill("#message", message)
                     page.press("#message", "Enter")
                     page.locator("#transcript li.bot[data-done]").nth(done).wait_for()
-                    reply = page.locator("#transcript li.bot .text").last.text_content()
+                    reply = page.locator("#transcript li.bot .text").last.text_content() or ""
                     conversation.append({"user": message, "sia": reply})
                 page.click(".sampling summary")
                 page.screenshot(path=str(args.out / "web-desktop.png"), full_page=True)
