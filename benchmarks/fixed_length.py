@@ -3,9 +3,8 @@
 * ``without_end`` (the native model, ``SIAModel``): its tied output layer (an ``nn.Linear``) gets a bias of
   END_BIAS on the end token, one add of a (V,) vector per forward.
 * ``endless`` (a pretrained backbone's ``ChatTokenizer``): a copy of the tokenizer that ends no reply and bans the
-  end tokens instead, so ``stream``, ``DecodeBatch`` and the runtime's turns never sample them. A bias on
-  ``LlamaModel.lm_head`` would not do: its CPU float32 inference products (``sia.backbones.llama.Linear``) take no
-  bias, so the end token would still be picked and replies would stop short of N.
+  end tokens instead, so ``stream``, ``DecodeBatch`` and the runtime's turns never sample them, with the model's
+  weights left exactly as shipped (the tied head gets no bias).
 """
 
 from __future__ import annotations

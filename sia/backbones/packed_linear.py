@@ -132,4 +132,6 @@ class Linear(nn.Linear):
             out = torch.mm(w, pair.t()).t()[:rows].contiguous()  # (rows, out)
         else:
             return super().forward(x)
+        if self.bias is not None:  # the products above multiply only; a bias is added as nn.Linear adds it
+            out = out + self.bias
         return out.view(*x.shape[:-1], w.shape[0])

@@ -94,3 +94,29 @@ def test_bfloat16_packed_weights_round_as_autocast_and_a_row_never_depends_on_it
         assert torch.equal(layer(x[5:6]), whole[5:6])
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         layer.pack(torch.float16)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_a_bias_is_added_on_every_path_as_nn_linear_adds_it(rows: int, packed: bool) -> None:
+    """The small-product and packed paths multiply only; a layer with a bias still returns nn.Linear's result (a head
+    biased against a token must never pick it)."""
+    from sia.backbones.packed_linear import Linear, packing_available
+
+    if packed and not packing_available():
+        pytest.skip("this torch build cannot pack weights (no oneDNN)")
+    g = torch.Generator().manual_seed(rows)
+    layer = Linear(24, 40, bias=True)
+    plain = torch.nn.Linear(24, 40, bias=True)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(40, 24, generator=g))
+        layer.bias.copy_(torch.randn(40, generator=g))
+        layer.bias[7] = -1e4
+        plain.load_state_dict(layer.state_dict())
+    if packed:
+        layer.pack()
+    x = torch.randn(rows, 24, generator=g)
+    with torch.inference_mode():
+        got = layer(x)
+        torch.testing.assert_close(got, plain(x), atol=1e-4, rtol=1e-5)
+        assert int(got.argmin(-1).unique().item()) == 7
