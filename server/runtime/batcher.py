@@ -242,7 +242,7 @@ class Batcher:
             turn = rows.pop(rid)
             generation = batch.take(rid)
             if not turn.cancelled:
-                turn.deliver(conclude_turns(self.model, [turn.request], [turn.prompt], [generation])[0])
+                turn.deliver(conclude_turns(self.model, [turn.request], [turn.prompt], [generation], self.tokenizer)[0])
 
     def _prefill(self, batch: DecodeBatch, joining: list[SubmittedTurn]) -> list[Prefill]:
         """On the prefill thread, while the batch steps: the joining turns prefilled together, in one padded forward;
@@ -253,7 +253,8 @@ class Batcher:
             group = groups.pop(0)
             try:
                 with torch.no_grad():
-                    cond = self.model.condition_states([turn.request.state for turn in group])
+                    states = [turn.request.state for turn in group]
+                    cond = self.model.condition_states(states, [len(turn.request.context) for turn in group])
                 prompts, counted = [t.prompt.tokens for t in group], [t.prompt.counted for t in group]
                 scored = [t.prompt.scored[0] for t in group]  # the message's NLL on: no logits for the persona's prompt
                 done.append((group, batch.prefill(prompts, cond, [t.params for t in group], counted, scored)))

@@ -50,8 +50,9 @@ class InjectedLayer:
     """One layer's share of a turn's conditioning, per batch row."""
 
     metric: Tensor | None  # (B, H_kv, d, d) M per key/value head; None in a layer without a trace
-    slot_key: Tensor  # (B, H_kv, S, w) augmented self-slot keys, S = config.self_slots
-    slot_value: Tensor  # (B, H_kv, S, w)
+    slot_key: Tensor  # (B, H_kv, S [+ N], w) augmented self-slot keys, S = config.self_slots, then the imprint's N
+    slot_value: Tensor  # (B, H_kv, S [+ N], w)
+    reads_from: Tensor | None = None  # (B,) the first position that reads the imprint (the persona's prompt does not)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -79,8 +80,10 @@ class InjectedAttention(nn.Module):
         self.has_trace = has_trace
         self.stateful = config.attention == "trace"
         self.gated = self.stateful and config.slot_gate
-        # kernel width: rotated block, (pre-rotation block,) bias column, (read gate column,) zero padding
-        self.w = _round8(self.d + (self.d if has_trace else 0) + 1 + int(self.gated)) if self.stateful else self.d
+        # kernel width: rotated block, (pre-rotation block,) bias column, (read gate column,) the imprint's column, zero
+        # padding. The imprint's column: 1 on its entries, and on a query 0 where it reads them, the closed gate where not
+        self.w = _round8(self.d + (self.d if has_trace else 0) + 2 + int(self.gated)) if self.stateful else self.d
+        self.unread_at = self.d + (self.d if has_trace else 0) + 1 + int(self.gated)
         C, d = config.n_embd, config.head_dim
         self.S = config.self_slots
         self.q_proj = Linear(C, self.H * d, bias=False)
@@ -94,9 +97,22 @@ class InjectedAttention(nn.Module):
         if self.gated:
             self.slot_gate = nn.Linear(C, self.H, bias=False)  # per query head, a token's shift of the slots' logits
 
-    def condition(self, metric: Tensor | None, s: Tensor, shift: float = 0.0, rows_alone: bool = False) -> InjectedLayer:
+    def condition(
+        self,
+        metric: Tensor | None,
+        s: Tensor,
+        shift: float = 0.0,
+        rows_alone: bool = False,
+        imprint: tuple[Tensor, Tensor, Tensor] | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+        reads_from: Tensor | None = None,
+    ) -> InjectedLayer:
         """metric (B, H_kv, d, d) or None, s (B, d_s) -> this layer's InjectedLayer; every slot's logit lowered by
-        ``shift`` (the model's read_shift); ``rows_alone``: each row's slots computed as if it were alone."""
+        ``shift`` (the model's read_shift); ``rows_alone``: each row's slots computed as if it were alone.
+
+        ``imprint``: this layer's imprinted entries, pre-rotation keys and values (B, H_kv, N, d) and which are filled
+        (B, N), placed after the slots and rotated by ``rope`` (cos, sin (B, 1, N, d)) to their positions; read by
+        the tokens from ``reads_from`` (B,) on."""
         B, H_kv, S, d, w = s.shape[0], self.H_kv, self.S, self.d, self.w
         energy = s.float().square().mean(-1)  # (B,) |s|^2 / d_s, in [0, 1]
         gate = torch.where(energy > 0, torch.log(energy.clamp_min(1e-30)), torch.full_like(energy, CLOSED_GATE))
@@ -107,7 +123,30 @@ class InjectedAttention(nn.Module):
         zeros = s.new_zeros(B, H_kv, S, mid), s.new_zeros(B, H_kv, S, w - d - mid - 1 - ones.shape[-1])
         slot_key = torch.cat([k_s, zeros[0], bias.to(s.dtype), ones, zeros[1]], dim=-1)  # (B, H_kv, S, w)
         slot_value = F.pad(_row_by_row(self.self_value, s, rows_alone).view(B, H_kv, S, d), (0, w - d))  # (B, H_kv, S, w)
-        return InjectedLayer(metric, slot_key, slot_value)
+        if imprint is not None:
+            assert rope is not None
+            keys, values = self._imprinted(metric, *imprint, rope)
+            slot_key, slot_value = torch.cat([slot_key, keys.to(slot_key.dtype)], 2), torch.cat([slot_value, values], 2)
+        return InjectedLayer(metric, slot_key, slot_value, reads_from)
+
+    def _imprinted(
+        self, metric: Tensor | None, k: Tensor, v: Tensor, filled: Tensor, rope: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        """The imprint's augmented keys and values (B, H_kv, N, w): a token's key as the layer's own keys are
+        augmented (rotated; the trace's pre-rotation columns), an empty entry's logit closed."""
+        B, H_kv, N, d = k.shape
+        parts = [rotate(k, *rope)]  # (B, H_kv, N, d)
+        bias = k.new_zeros(B, H_kv, N, 1)
+        if metric is not None:
+            w_k = F.normalize(k, dim=-1)  # (B, H_kv, N, d) unit pre-rotation keys
+            parts.append(w_k)
+            bias = -((w_k @ metric.to(k.dtype)) * w_k).sum(-1, keepdim=True)  # -w^T M w
+        closed = torch.where(filled, 0.0, CLOSED_GATE).to(k.dtype).view(B, 1, N, 1)
+        parts.append(bias + closed)
+        key = torch.cat(parts, dim=-1)
+        key = F.pad(key, (0, self.unread_at - key.shape[-1]))  # the read gate's column stays 0
+        key = torch.cat([key, key.new_ones(B, H_kv, N, 1)], dim=-1)  # the imprint's column
+        return F.pad(key, (0, self.w - key.shape[-1])), F.pad(v, (0, self.w - d))
 
     def forward(
         self,
@@ -118,15 +157,21 @@ class InjectedAttention(nn.Module):
         layer: int,
         attn_mask: Tensor | None,
         starts: list[int] | None = None,
+        capture: list[tuple[Tensor, Tensor]] | None = None,
+        unread: Tensor | None = None,
     ) -> Tensor:
         """``starts``: instead of ``attn_mask``, each row's keys as the prefix and the columns from its start on
-        (``row_starts``): every row then attends alone, as it would unbatched, bit for bit."""
+        (``row_starts``): every row then attends alone, as it would unbatched, bit for bit. ``capture``: a list that
+        receives this layer's pre-rotation keys and values (B, H_kv, L, d), what an imprint keeps. ``unread`` (B, L):
+        the tokens that do not read the imprint (the persona's prompt)."""
         B, L, _ = x.shape
         H, H_kv, d, w = self.H, self.H_kv, self.d, self.w
         cos, sin = rope
         q = self.q_proj(x).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
         k = self.k_proj(x).view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
         v = self.v_proj(x).view(B, L, H_kv, d).transpose(1, 2)
+        if capture is not None:
+            capture.append((k, v))
         q_rot = rotate(q, cos, sin) / math.sqrt(d)  # (B, H, L, d), the base scale folded in
         k_rot = rotate(k, cos, sin)
         if lc is None:  # the base model
@@ -146,6 +191,10 @@ class InjectedAttention(nn.Module):
             q_parts.append(q.new_ones(B, H, L, 1))
             if self.gated:
                 q_parts.append(self.slot_gate(x).transpose(1, 2).unsqueeze(-1))  # (B, H, L, 1) g_h·x_i
+            if unread is not None:  # (B, H, L, 1): the closed gate on the imprint's column where a token does not read it
+                at = self.unread_at - sum(p.shape[-1] for p in q_parts)
+                shut = (unread.to(q.dtype) * CLOSED_GATE).view(B, 1, L, 1).expand(B, H, L, 1)
+                q_parts.append(F.pad(shut, (at, 0)))
             k_parts.append(k_bias)
             q_aug = F.pad(torch.cat(q_parts, dim=-1), (0, w - sum(p.shape[-1] for p in q_parts)))  # (B, H, L, w)
             k_aug = F.pad(torch.cat(k_parts, dim=-1), (0, w - sum(p.shape[-1] for p in k_parts)))  # (B, H_kv, L, w)

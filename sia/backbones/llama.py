@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from sia.backbones.injected_attention import CLOSED_GATE, InjectedAttention, InjectedLayer, row_starts
 from sia.backbones.packed_linear import NO_BFLOAT16_PACKING, PACKED_DTYPES, Linear, bfloat16_packing_available, packing_available
 from sia.backbones.slot_maps import LowRank, init_slot_map
+from sia.identity.imprint import ImprintEntries
 from sia.identity.state import SelfUpdate, TurnSummary, stabilised_metric
 from sia.model.conditioning import Conditioning
 from sia.model.config import LlamaConfig
@@ -78,9 +79,11 @@ class Block(nn.Module):
         layer: int,
         attn_mask: Tensor | None,
         starts: list[int] | None = None,
+        capture: list[tuple[Tensor, Tensor]] | None = None,
+        unread: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         h = self.attn_norm(x)  # (B, L, C), also the input the turn summary reads
-        x = x + self.attn(h, lc, rope, cache, layer, attn_mask, starts)
+        x = x + self.attn(h, lc, rope, cache, layer, attn_mask, starts, capture, unread)
         x = x + self.mlp(self.mlp_norm(x))
         return x, h
 
@@ -261,8 +264,13 @@ class LlamaModel(IdentityModel):
             self.lm_head.weight = self.wte.weight  # assignment replaced the shared parameter: tie again
 
     # --- per-turn conditioning ---
-    def condition(self, trace: Tensor, self_state: Tensor) -> Conditioning:
-        """trace (B, *config.trace_shape) as stored, self_state (B, d_s) -> the turn's Conditioning."""
+    def condition(
+        self, trace: Tensor, self_state: Tensor, imprint: ImprintEntries | None = None, reads_from: Tensor | None = None
+    ) -> Conditioning:
+        """trace (B, *config.trace_shape) as stored, self_state (B, d_s), the rows' imprints (none: empty) -> the turn's
+        Conditioning. The imprint is read by the tokens from position ``reads_from`` (B,) on (default 0: all): in a
+        turn, the persona's prompt does not read it, the user's message and the reply do; its u filled entries sit
+        at the u positions just before ``reads_from``, in order, as if the user had just said them."""
         c = self.config
         self._check_state_shapes(trace, self_state)
         if not self.stateful:
@@ -271,10 +279,28 @@ class LlamaModel(IdentityModel):
         metric = stabilised_metric(trace.detach(), c)  # (B, n_trace, trace heads, d, d), float32
         metric = metric.expand(B, metric.shape[1], c.n_kv_head, c.head_dim, c.head_dim)  # shared trace: every head
         slot_of = {layer: i for i, layer in enumerate(self.trace_layers)}
+        dtype = self.wte.weight.dtype
+        N = c.imprint_tokens
+        if N and imprint is None:
+            imprint = ImprintEntries.stack([None] * B, c.imprint_shape, dtype)
+        if imprint is not None and (imprint.keys.shape[0] != B or imprint.keys.shape[1:] != c.imprint_shape):
+            raise ValueError(
+                f"imprint keys must be ({B}, {', '.join(map(str, c.imprint_shape))}); got {tuple(imprint.keys.shape)}"
+            )
+        rope = None
+        if imprint is not None:
+            reads_from = torch.zeros(B, dtype=torch.long) if reads_from is None else reads_from.long()
+            reads_from = reads_from.to(self_state.device)
+            used = imprint.filled.sum(-1).to(self_state.device)  # (B,)
+            rope = self.rope((reads_from - used).view(B, 1) + torch.arange(N, device=self_state.device))  # (B, 1, N, d)
         layers = []
         for layer, attn in enumerate(self.attentions):
             m = metric[:, slot_of[layer]] if layer in slot_of else None
-            layers.append(attn.condition(m, self_state.to(self.wte.weight.dtype), self.read_shift, self.exact_rows))
+            entries = None
+            if imprint is not None:
+                at = imprint.keys.device
+                entries = (imprint.keys[:, layer].to(dtype), imprint.values[:, layer].to(dtype), imprint.filled.to(at))
+            layers.append(attn.condition(m, self_state.to(dtype), self.read_shift, self.exact_rows, entries, rope, reads_from))
         return Conditioning(layers=layers, self_state=self_state)
 
     def base_view(self) -> LlamaModel:
@@ -287,8 +313,9 @@ class LlamaModel(IdentityModel):
 
     @property
     def prefix_len(self) -> int:
-        """Keys before the first token: the self slots (config.self_slots per key/value head), or none."""
-        return self.config.self_slots if self.stateful else 0
+        """Keys before the first token: the self slots (config.self_slots per key/value head) and the imprint's N
+        entries, or none."""
+        return self.config.self_slots + self.config.imprint_tokens if self.stateful else 0
 
     def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
         widths = [attn.w for attn in self.attentions]
@@ -340,10 +367,13 @@ class LlamaModel(IdentityModel):
         starts = None
         if self.exact_rows and attn_mask is not None:
             starts = row_starts(attn_mask, cache.prefix if cache is not None else 0)
+        first = cond.layers[0]
+        reads_from = first.reads_from if isinstance(first, InjectedLayer) else None
+        unread = None if reads_from is None else positions < reads_from.view(-1, 1)  # (B, L + K)
         layer_inputs = []
         for i, (block, lc) in enumerate(zip(self.blocks, cond.layers, strict=True)):
             assert lc is None or isinstance(lc, InjectedLayer)
-            x, h = block(x, lc, rope, cache, i, None if starts is not None else attn_mask, starts)
+            x, h = block(x, lc, rope, cache, i, None if starts is not None else attn_mask, starts, None, unread)
             if i in self.trace_layers:
                 layer_inputs.append((h.float() * weight).sum(dim=1))  # (B, C)
         if cache is not None:
@@ -353,6 +383,25 @@ class LlamaModel(IdentityModel):
         stats = SummarySums(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
         logits = self.lm_head(x[:, logits_from:L])
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
+
+    @torch.no_grad()
+    def read_words(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """What the base model makes of the tokens idx (1, L) at positions 0..L-1, as an imprint keeps it: every
+        layer's pre-rotation keys and values (n_layer, H_kv, L, d), float32. The identity plays no part: an imprinted
+        span is the user's words as the pretrained model reads them, whatever the state was."""
+        if idx.dim() != 2 or idx.shape[0] != 1:
+            raise ValueError(f"read_words takes one row of tokens (1, L); got {tuple(idx.shape)}")
+        L = idx.shape[1]
+        if self.config.block_size < L:
+            raise ValueError(f"{L} tokens exceed the context of {self.config.block_size}")
+        x = self.wte(idx)  # (1, L, C)
+        rope = self.rope(torch.arange(L, device=idx.device).view(1, L))
+        capture: list[tuple[Tensor, Tensor]] = []
+        for block in self.blocks:
+            x, _ = block(x, None, rope, None, 0, None, None, capture)
+        keys = torch.stack([k[0] for k, _ in capture]).float()  # (n_layer, H_kv, L, d)
+        values = torch.stack([v[0] for _, v in capture]).float()
+        return keys, values
 
     # --- what a turn leaves behind ---
     def summarize(self, stats: SummarySums) -> TurnSummary:

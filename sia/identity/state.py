@@ -22,6 +22,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
+from sia.identity.imprint import Imprint
 from sia.model.config import STATE_DTYPES, AnyConfig
 
 __all__ = [
@@ -50,7 +51,8 @@ __all__ = [
 
 N = TypeVar("N", float, Tensor)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 added the imprint; a version 1 blob (trace and self state only) loads with an empty imprint
+READABLE_VERSIONS = (1, 2)
 MAX_STATE_BYTES = 64 * 1024 * 1024  # refuse to parse blobs larger than this
 
 
@@ -89,6 +91,7 @@ class IdentityState:
     turns: int = 0
     shock: ShockStats = ShockStats()
     format_version: int = FORMAT_VERSION
+    imprint: Imprint | None = None  # the user's own words (sia.identity.imprint); None: nothing imprinted
 
     @classmethod
     def fresh(cls, config: AnyConfig, initial_trace: Tensor | None = None) -> IdentityState:
@@ -111,6 +114,8 @@ class IdentityState:
             raise StateFormatError("self_state entries must lie in [-1, 1]")
         if self.turns < 0:
             raise StateFormatError(f"turns must be >= 0; got {self.turns}")
+        if self.imprint is not None:
+            self.imprint.validate(config)
         s = self.shock
         if s.count < 0 or not math.isfinite(s.mean) or not math.isfinite(s.m2) or s.m2 < 0:
             raise StateFormatError(f"shock statistics are invalid: {s}")
@@ -321,17 +326,21 @@ def low_rank_cleanup(state: IdentityState, energy: float = 0.95) -> tuple[Identi
 # ---------------------------------------------------------------------------------------------------------
 
 _KEYS = {"trace", "self_state", "counters", "shock", "format_version"}
+_IMPRINT_KEYS = {f"imprint.{name}" for name in Imprint.blank(0, 0, 0, 0).tensors()}
 
 
 def state_to_bytes(state: IdentityState) -> bytes:
-    """Serialise with safetensors (no pickle). Counters travel as small tensors so they are validated too."""
+    """Serialise with safetensors (no pickle). Counters travel as small tensors so they are validated too; the
+    imprint's fields under ``imprint.<name>`` when there is one."""
     tensors = {
         "trace": state.trace.contiguous(),
         "self_state": state.self_state.contiguous(),
         "counters": torch.tensor([state.turns, state.shock.count], dtype=torch.int64),
         "shock": torch.tensor([state.shock.mean, state.shock.m2], dtype=torch.float64),
-        "format_version": torch.tensor([state.format_version], dtype=torch.int64),
+        "format_version": torch.tensor([FORMAT_VERSION], dtype=torch.int64),
     }
+    if state.imprint is not None:
+        tensors.update({f"imprint.{name}": t.contiguous() for name, t in state.imprint.tensors().items()})
     return st_save(tensors)
 
 
@@ -345,7 +354,9 @@ def state_from_bytes(blob: bytes, config: AnyConfig, *, max_bytes: int = MAX_STA
         tensors = st_load(bytes(blob))
     except (SafetensorError, ValueError, RuntimeError) as exc:
         raise StateFormatError(f"state blob is not valid safetensors data: {exc}") from exc
-    missing, extra = _KEYS - set(tensors), set(tensors) - _KEYS
+    imprinted = set(tensors) >= _IMPRINT_KEYS
+    expected = _KEYS | _IMPRINT_KEYS if imprinted else _KEYS
+    missing, extra = expected - set(tensors), set(tensors) - expected
     if missing or extra:
         raise StateFormatError(f"state blob keys are wrong: missing {sorted(missing)}, unexpected {sorted(extra)}")
     for name, shape, dtype in (
@@ -357,8 +368,8 @@ def state_from_bytes(blob: bytes, config: AnyConfig, *, max_bytes: int = MAX_STA
         if tuple(t.shape) != shape or t.dtype != dtype:
             raise StateFormatError(f"{name} must be {dtype} of shape {shape}; got {t.dtype} {tuple(t.shape)}")
     version = int(tensors["format_version"][0])
-    if version != FORMAT_VERSION:
-        raise StateFormatError(f"format version {version} is not supported (expected {FORMAT_VERSION})")
+    if version not in READABLE_VERSIONS or (imprinted and version < 2):
+        raise StateFormatError(f"format version {version} is not supported (expected one of {READABLE_VERSIONS})")
     turns, count = (int(x) for x in tensors["counters"])
     mean, m2 = (float(x) for x in tensors["shock"])
     state = IdentityState(
@@ -366,7 +377,7 @@ def state_from_bytes(blob: bytes, config: AnyConfig, *, max_bytes: int = MAX_STA
         self_state=tensors["self_state"],
         turns=turns,
         shock=ShockStats(count=count, mean=mean, m2=m2),
-        format_version=version,
+        imprint=Imprint(**{name[len("imprint.") :]: tensors[name] for name in _IMPRINT_KEYS}) if imprinted else None,
     )
     state.validate(config)
     return state

@@ -9,13 +9,15 @@ accumulates while decoding, so a turn costs exactly one generation.
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 
+from sia.identity.imprint import Imprint, clause_breaks, imprint_spans, select_spans
 from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState, advance
+from sia.model.config import LlamaConfig
 from sia.model.generate import Generation, SamplingParams, Stream, StreamEvent, stream
 from sia.model.identity_model import IdentityModel
 from sia.model.summary_sums import SummarySums
@@ -30,6 +32,7 @@ class TurnRequest:
     message: str
     dynamics: Dynamics
     context: tuple[int, ...] = ()  # tokens before this turn: the persona's prompt, a recent window (not summarised)
+    keep_text: bool = True  # the imprint keeps its spans' token ids (False: keys and values only, no text)
 
 
 @dataclass(frozen=True)
@@ -80,10 +83,15 @@ def turn_prompt(tok: Tokenizer, request: TurnRequest) -> TurnPrompt:
 
 @torch.no_grad()  # plain tensors out: the new states may later be used where autograd records
 def conclude_turns(
-    model: IdentityModel, requests: Sequence[TurnRequest], prompts: Sequence[TurnPrompt], generations: Sequence[Generation]
+    model: IdentityModel,
+    requests: Sequence[TurnRequest],
+    prompts: Sequence[TurnPrompt],
+    generations: Sequence[Generation],
+    tokenizer: Tokenizer | None = None,
 ) -> list[TurnResult]:
     """The end of each turn once its reply is generated (alone, in a batch, or joined to a running batch): the
-    shock from the message's NLL, the summary, the new state."""
+    shock from the message's NLL, the summary, the new state (its imprint too, when the model keeps one)."""
+    tok = tokenizer or model.tokenizer
     stats = SummarySums.cat([g.stats for g in generations])
     summaries = model.summarize(stats)
     results = []
@@ -92,6 +100,8 @@ def conclude_turns(
         nll = float(gen.prompt_nll[a:b].mean())
         shock = standardised_shock(nll, req.state.shock, model.config)
         new_state = advance(req.state, summaries.row(row), shock=shock, nll=nll, g=model.self_update, dynamics=req.dynamics)
+        if model.config.imprint_tokens:
+            new_state = replace(new_state, imprint=imprint_message(model, tok, req, prompt, gen))
         results.append(
             TurnResult(
                 reply=gen.text,
@@ -116,7 +126,7 @@ def _turns(
         raise ValueError(f"turns need a stateful model; the {model.config.attention!r} variant keeps no identity state")
     prompts = [turn_prompt(tok, req) for req in requests]
     with torch.no_grad():
-        cond = model.condition_states([r.state for r in requests])
+        cond = model.condition_states([r.state for r in requests], [len(r.context) for r in requests])
     decoding = stream(
         model,
         [p.tokens for p in prompts],
@@ -127,7 +137,32 @@ def _turns(
         nll_from=[p.scored[0] for p in prompts],  # the shock scores the message: the persona's prompt needs no logits
     )
     yield from decoding
-    return conclude_turns(model, requests, prompts, decoding.result)
+    return conclude_turns(model, requests, prompts, decoding.result, tok)
+
+
+def imprint_message(
+    model: IdentityModel, tok: Tokenizer, request: TurnRequest, prompt: TurnPrompt, generation: Generation
+) -> Imprint:
+    """The identity's imprint after this turn: the clauses of the message that surprised the identity (token shock,
+    read from the turn's own prefill), as the base model reads them in the turn's prompt (sia.identity.imprint)."""
+    c = model.config
+    assert isinstance(c, LlamaConfig)  # only a model that keeps an imprint calls this
+    imprint = request.state.imprint or Imprint.empty(c)
+    a, b = prompt.scored  # prompt_nll[a:b] scores the message's tokens and the token closing it
+    start, end = a + 1, b  # the message's own tokens: prompt.tokens[start:end]
+    if end <= start:
+        return imprint
+    message = prompt.tokens[start:end]
+    surprisal = generation.prompt_nll[a : b - 1].float().cpu()  # (n,) each message token's NLL under the identity
+    breaks = clause_breaks([tok.token_text(t) for t in message])
+    choices = select_spans(surprisal, breaks, budget=c.imprint_per_turn, max_span=c.imprint_span, min_score=c.imprint_min_shock)
+    if not choices:
+        return imprint
+    keys, values = model.read_words(torch.tensor([prompt.tokens[:end]], device=model.device))
+    tokens = torch.tensor(message, dtype=torch.int32) if request.keep_text else None
+    return imprint_spans(
+        imprint, keys[:, :, start:end].cpu(), values[:, :, start:end].cpu(), choices, turn=request.state.turns, tokens=tokens
+    )
 
 
 def run_turn(

@@ -158,6 +158,15 @@ class ModelConfig(IdentityConfig):
         return list(range(self.n_layer))
 
     @property
+    def imprint_tokens(self) -> int:
+        """The native model keeps no imprint."""
+        return 0
+
+    @property
+    def imprint_shape(self) -> tuple[int, int, int, int]:
+        return (self.n_layer, self.n_head, 0, self.head_dim)
+
+    @property
     def state_dtype(self) -> str:
         return "float32"
 
@@ -198,6 +207,11 @@ class LlamaConfig(IdentityConfig):
     trace_per_head: bool = True  # a trace per key/value head, or one shared by the layer's heads
     state_dtype: str = "float16"  # storage dtype of the trace: float32, float16 or bfloat16
     metric_scale: float = 2.0  # c: the metric's eigenvalues stay in c·rho·(-1, 1); logits move by at most 4·c·rho
+    # --- the imprint (sia.identity.imprint): the user's own words as key/value entries, read beside the self slots ---
+    imprint_tokens: int = 0  # N: entries (tokens) per layer and key/value head; 0: no imprint
+    imprint_span: int = 12  # the longest span one clause imprints, in tokens
+    imprint_per_turn: int = 24  # the most tokens one message imprints
+    imprint_min_shock: float = 4.0  # a clause is imprinted only if a token of it surprises the identity this much (nats)
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "intermediate_size")
@@ -237,6 +251,12 @@ class LlamaConfig(IdentityConfig):
             raise ValueError(f"state_dtype must be one of {sorted(STATE_DTYPES)}; got {self.state_dtype!r}")
         if not self.metric_scale > 0.0:
             raise ValueError(f"metric_scale must be > 0; got {self.metric_scale}")
+        for name in ("imprint_tokens", "imprint_span", "imprint_per_turn"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "imprint_tokens" else 1):
+                raise ValueError(f"{name} must be an integer >= {0 if name == 'imprint_tokens' else 1}; got {value!r}")
+        if not math.isfinite(self.imprint_min_shock):
+            raise ValueError(f"imprint_min_shock must be a finite number of nats; got {self.imprint_min_shock}")
         self._check_identity()
 
     # --- derived values ---
@@ -269,10 +289,18 @@ class LlamaConfig(IdentityConfig):
         return (len(self.trace_layer_ids), self.trace_heads, self.head_dim, self.head_dim)
 
     @property
+    def imprint_shape(self) -> tuple[int, int, int, int]:
+        """(layers, key/value heads, N entries, d): the imprint's keys and values."""
+        return (self.n_layer, self.n_kv_head, self.imprint_tokens, self.head_dim)
+
+    @property
     def state_bytes(self) -> int:
-        """Bytes of the trace and the self state in a stored identity (the container adds a few hundred)."""
+        """Bytes of the trace, the self state and the imprint in a stored identity (the container adds a few hundred):
+        an imprint entry costs, per layer and key/value head, an int8 key and value and their float16 scales, plus
+        24 bytes of bookkeeping (float16 would cost 4·d bytes a layer and head instead of 2·(d + 2))."""
         n = self.trace_shape[0] * self.trace_shape[1] * self.trace_shape[2] * self.trace_shape[3]
-        return n * STATE_DTYPES[self.state_dtype].itemsize + 4 * self.d_self
+        imprint = self.imprint_tokens * (self.n_layer * self.n_kv_head * 2 * (self.head_dim + 2) + 24)
+        return n * STATE_DTYPES[self.state_dtype].itemsize + 4 * self.d_self + imprint
 
     # --- from a base checkpoint ---
     @classmethod

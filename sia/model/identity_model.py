@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from sia.identity.imprint import ImprintEntries
 from sia.identity.state import IdentityState, SelfUpdate, TurnSummary
 from sia.model.conditioning import Conditioning
 from sia.model.config import AnyConfig
@@ -46,7 +47,9 @@ class IdentityModel(nn.Module):
     # then a padded group is prefilled row by row (sia.model.batching)
     exact_rows: bool = False
 
-    def condition(self, trace: Tensor, self_state: Tensor) -> Conditioning:
+    def condition(
+        self, trace: Tensor, self_state: Tensor, imprint: ImprintEntries | None = None, reads_from: Tensor | None = None
+    ) -> Conditioning:
         raise NotImplementedError
 
     def decode_in(self, dtype: torch.dtype) -> IdentityModel:
@@ -61,6 +64,11 @@ class IdentityModel(nn.Module):
 
     def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
         raise NotImplementedError
+
+    def read_words(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """Every layer's pre-rotation keys and values of the tokens idx (1, L) as the base model reads them
+        (n_layer, H_kv, L, d): what an imprint keeps. Only a model that keeps an imprint has them."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no imprint")
 
     def summarize(self, stats: SummarySums) -> TurnSummary:
         raise NotImplementedError
@@ -121,15 +129,21 @@ class IdentityModel(nn.Module):
         weight = (torch.ones(B, L, device=idx.device) if summary_mask is None else summary_mask.float()).unsqueeze(-1)
         return positions, weight
 
-    def condition_states(self, states: Sequence[IdentityState]) -> Conditioning:
-        """Stack one IdentityState per row into a Conditioning."""
+    def condition_states(self, states: Sequence[IdentityState], reads_from: Sequence[int] | None = None) -> Conditioning:
+        """Stack one IdentityState per row into a Conditioning; ``reads_from``: per row, the first position that reads
+        the imprint (a turn's context, the persona's prompt, does not)."""
         if not states:
             raise ValueError("need at least one identity state")
         for state in states:
             state.validate(self.config)
         trace = torch.stack([s.trace for s in states]).to(self.device)
         selves = torch.stack([s.self_state for s in states]).to(self.device)
-        return self.condition(trace, selves)
+        imprint, start = None, None
+        if self.config.imprint_tokens:
+            entries = ImprintEntries.stack([s.imprint for s in states], self.config.imprint_shape, torch.float32)
+            imprint = ImprintEntries(entries.keys.to(self.device), entries.values.to(self.device), entries.filled.to(self.device))
+            start = None if reads_from is None else torch.tensor(list(reads_from), dtype=torch.long, device=self.device)
+        return self.condition(trace, selves, imprint, start)
 
     def _pool(self, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Online-softmax pooling sums of x (B, L, C) over tokens with weight (B, L, 1) > 0."""

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sia.identity.imprint import ImprintEntries
 from sia.identity.state import SelfUpdate, TurnSummary, stabilised_metric
 from sia.model.attention import attend, key_bias
 from sia.model.conditioning import Conditioning
@@ -187,8 +188,13 @@ class SIAModel(IdentityModel):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     # --- per-turn conditioning ---
-    def condition(self, trace: Tensor, self_state: Tensor) -> Conditioning:
-        """trace (B, n_layer, H, d, d) as stored, self_state (B, d_s) -> the turn's Conditioning."""
+    def condition(
+        self, trace: Tensor, self_state: Tensor, imprint: ImprintEntries | None = None, reads_from: Tensor | None = None
+    ) -> Conditioning:
+        """trace (B, n_layer, H, d, d) as stored, self_state (B, d_s) -> the turn's Conditioning (no imprint: the native
+        model keeps none)."""
+        if imprint is not None:
+            raise ValueError("the native model keeps no imprint")
         c = self.config
         self._check_state_shapes(trace, self_state)
         if not self.stateful:

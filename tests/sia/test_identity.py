@@ -174,7 +174,7 @@ def test_serialisation_round_trip_is_bit_exact(config: ModelConfig) -> None:
     state = IdentityState(state.trace, state.self_state, turns=7, shock=ShockStats(7, 2.123456789, 0.5))
     back = state_from_bytes(state_to_bytes(state), config)
     assert torch.equal(back.trace, state.trace) and torch.equal(back.self_state, state.self_state)
-    assert back.turns == 7 and back.shock == state.shock and back.format_version == 1
+    assert back.turns == 7 and back.shock == state.shock and back.format_version == 2
 
 
 def _blob(config: ModelConfig, **tensors: torch.Tensor) -> bytes:
@@ -200,7 +200,7 @@ def _blob(config: ModelConfig, **tensors: torch.Tensor) -> bytes:
         (lambda c: _blob(c, trace=torch.zeros(2, 2, 14, 14)), "trace has shape"),
         (lambda c: _blob(c, trace=torch.zeros(2, 2, 15, 15, dtype=torch.float64)), "dtype"),
         (lambda c: _blob(c, self_state=torch.full((4,), 2.0)), r"\[-1, 1\]"),
-        (lambda c: _blob(c, format_version=torch.tensor([2])), "format version 2"),
+        (lambda c: _blob(c, format_version=torch.tensor([3])), "format version 3"),
         (lambda c: _blob(c, extra=torch.zeros(1)), "unexpected"),
         (lambda c: _blob(c, counters=torch.tensor([-1, 0])), "turns must be"),
         (lambda c: _blob(c, counters=torch.tensor([0.0, 0.0])), "counters must be"),

@@ -1,0 +1,374 @@
+"""The imprint: what the user said, kept in their own words as key/value entries; the identity state's third part
+beside the trace T and the self state s (docs/attention.md, "The imprint").
+
+Notation: n_layer layers, H_kv key/value heads, N entries (config.imprint_tokens), d head width, n tokens of a message.
+
+An entry is one token of the user's message as the base model read it: its *pre-rotation* key and its value in every
+layer and key/value head. Entries come in whole spans (the clause "my name is Marisol Etxeberria", never a lone token)
+chosen by token-level shock: the surprisal of each token of the message under the identity, the turn's Shock made
+local. Spans are never averaged: a span that does not fit replaces the lowest-scored ones (only when it scores
+higher), a span of a known kind replaces the older span of that kind, and ``forget`` drops one on request.
+
+Keys and values are stored in int8 with one float16 scale per vector (absmax): 2·(d + 2) bytes per entry, layer and
+head, half of float16's 4·d. Read, entry j sits at position j - N, just before the conversation's first token, rotated
+there (sia.backbones.injected_attention); an empty entry's logit is closed, so an empty imprint is the base model.
+
+Nothing here mutates an Imprint: every function returns a new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sia.model.config import AnyConfig
+
+__all__ = [
+    "KINDS",
+    "Imprint",
+    "ImprintEntries",
+    "ImprintSpan",
+    "SpanChoice",
+    "clause_breaks",
+    "dequantise",
+    "forget_span",
+    "imprint_spans",
+    "quantise",
+    "select_spans",
+]
+
+# what a span says, when something labels it (0: not known); a span of a known kind replaces the older one of its kind
+KINDS = ("unknown", "name", "city", "job", "colour", "pet", "hobby")
+
+_INT8_MAX = 127.0
+
+
+def quantise(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (..., d) float -> (int8 (..., d), float16 scale (...,)): x ≈ q · scale, scale = max|x| / 127 per vector."""
+    scale = x.float().abs().amax(-1) / _INT8_MAX  # (...,)
+    scale = scale.to(torch.float16).float().clamp_min(torch.finfo(torch.float16).tiny)  # the scale as it is stored
+    q = torch.round(x.float() / scale.unsqueeze(-1)).clamp(-_INT8_MAX, _INT8_MAX).to(torch.int8)
+    return q, scale.to(torch.float16)
+
+
+def dequantise(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
+
+
+@dataclass(frozen=True)
+class ImprintSpan:
+    """One imprinted span, as listed to its owner: where it is, what it says (when text is kept) and why."""
+
+    index: int  # the span's number in the imprint (0 first); ``forget_span`` takes it
+    first: int  # its first entry
+    length: int  # entries (tokens)
+    turn: int  # the turn that imprinted it (0-based)
+    offset: int  # its first token's position in that turn's message
+    kind: str  # one of KINDS
+    score: float  # its salience when imprinted (nats of token shock)
+    tokens: tuple[int, ...] | None  # the token ids, or None where the turn's text is not kept
+
+
+@dataclass(frozen=True)
+class Imprint:
+    """N entries per layer and key/value head; entries 0..used-1 are filled, in spans of consecutive entries."""
+
+    keys: Tensor  # (n_layer, H_kv, N, d) int8, pre-rotation
+    key_scale: Tensor  # (n_layer, H_kv, N) float16
+    values: Tensor  # (n_layer, H_kv, N, d) int8
+    value_scale: Tensor  # (n_layer, H_kv, N) float16
+    span: Tensor  # (N,) int32: the span an entry belongs to (0, 1, ... in entry order); -1 empty
+    token: Tensor  # (N,) int32: its token id; -1 where the text is not kept (and for empty entries)
+    turn: Tensor  # (N,) int32: the turn that imprinted it
+    offset: Tensor  # (N,) int32: its position in that turn's message
+    kind: Tensor  # (N,) int32: an index into KINDS, the same over a span
+    score: Tensor  # (N,) float32: the span's salience, the same over a span
+
+    @classmethod
+    def empty(cls, config: AnyConfig) -> Imprint:
+        return cls.blank(*config.imprint_shape)
+
+    @classmethod
+    def blank(cls, n_layer: int, heads: int, N: int, d: int) -> Imprint:
+        """No entry filled, room for N of width d in n_layer layers of ``heads`` key/value heads."""
+        minus = torch.full((N,), -1, dtype=torch.int32)
+        return cls(
+            keys=torch.zeros(n_layer, heads, N, d, dtype=torch.int8),
+            key_scale=torch.zeros(n_layer, heads, N, dtype=torch.float16),
+            values=torch.zeros(n_layer, heads, N, d, dtype=torch.int8),
+            value_scale=torch.zeros(n_layer, heads, N, dtype=torch.float16),
+            span=minus,
+            token=minus.clone(),
+            turn=torch.zeros(N, dtype=torch.int32),
+            offset=torch.zeros(N, dtype=torch.int32),
+            kind=torch.zeros(N, dtype=torch.int32),
+            score=torch.zeros(N, dtype=torch.float32),
+        )
+
+    @property
+    def capacity(self) -> int:
+        return int(self.span.shape[0])
+
+    @property
+    def used(self) -> int:
+        return int((self.span >= 0).sum())
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Every field by name (what the state's file stores under ``imprint.<name>``)."""
+        return {name: getattr(self, name) for name in _FIELDS}
+
+    def spans(self) -> list[ImprintSpan]:
+        out: list[ImprintSpan] = []
+        for index in range(int(self.span.max()) + 1 if self.used else 0):
+            at = (self.span == index).nonzero().squeeze(-1)
+            first, length = int(at[0]), int(at.shape[0])
+            tokens = self.token[first : first + length]
+            out.append(
+                ImprintSpan(
+                    index=index,
+                    first=first,
+                    length=length,
+                    turn=int(self.turn[first]),
+                    offset=int(self.offset[first]),
+                    kind=KINDS[int(self.kind[first])],
+                    score=float(self.score[first]),
+                    tokens=None if bool((tokens < 0).any()) else tuple(int(t) for t in tokens),
+                )
+            )
+        return out
+
+    def entries(self, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
+        """Dequantised keys and values (n_layer, H_kv, N, d) and which entries are filled (N,) bool."""
+        return dequantise(self.keys, self.key_scale, dtype), dequantise(self.values, self.value_scale, dtype), self.span >= 0
+
+    def validate(self, config: AnyConfig) -> None:
+        """ValueError (the state's StateFormatError) unless shapes, dtypes and the span layout are consistent."""
+        from sia.identity.state import StateFormatError, _check_tensor  # the state's own checks; it imports this module
+
+        n_layer, heads, N, d = config.imprint_shape
+        for name, shape, dtype in (
+            ("keys", (n_layer, heads, N, d), torch.int8),
+            ("values", (n_layer, heads, N, d), torch.int8),
+            ("key_scale", (n_layer, heads, N), torch.float16),
+            ("value_scale", (n_layer, heads, N), torch.float16),
+            ("span", (N,), torch.int32),
+            ("token", (N,), torch.int32),
+            ("turn", (N,), torch.int32),
+            ("offset", (N,), torch.int32),
+            ("kind", (N,), torch.int32),
+            ("score", (N,), torch.float32),
+        ):
+            _check_tensor(f"imprint.{name}", getattr(self, name), shape, dtype)
+        used = self.used
+        if N and not bool((self.span[:used] >= 0).all()):
+            raise StateFormatError("imprint entries must be filled from the first one on, with no gap")
+        if N and used:
+            spans = self.span[:used]
+            steps = spans[1:] - spans[:-1]
+            if int(spans[0]) != 0 or not bool(((steps == 0) | (steps == 1)).all()):
+                raise StateFormatError("imprint spans must be numbered 0, 1, ... over consecutive entries")
+            for name in ("turn", "kind", "score"):
+                values = getattr(self, name)[:used]
+                if not bool((values == values[torch.searchsorted(spans, spans, right=False)]).all()):
+                    raise StateFormatError(f"imprint.{name} must be the same over a span")
+        if bool((self.kind < 0).any()) or bool((self.kind >= len(KINDS)).any()):
+            raise StateFormatError(f"imprint.kind must index {KINDS}")
+        if bool((self.turn < 0).any()) or bool((self.offset < 0).any()) or bool((self.token < -1).any()):
+            raise StateFormatError("imprint turns and offsets must be >= 0 and token ids >= -1")
+        vocab = getattr(config, "vocab_size", None)
+        if vocab is not None and bool((self.token >= vocab).any()):
+            raise StateFormatError(f"imprint.token ids must be below the vocabulary's {vocab}")
+        if bool((self.key_scale.float() < 0).any()) or bool((self.value_scale.float() < 0).any()):
+            raise StateFormatError("imprint scales must be >= 0")
+
+
+@dataclass(frozen=True)
+class ImprintEntries:
+    """The imprints of a batch's rows as the read takes them: dequantised, pre-rotation."""
+
+    keys: Tensor  # (B, n_layer, H_kv, N, d)
+    values: Tensor  # (B, n_layer, H_kv, N, d)
+    filled: Tensor  # (B, N) bool
+
+    @classmethod
+    def stack(cls, imprints: Sequence[Imprint | None], shape: tuple[int, int, int, int], dtype: torch.dtype) -> ImprintEntries:
+        """One row per imprint (None: an empty one of ``shape``, (n_layer, H_kv, N, d))."""
+        rows = [(imprint or Imprint.blank(*shape)).entries(dtype) for imprint in imprints]
+        keys, values, filled = (torch.stack(parts) for parts in zip(*rows, strict=True))
+        return cls(keys, values, filled)
+
+
+_FIELDS = ("keys", "key_scale", "values", "value_scale", "span", "token", "turn", "offset", "kind", "score")
+
+
+@dataclass(frozen=True)
+class SpanChoice:
+    """A span of a message chosen for the imprint: tokens ``start`` to ``end`` - 1 of the message."""
+
+    start: int
+    end: int
+    score: float  # its salience: the largest token shock in it (nats)
+    kind: int = 0  # an index into KINDS
+
+
+_CONJUNCTIONS = frozenset({"and", "but", "so", "because", "while", "although", "though", "since", "plus", "also"})
+_PUNCTUATION = frozenset(".,!?;:()[]\n")
+
+
+def clause_breaks(pieces: Sequence[str]) -> Tensor:
+    """(n,) bool for a message's token texts: True where a token ends a clause: it holds a punctuation mark or a line
+    break, or the next token is a conjunction ("and I live in Lisbon" starts a clause of its own)."""
+    n = len(pieces)
+    breaks = torch.zeros(n, dtype=torch.bool)
+    for i, piece in enumerate(pieces):
+        if any(ch in _PUNCTUATION for ch in piece):
+            breaks[i] = True
+        if i + 1 < n and pieces[i + 1].strip().lower() in _CONJUNCTIONS:
+            breaks[i] = True
+    return breaks
+
+
+def _peak_window(surprisal: Tensor, start: int, end: int, width: int) -> tuple[int, int]:
+    """The ``width`` tokens of [start, end) around the clause's most surprising token, reaching back first: a fact's
+    cue ("my name is", "I live in") comes before the word that surprises."""
+    if end - start <= width:
+        return start, end
+    peak = start + int(surprisal[start:end].argmax())
+    first = max(start, min(peak - (width * 2) // 3, end - width))
+    return first, first + width
+
+
+def select_spans(surprisal: Tensor, breaks: Tensor, *, budget: int, max_span: int, min_score: float) -> list[SpanChoice]:
+    """The spans of one message worth imprinting, by token shock: the message cut into clauses at ``breaks``, each
+    scored by its most surprising token, the clauses above ``min_score`` taken best first (longer ones trimmed to
+    ``max_span`` tokens around their peak) while they fit in ``budget`` tokens; returned in message order.
+
+    surprisal (n,) nats per token of the message under the identity; breaks (n,) bool: the token ends a clause
+    (punctuation, a line break, a conjunction; the tokenizer's ``clause_breaks``)."""
+    n = surprisal.shape[0]
+    if breaks.shape != (n,):
+        raise ValueError(f"breaks must be ({n},) like the surprisal; got {tuple(breaks.shape)}")
+    if budget < 0 or max_span < 1:
+        raise ValueError(f"need budget >= 0 and max_span >= 1; got {budget}, {max_span}")
+    if not bool(torch.isfinite(surprisal).all()):
+        raise ValueError("surprisal must be finite")
+    ends = [i + 1 for i in range(n) if bool(breaks[i])]
+    if not ends or ends[-1] != n:
+        ends.append(n)
+    clauses, start = [], 0
+    for end in ends:
+        if end > start:
+            clauses.append(_peak_window(surprisal, start, end, max_span))
+        start = end
+    scored = sorted(((float(surprisal[a:b].max()), a, b) for a, b in clauses), reverse=True)
+    chosen, room = [], budget
+    for score, a, b in scored:
+        if score < min_score or b - a > room:
+            continue
+        chosen.append(SpanChoice(a, b, score))
+        room -= b - a
+    return sorted(chosen, key=lambda c: c.start)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """One span's entries while an imprint is rebuilt."""
+
+    keys: Tensor  # (n_layer, H_kv, n, d) int8
+    key_scale: Tensor  # (n_layer, H_kv, n) float16
+    values: Tensor
+    value_scale: Tensor
+    token: Tensor | None  # (n,) int32, or None where no text is kept
+    turn: int
+    offset: int
+    kind: int
+    score: float
+
+    @property
+    def length(self) -> int:
+        return int(self.keys.shape[2])
+
+
+def imprint_spans(
+    imprint: Imprint,
+    keys: Tensor,
+    values: Tensor,
+    choices: list[SpanChoice],
+    *,
+    turn: int,
+    tokens: Tensor | None,
+) -> Imprint:
+    """``imprint`` with the chosen spans of one message added: keys and values (n_layer, H_kv, n, d), pre-rotation,
+    of the message's n tokens; ``tokens`` (n,) their ids, or None to keep no text.
+
+    A span of a known kind first replaces the imprinted spans of its kind; then, while it does not fit, the
+    lowest-scored span goes, as long as it scores less than the new one (otherwise the new span is dropped)."""
+    n = keys.shape[2]
+    if values.shape != keys.shape or keys.shape[:2] != imprint.keys.shape[:2] or keys.shape[3] != imprint.keys.shape[3]:
+        raise ValueError(f"keys and values must be (n_layer, H_kv, n, d) for this imprint; got {tuple(keys.shape)}")
+    if tokens is not None and tokens.shape != (n,):
+        raise ValueError(f"tokens must be ({n},); got {tuple(tokens.shape)}")
+    spans = _unpack(imprint)
+    for choice in choices:
+        if not 0 <= choice.start < choice.end <= n:
+            raise ValueError(f"span [{choice.start}, {choice.end}) is outside the message's {n} tokens")
+        length = choice.end - choice.start
+        if length > imprint.capacity:
+            continue
+        if choice.kind:
+            spans = [s for s in spans if s.kind != choice.kind]
+        while sum(s.length for s in spans) + length > imprint.capacity:
+            lowest = min(range(len(spans)), key=lambda i: spans[i].score)
+            if spans[lowest].score >= choice.score:
+                break
+            spans.pop(lowest)
+        if sum(s.length for s in spans) + length > imprint.capacity:
+            continue
+        at = slice(choice.start, choice.end)
+        k, ks = quantise(keys[:, :, at])
+        v, vs = quantise(values[:, :, at])
+        ids = None if tokens is None else tokens[at].to(torch.int32)
+        spans.append(_Held(k, ks, v, vs, ids, turn, choice.start, choice.kind, choice.score))
+    return _pack(imprint, spans)
+
+
+def forget_span(imprint: Imprint, index: int) -> Imprint:
+    """``imprint`` without span ``index`` (ImprintSpan.index); the spans after it move up. ValueError if absent."""
+    spans = _unpack(imprint)
+    if not 0 <= index < len(spans):
+        raise ValueError(f"the imprint has {len(spans)} spans (0 to {len(spans) - 1}); there is no span {index}")
+    del spans[index]
+    return _pack(imprint, spans)
+
+
+def _unpack(imprint: Imprint) -> list[_Held]:
+    out = []
+    for s in imprint.spans():
+        at = slice(s.first, s.first + s.length)
+        token = None if s.tokens is None else imprint.token[at]
+        keys, key_scale = imprint.keys[:, :, at], imprint.key_scale[:, :, at]
+        values, value_scale = imprint.values[:, :, at], imprint.value_scale[:, :, at]
+        out.append(_Held(keys, key_scale, values, value_scale, token, s.turn, s.offset, KINDS.index(s.kind), s.score))
+    return out
+
+
+def _pack(like: Imprint, spans: list[_Held]) -> Imprint:
+    """An imprint of ``like``'s size holding ``spans`` in order from entry 0."""
+    fresh = Imprint.blank(*like.keys.shape).tensors()
+    at = 0
+    for index, s in enumerate(spans):
+        n = s.length
+        sl = slice(at, at + n)
+        for name in ("keys", "key_scale", "values", "value_scale"):
+            fresh[name][:, :, sl] = getattr(s, name)
+        fresh["span"][sl] = index
+        fresh["token"][sl] = -1 if s.token is None else s.token
+        fresh["turn"][sl] = s.turn
+        fresh["offset"][sl] = torch.arange(n, dtype=torch.int32) + s.offset
+        fresh["kind"][sl] = s.kind
+        fresh["score"][sl] = s.score
+        at += n
+    return Imprint(**fresh)

@@ -1,0 +1,202 @@
+"""The natural-conversation memory set: users telling a persona about themselves in their own words, written by hand
+(sia/learn/data/natural/, independent of the corpus generator), and recall measured on it.
+
+A user's conversation: their messages (facts stated as people state them: introductions, asides, corrections), then
+``depth`` unrelated turns from a separate hand-written pool, then one question per fact kind, each asked from the
+same state. A reply remembers a fact when it contains one of the fact's accepted strings (word-initial,
+case-insensitive), for the newest value of its kind; a correction is remembered when the newest value is given and
+the older one is not.
+
+Two parts: ``tune`` (thresholds, prompts and choices are made on it) and ``heldout`` (measured only; no training run,
+threshold or prompt choice ever reads it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sia.identity.state import Dynamics, IdentityState
+from sia.identity.turn import TurnRequest, run_turn
+from sia.model.generate import SamplingParams
+from sia.model.identity_model import IdentityModel
+from sia.model.tokenizer import Tokenizer
+
+__all__ = [
+    "DATA",
+    "KINDS",
+    "SPLITS",
+    "Fact",
+    "NaturalUser",
+    "Question",
+    "UserResult",
+    "answered",
+    "load_fillers",
+    "load_users",
+    "play_user",
+]
+
+DATA = Path(__file__).parent / "data" / "natural"
+SPLITS = ("tune", "heldout")
+MAIN_KINDS = ("name", "city", "job", "colour", "pet", "hobby")
+KINDS = (*MAIN_KINDS, "relative", "pet_name", "birthday", "food", "employer", "origin", "plan", "instrument", "language")
+
+
+@dataclass(frozen=True)
+class Fact:
+    kind: str
+    value: str
+    accept: tuple[str, ...]
+    message: int  # the index of the message that states it
+    clause: str  # the words of that message that state it
+    corrects: str | None = None  # the older value this one replaces
+
+
+@dataclass(frozen=True)
+class Question:
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True)
+class NaturalUser:
+    id: str
+    messages: tuple[str, ...]
+    facts: tuple[Fact, ...]
+    questions: tuple[Question, ...]
+
+    def newest(self, kind: str) -> Fact:
+        """The fact a question about ``kind`` asks for: the last one stated."""
+        return [f for f in self.facts if f.kind == kind][-1]
+
+    def older(self, kind: str) -> list[Fact]:
+        return [f for f in self.facts if f.kind == kind][:-1]
+
+
+def _user(row: dict[str, object], where: str) -> NaturalUser:
+    try:
+        messages = tuple(str(m) for m in row["messages"])  # type: ignore[attr-defined]
+        facts = tuple(
+            Fact(
+                kind=str(f["kind"]),
+                value=str(f["value"]),
+                accept=tuple(str(a) for a in f["accept"]),
+                message=int(f["message"]),
+                clause=str(f["clause"]),
+                corrects=None if f.get("corrects") is None else str(f["corrects"]),
+            )
+            for f in row["facts"]  # type: ignore[attr-defined]
+        )
+        questions = tuple(Question(str(q["kind"]), str(q["text"])) for q in row["questions"])  # type: ignore[attr-defined]
+        user = NaturalUser(str(row["id"]), messages, facts, questions)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: not a natural-set user ({exc!r})") from exc
+    for f in facts:
+        if f.kind not in KINDS:
+            raise ValueError(f"{where}: unknown kind {f.kind!r}")
+        if not 0 <= f.message < len(messages) or f.clause not in messages[f.message]:
+            raise ValueError(f"{where}: the clause {f.clause!r} is not in message {f.message}")
+        if not f.accept or not all(a.strip() for a in f.accept):
+            raise ValueError(f"{where}: the {f.kind} fact accepts no answer")
+    kinds = {f.kind for f in facts}
+    if sorted(q.kind for q in questions) != sorted(kinds):
+        raise ValueError(f"{where}: one question per stated kind is needed ({sorted(kinds)})")
+    return user
+
+
+def load_users(split: str, data: Path = DATA) -> list[NaturalUser]:
+    """The users of one part of the set (``tune`` or ``heldout``), checked."""
+    if split not in SPLITS:
+        raise ValueError(f"the natural set's parts are {SPLITS}; got {split!r}")
+    path = data / f"users_{split}.jsonl"
+    users = [_user(json.loads(line), f"{path.name}:{i + 1}") for i, line in enumerate(path.read_text().splitlines()) if line]
+    if len({u.id for u in users}) != len(users):
+        raise ValueError(f"{path.name}: user ids repeat")
+    return users
+
+
+def load_fillers(split: str, data: Path = DATA) -> list[str]:
+    """The unrelated turns of one part of the set."""
+    if split not in SPLITS:
+        raise ValueError(f"the natural set's parts are {SPLITS}; got {split!r}")
+    path = data / f"fillers_{split}.jsonl"
+    return [str(json.loads(line)["text"]) for line in path.read_text().splitlines() if line]
+
+
+def _mentions(reply: str, accept: str) -> bool:
+    """``accept`` at the start of a word of ``reply`` (so "cat" matches "cats", not "education"), case-insensitive."""
+    return re.search(r"(?<![\w])" + re.escape(accept.lower()), reply.lower()) is not None
+
+
+def answered(reply: str, user: NaturalUser, kind: str) -> bool:
+    """The reply gives the newest value of ``kind`` and none of the values it replaced."""
+    if not any(_mentions(reply, a) for a in user.newest(kind).accept):
+        return False
+    newest = {a.lower() for a in user.newest(kind).accept}
+    return not any(_mentions(reply, a) for f in user.older(kind) for a in f.accept if a.lower() not in newest)
+
+
+@dataclass(frozen=True)
+class UserResult:
+    user: str
+    right: dict[str, bool]  # per kind asked
+    replies: dict[str, str]
+    state: IdentityState  # the state the questions were asked from
+
+
+TALK = SamplingParams(max_new_tokens=24, temperature=0)  # the conversation's turns: greedy, short
+ASK = SamplingParams(max_new_tokens=32, temperature=0)  # the questions
+
+
+def play_user(
+    model: IdentityModel,
+    tok: Tokenizer,
+    user: NaturalUser,
+    fillers: Sequence[str],
+    *,
+    system: Sequence[int],
+    mode: str = "state",
+    talk: SamplingParams = TALK,
+    ask: SamplingParams = ASK,
+    keep_text: bool = True,
+) -> UserResult:
+    """One user's conversation and questions, greedy. ``mode``:
+
+    - ``state``: each turn sees the persona's prompt (``system``) and its message only; the state carries the rest;
+    - ``fresh``: the questions asked of a fresh identity (a stranger);
+    - ``transcript``: a fresh identity reading the whole conversation so far in context at every turn (the base
+      model's own replies), questions included;
+    - ``oracle``: a fresh identity with only the fact's clause as the previous user turn before its question.
+    """
+    if mode not in ("state", "fresh", "transcript", "oracle"):
+        raise ValueError(f"unknown mode {mode!r}")
+    dynamics = Dynamics.from_config(model.config)
+    fresh = IdentityState.fresh(model.config)
+    state, said = fresh, list[tuple[str, str]]()
+    if mode in ("state", "transcript"):
+        for message in [*user.messages, *fillers]:
+            context = _transcript(tok, system, said) if mode == "transcript" else tuple(system)
+            turn = run_turn(model, TurnRequest(state, message, dynamics, context, keep_text), talk, tokenizer=tok)
+            said.append((message, turn.reply))
+            if mode == "state":
+                state = turn.state
+    right, replies = {}, {}
+    for q in user.questions:
+        context = tuple(system)
+        if mode == "transcript":
+            context = _transcript(tok, system, said)
+        elif mode == "oracle":
+            context = _transcript(tok, system, [(user.newest(q.kind).clause, "Noted!")])
+        reply = run_turn(model, TurnRequest(state, q.text, dynamics, context, keep_text), ask, tokenizer=tok).reply
+        right[q.kind], replies[q.kind] = answered(reply, user, q.kind), reply
+    return UserResult(user.id, right, replies, state)
+
+
+def _transcript(tok: Tokenizer, system: Sequence[int], turns: Sequence[tuple[str, str]]) -> tuple[int, ...]:
+    tokens = list(system)
+    for message, reply in turns:
+        tokens = tok.turn_prompt(message, tokens)[0] + tok.reply_tokens(reply)  # type: ignore[attr-defined]
+    return tuple(tokens)

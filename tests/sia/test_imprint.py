@@ -1,0 +1,304 @@
+"""The imprint: selection of a message's spans by token shock, replacement and forgetting, its file format, and its
+read: an empty imprint is exactly the base model (uncached, cached, batched), a filled one is read at fixed positions
+as the user's own tokens were."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from transformers import LlamaConfig as HFLlamaConfig
+from transformers import LlamaForCausalLM
+
+from sia.backbones.llama import LlamaModel
+from sia.identity.imprint import (
+    Imprint,
+    SpanChoice,
+    clause_breaks,
+    dequantise,
+    forget_span,
+    imprint_spans,
+    quantise,
+    select_spans,
+)
+from sia.identity.state import Dynamics, IdentityState, StateFormatError, state_from_bytes, state_to_bytes
+from sia.identity.turn import TurnRequest, run_turn
+from sia.model.config import LlamaConfig
+from sia.model.generate import SamplingParams, generate
+from sia.model.tokenizer import ByteTokenizer
+
+HF_TINY = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
+N = 24
+
+
+@pytest.fixture(scope="module")
+def hf_model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(HFLlamaConfig(**HF_TINY)).eval()
+
+
+def build(hf_model: LlamaForCausalLM, **overrides: object) -> LlamaModel:
+    fields: dict[str, object] = {
+        "d_self": 8,
+        "trace_layers": [0, 2],
+        "imprint_tokens": N,
+        "imprint_span": 16,
+        "imprint_min_shock": 0.0,
+    }
+    config = LlamaConfig.from_hf(HF_TINY, **{**fields, **overrides})
+    model = LlamaModel(config, ByteTokenizer()).eval()
+    model.load_base(hf_model.state_dict())
+    return model
+
+
+def planted(model: LlamaModel, words: str, *, turn: int = 0, score: float = 5.0, kind: int = 0) -> Imprint:
+    """An imprint holding ``words`` (byte tokens) as the base model reads them alone."""
+    ids = model.tokenizer.encode(words)
+    keys, values = model.read_words(torch.tensor([ids]))
+    choice = SpanChoice(0, len(ids), score, kind)
+    return imprint_spans(Imprint.empty(model.config), keys, values, [choice], turn=turn, tokens=torch.tensor(ids))
+
+
+# --- the read ---
+
+
+def test_empty_imprint_is_the_base_model_uncached_cached_and_batched(hf_model: LlamaForCausalLM) -> None:
+    """An empty entry's weight is exactly 0 (its logit is the closed gate); the extra key columns change only the
+    kernel's order of summation, so logits agree to float32 rounding and greedy replies token for token."""
+    model, without = build(hf_model), build(hf_model, imprint_tokens=0)
+    idx = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(1))
+    fresh = [IdentityState.fresh(model.config)] * 2
+    explicit = [replace(fresh[0], imprint=Imprint.empty(model.config))] * 2
+    with torch.no_grad():
+        expected = hf_model(idx).logits
+        base = without(idx, without.condition_states(fresh)).logits
+        got = model(idx, model.condition_states(fresh)).logits
+        got_explicit = model(idx, model.condition_states(explicit)).logits
+    assert model.prefix_len == without.prefix_len + N
+    torch.testing.assert_close(got, base, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got_explicit, got, atol=0, rtol=0)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+    # decoding: cached and padded batches of different lengths give the same tokens as the model without an imprint
+    prompts = [list(range(40, 52)), list(range(60, 67))]
+    params = SamplingParams(max_new_tokens=8, temperature=0)
+    states = [IdentityState.fresh(model.config)] * 2
+    ours = generate(model, prompts, model.condition_states(states), params)
+    theirs = generate(without, prompts, without.condition_states(states), params)
+    assert [g.tokens for g in ours] == [g.tokens for g in theirs]
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.prompt_nll, b.prompt_nll, atol=1e-5, rtol=0, equal_nan=True)
+
+
+def test_a_filled_imprint_is_read_as_those_tokens_in_context(hf_model: LlamaForCausalLM) -> None:
+    """The imprint's u filled entries are the words' keys and values at the u positions just before the first token
+    that reads them: the logits equal the base model reading the words themselves right there, up to int8 rounding
+    (and unlike the same words read ten positions earlier)."""
+    model = build(hf_model)
+    words, prompt = "Ana Kowalski, Lisbon", "Where do I live?"
+    ids, pids = model.tokenizer.encode(words), model.tokenizer.encode(prompt)
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, words))
+    n = len(ids)
+    with torch.no_grad():
+        read = model(torch.tensor([pids]), model.condition_states([state])).logits[0]
+        alone = model(torch.tensor([pids]), model.condition_states([IdentityState.fresh(model.config)])).logits[0]
+        base = model.base_view()
+        fresh = base.condition_states([IdentityState.fresh(model.config)])
+        at = torch.tensor([list(range(n)) + list(range(n, n + len(pids)))])
+        in_context = base(torch.tensor([ids + pids]), fresh, positions=at).logits[0, n:]
+        apart = torch.tensor([list(range(n)) + list(range(n + 10, n + 10 + len(pids)))])
+        earlier = base(torch.tensor([ids + pids]), fresh, positions=apart).logits[0, n:]
+    assert (read - alone).abs().max() > 0.1  # the imprint changes what the model says
+    error = (read - in_context).abs().max()
+    # it is the words themselves (int8-rounded), there: four times closer than to the words read ten positions earlier
+    assert error < 0.25 * (read - earlier).abs().max()
+
+
+def test_the_persona_prompt_does_not_read_the_imprint(hf_model: LlamaForCausalLM) -> None:
+    """With ``reads_from`` the tokens before it (a turn's context: the persona's prompt) read as with no imprint, the
+    tokens from it on read the imprint placed just before it."""
+    model = build(hf_model)
+    words, system, message = "Ana Kowalski, Lisbon", "You are kind. ", "Where do I live?"
+    ids, sids, mids = (model.tokenizer.encode(t) for t in (words, system, message))
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, words))
+    idx = torch.tensor([sids + mids])
+    S = len(sids)
+    with torch.no_grad():
+        read = model(idx, model.condition_states([state], [S])).logits[0]
+        alone = model(idx, model.condition_states([IdentityState.fresh(model.config)], [S])).logits[0]
+        base = model.base_view()
+        fresh = base.condition_states([IdentityState.fresh(model.config)])
+        # the words between the prompt and the message, the prompt not seeing them: positions say where they are
+        order = torch.tensor([ids + sids + mids])
+        n = len(ids)
+        at = torch.tensor([list(range(S - n, S)) + list(range(S)) + list(range(S, S + len(mids)))])
+        mask = torch.ones(1, 1, order.shape[1], order.shape[1], dtype=torch.bool).tril()
+        mask[0, 0, n : n + S, :n] = False  # the prompt does not see the words
+        in_between = base(order, fresh, positions=at, attn_mask=mask).logits[0, n:]
+    torch.testing.assert_close(read[:S], alone[:S], atol=1e-5, rtol=0)
+    assert (read[S:] - alone[S:]).abs().max() > 0.1
+    torch.testing.assert_close(read, in_between, atol=0.02, rtol=0)
+
+
+def test_the_imprint_survives_a_turn_and_shapes_the_next(hf_model: LlamaForCausalLM) -> None:
+    model = build(hf_model)
+    dynamics = Dynamics.from_config(model.config)
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    first = run_turn(model, TurnRequest(IdentityState.fresh(model.config), "I am Zbigniew, from Ushuaia.", dynamics), params)
+    imprint = first.state.imprint
+    assert imprint is not None and imprint.used > 0
+    spans = imprint.spans()
+    text = "".join(model.tokenizer.decode(s.tokens or ()) for s in spans)
+    assert "Zbigniew" in text or "Ushuaia" in text
+    assert all(s.turn == 0 for s in spans)
+    # privacy: the same turn with no text kept imprints the same entries without token ids
+    private = run_turn(
+        model, TurnRequest(IdentityState.fresh(model.config), "I am Zbigniew, from Ushuaia.", dynamics, keep_text=False), params
+    ).state.imprint
+    assert private is not None and bool((private.token == -1).all())
+    assert torch.equal(private.keys, imprint.keys) and [s.tokens for s in private.spans()] == [None] * len(spans)
+
+
+# --- selection ---
+
+
+def test_selection_keeps_the_span_of_a_planted_rare_name() -> None:
+    tok = ByteTokenizer()
+    message = "hi there, my name is Xochitl Quispe, how are you?"
+    pieces = [tok.token_text(t) for t in tok.encode(message)]
+    surprisal = torch.full((len(pieces),), 1.0)
+    at = message.index("Xochitl")
+    surprisal[at : at + 7] = 9.0  # the rare name surprises the identity
+    choices = select_spans(surprisal, clause_breaks(pieces), budget=40, max_span=30, min_score=4.0)
+    assert [message[c.start : c.end] for c in choices] == [" my name is Xochitl Quispe,"]
+    # a clause longer than the span keeps the peak and reaches back two thirds of the span for its cue
+    short = select_spans(surprisal, clause_breaks(pieces), budget=40, max_span=12, min_score=4.0)
+    assert [message[c.start : c.end] for c in short] == ["name is Xoch"]
+    assert select_spans(surprisal, clause_breaks(pieces), budget=40, max_span=30, min_score=10.0) == []
+
+
+def test_clause_breaks_at_punctuation_and_conjunctions() -> None:
+    pieces = ["I", " live", " in", " Lyon", " and", " I", " knit", "."]
+    assert clause_breaks(pieces).tolist() == [False, False, False, True, False, False, False, True]
+
+
+def test_selection_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="breaks"):
+        select_spans(torch.ones(3), torch.zeros(2, dtype=torch.bool), budget=4, max_span=2, min_score=0)
+    with pytest.raises(ValueError, match="finite"):
+        select_spans(torch.tensor([1.0, float("nan")]), torch.zeros(2, dtype=torch.bool), budget=4, max_span=2, min_score=0)
+
+
+# --- replacement and forgetting ---
+
+
+def _imprint(capacity: int = 10) -> Imprint:
+    return Imprint.blank(2, 1, capacity, 4)
+
+
+def _add(imprint: Imprint, length: int, score: float, kind: int = 0, turn: int = 0, seed: int = 0) -> Imprint:
+    g = torch.Generator().manual_seed(seed)
+    keys, values = torch.randn(2, 1, length, 4, generator=g), torch.randn(2, 1, length, 4, generator=g)
+    tokens = torch.arange(length) + 10 * seed
+    return imprint_spans(imprint, keys, values, [SpanChoice(0, length, score, kind)], turn=turn, tokens=tokens)
+
+
+def test_a_span_that_does_not_fit_replaces_the_lowest_scored_ones() -> None:
+    imprint = _add(_add(_add(_imprint(), 4, 5.0, seed=1), 3, 2.0, seed=2), 3, 7.0, seed=3)
+    assert [(s.length, s.score) for s in imprint.spans()] == [(4, 5.0), (3, 2.0), (3, 7.0)] and imprint.used == 10
+    imprint = _add(imprint, 3, 6.0, seed=4)  # evicts the 2.0 span
+    assert [(s.length, s.score) for s in imprint.spans()] == [(4, 5.0), (3, 7.0), (3, 6.0)]
+    assert [s.tokens for s in imprint.spans()][1] == (30, 31, 32)  # spans move up whole, never averaged
+    kept = imprint
+    assert _add(imprint, 2, 1.0, seed=5).spans() == kept.spans()  # a weaker span than all is dropped
+
+
+def test_a_restatement_of_a_kind_replaces_the_old_value() -> None:
+    imprint = _add(_add(_imprint(), 3, 5.0, kind=2, seed=1), 3, 4.0, kind=1, seed=2)
+    moved = _add(imprint, 2, 3.0, kind=2, turn=5, seed=3)  # "I moved to Lyon" though it scores lower
+    assert [(s.kind, s.turn, s.tokens) for s in moved.spans()] == [("name", 0, (20, 21, 22)), ("city", 5, (30, 31))]
+
+
+def test_forgetting_one_span() -> None:
+    imprint = _add(_add(_add(_imprint(), 3, 5.0, seed=1), 2, 4.0, seed=2), 2, 3.0, seed=3)
+    keys_after = imprint.keys[:, :, 5:7].clone()
+    left = forget_span(imprint, 1)
+    assert [s.tokens for s in left.spans()] == [(10, 11, 12), (30, 31)] and left.used == 5
+    assert torch.equal(left.keys[:, :, 3:5], keys_after)
+    assert bool((left.span[5:] == -1).all()) and bool((left.keys[:, :, 5:] == 0).all())
+    with pytest.raises(ValueError, match="no span 3"):
+        forget_span(left, 3)
+
+
+def test_int8_entries_round_trip_within_half_a_step() -> None:
+    x = torch.randn(3, 2, 5, 16) * 4
+    q, scale = quantise(x)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float16
+    err = (dequantise(q, scale) - x).abs()
+    assert bool((err <= scale.float().unsqueeze(-1) * 0.5 + 1e-3 * x.abs()).all())
+
+
+# --- the file ---
+
+
+def test_the_imprint_survives_serialisation(hf_model: LlamaForCausalLM) -> None:
+    model = build(hf_model)
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, "Marisol"))
+    loaded = state_from_bytes(state_to_bytes(state), model.config)
+    assert loaded.imprint is not None
+    for name, tensor in state.imprint.tensors().items():  # type: ignore[union-attr]
+        assert torch.equal(getattr(loaded.imprint, name), tensor), name
+    assert len(state_to_bytes(state)) - model.config.state_bytes < 2048  # the container's header
+
+
+def test_an_old_state_without_imprint_loads_empty(hf_model: LlamaForCausalLM) -> None:
+    model = build(hf_model)
+    blob = st_load(state_to_bytes(IdentityState.fresh(model.config)))
+    blob["format_version"] = torch.tensor([1], dtype=torch.int64)
+    old = state_from_bytes(st_save(blob), model.config)
+    assert old.imprint is None and old.format_version == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("imprint.keys", torch.zeros(3, 2, N, 16, dtype=torch.float32), "dtype"),
+        ("imprint.score", torch.full((N,), float("nan")), "NaN"),
+        ("imprint.span", torch.tensor([0, -1, 0] + [-1] * (N - 3), dtype=torch.int32), "no gap"),
+        ("imprint.span", torch.tensor([1, 1] + [-1] * (N - 2), dtype=torch.int32), "numbered"),
+        ("imprint.kind", torch.full((N,), 99, dtype=torch.int32), "must index"),
+        ("imprint.token", torch.full((N,), 10**6, dtype=torch.int32), "vocabulary"),
+        ("imprint.keys", torch.zeros(3, 2, N + 1, 16, dtype=torch.int8), "shape"),
+    ],
+)
+def test_hostile_imprint_blobs_are_refused(hf_model: LlamaForCausalLM, name: str, value: torch.Tensor, message: str) -> None:
+    model = build(hf_model)
+    blob = st_load(state_to_bytes(replace(IdentityState.fresh(model.config), imprint=planted(model, "Marisol"))))
+    blob[name] = value
+    with pytest.raises(StateFormatError, match=message):
+        state_from_bytes(st_save(blob), model.config)
+    partial = {k: v for k, v in blob.items() if k != "imprint.turn"}
+    with pytest.raises(StateFormatError, match="missing"):
+        state_from_bytes(st_save(partial), model.config)
+
+
+def test_state_size_in_the_shipped_shape() -> None:
+    """What the entries cost: int8 with float16 scales, against float16."""
+    config = LlamaConfig(imprint_tokens=48, d_self=256, self_slots=4)
+    per_entry = 30 * 3 * 2 * (64 + 2) + 24
+    assert config.state_bytes == LlamaConfig(d_self=256, self_slots=4).state_bytes + 48 * per_entry
+    assert config.state_bytes < 1_000_000
