@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sia.backbones.packed_linear import Linear
-from sia.backbones.slot_maps import slot_map
+from sia.backbones.slot_maps import LowRank, slot_map
 from sia.model.attention import attend
 from sia.model.config import LlamaConfig
 from sia.model.kv_cache import KVCache
@@ -53,6 +53,7 @@ class InjectedLayer:
     slot_key: Tensor  # (B, H_kv, S [+ N], w) augmented self-slot keys, S = config.self_slots, then the imprint's N
     slot_value: Tensor  # (B, H_kv, S [+ N], w)
     reads_from: Tensor | None = None  # (B,) the first position that reads the imprint (the persona's prompt does not)
+    imprinted: Tensor | None = None  # (B, 1, 1): 1 in a row whose imprint holds something (its read adapter acts), else 0
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -96,6 +97,12 @@ class InjectedAttention(nn.Module):
             self.slot_bias = nn.Parameter(torch.zeros(self.H_kv * self.S))
         if self.gated:
             self.slot_gate = nn.Linear(C, self.H, bias=False)  # per query head, a token's shift of the slots' logits
+        self.read_rank = config.imprint_read_rank if self.stateful else 0
+        if self.read_rank:  # the imprint's read adapter (LoRA; ``up`` starts at zero: no change until trained)
+            r = self.read_rank
+            self.imprint_read_q = LowRank(C, self.H * d, r)
+            self.imprint_read_v = LowRank(C, self.H_kv * d, r)
+            self.imprint_read_o = LowRank(self.H * d, C, r)
 
     def condition(
         self,
@@ -127,7 +134,10 @@ class InjectedAttention(nn.Module):
             assert rope is not None
             keys, values = self._imprinted(metric, *imprint, rope)
             slot_key, slot_value = torch.cat([slot_key, keys.to(slot_key.dtype)], 2), torch.cat([slot_value, values], 2)
-        return InjectedLayer(metric, slot_key, slot_value, reads_from)
+        imprinted = None
+        if imprint is not None and self.read_rank:
+            imprinted = imprint[2].any(-1).to(s.dtype).view(B, 1, 1)
+        return InjectedLayer(metric, slot_key, slot_value, reads_from, imprinted)
 
     def _imprinted(
         self, metric: Tensor | None, k: Tensor, v: Tensor, filled: Tensor, rope: tuple[Tensor, Tensor]
@@ -167,9 +177,15 @@ class InjectedAttention(nn.Module):
         B, L, _ = x.shape
         H, H_kv, d, w = self.H, self.H_kv, self.d, self.w
         cos, sin = rope
-        q = self.q_proj(x).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
+        reading = lc is not None and lc.imprinted is not None and bool(lc.imprinted.any())
+        q, v = self.q_proj(x), self.v_proj(x)
+        if reading:  # the read adapter, in the rows that hold an imprint
+            assert lc is not None and lc.imprinted is not None
+            q = q + lc.imprinted.to(x.dtype) * self.imprint_read_q(x)
+            v = v + lc.imprinted.to(x.dtype) * self.imprint_read_v(x)
+        q = q.view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
         k = self.k_proj(x).view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
-        v = self.v_proj(x).view(B, L, H_kv, d).transpose(1, 2)
+        v = v.view(B, L, H_kv, d).transpose(1, 2)
         if capture is not None:
             capture.append((k, v))
         q_rot = rotate(q, cos, sin) / math.sqrt(d)  # (B, H, L, d), the base scale folded in
@@ -211,6 +227,9 @@ class InjectedAttention(nn.Module):
             y = self._attend_rows(q_aug, k_aug, v_aug, starts, cache.prefix if cache is not None else 0)
         y = y[..., :d].transpose(1, 2).reshape(B, L, H * d)
         out: Tensor = self.o_proj(y)
+        if reading:
+            assert lc is not None and lc.imprinted is not None
+            out = out + lc.imprinted.to(y.dtype) * self.imprint_read_o(y)
         return out
 
     def _attend_rows(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int], prefix: int) -> Tensor:

@@ -35,7 +35,8 @@ __all__ = ["IDENTITY_PARAMETERS", "LlamaModel", "hf_name"]
 # finite bias cannot shut it everywhere (some heads' logits all lie far below zero, e.g. -15, where a slot at -12
 # still wins), so it starts at the closed gate; training starts it open (e.g. at 0) to give the read a gradient.
 UNTRAINED_SLOT_BIAS = CLOSED_GATE
-IDENTITY_PARAMETERS = ("self_key", "self_value", "slot_bias", "slot_gate", "self_update", "pool", "memory")  # names SIA adds
+# names SIA adds
+IDENTITY_PARAMETERS = ("self_key", "self_value", "slot_bias", "slot_gate", "self_update", "pool", "memory", "imprint_read")
 
 
 class RMSNorm(nn.Module):
@@ -137,6 +138,8 @@ class LlamaModel(IdentityModel):
                     attn.slot_bias.fill_(slot_bias)
                 if attn.gated:
                     attn.slot_gate.weight.zero_()  # every token reads as the bias says: the gate adds nothing yet
+                for name in ("imprint_read_q", "imprint_read_v", "imprint_read_o") if attn.read_rank else ():
+                    init_slot_map(getattr(attn, name), 0.0, generator)  # LoRA: down random, up zero
             bound = 1.0 / math.sqrt(self.self_update.proj.in_features)
             for p in self.self_update.parameters():
                 p.copy_((torch.rand(p.shape, generator=generator) * 2 - 1) * bound)
@@ -215,6 +218,30 @@ class LlamaModel(IdentityModel):
                     new.down.weight.copy_(root[:, None] * vh[:rank])
                     setattr(attn, name, new)
         self.config = config
+
+    def add_imprint(self, tokens: int, read_rank: int, *, seed: int = 0) -> None:
+        """Give this model an imprint of ``tokens`` entries and a fresh read adapter of rank ``read_rank`` (0: none),
+        in place: a trained adapter without them becomes one that keeps the user's words (and, untrained, reads
+        them with the base model's own attention)."""
+        self.config = replace(self.config, imprint_tokens=tokens, imprint_read_rank=read_rank)  # validates them
+        generator = torch.Generator().manual_seed(seed)
+        C, d = self.config.n_embd, self.config.head_dim
+        with torch.no_grad():
+            for attn in self.attentions:
+                if not attn.stateful:
+                    continue
+                attn.read_rank = read_rank
+                shapes = {
+                    "imprint_read_q": (C, attn.H * d),
+                    "imprint_read_v": (C, attn.H_kv * d),
+                    "imprint_read_o": (attn.H * d, C),
+                }
+                for name, (d_in, d_out) in shapes.items():
+                    if read_rank:
+                        setattr(attn, name, LowRank(d_in, d_out, read_rank).to(self.wte.weight.device))
+                        init_slot_map(getattr(attn, name), 0.0, generator)  # LoRA: down random, up zero
+                    elif hasattr(attn, name):
+                        delattr(attn, name)
 
     def identity_state_dict(self) -> dict[str, Tensor]:
         """The parameters SIA adds to the backbone (what a SIA checkpoint stores beside the name of its base)."""
@@ -385,10 +412,10 @@ class LlamaModel(IdentityModel):
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
 
     @torch.no_grad()
-    def read_words(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+    def read_words(self, idx: Tensor, *, logits: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
         """What the base model makes of the tokens idx (1, L) at positions 0..L-1, as an imprint keeps it: every
-        layer's pre-rotation keys and values (n_layer, H_kv, L, d), float32. The identity plays no part: an imprinted
-        span is the user's words as the pretrained model reads them, whatever the state was."""
+        layer's pre-rotation keys and values (n_layer, H_kv, L, d), float32, and with ``logits`` its logits (L, V).
+        The identity plays no part: an imprinted span is the user's words as the pretrained model reads them."""
         if idx.dim() != 2 or idx.shape[0] != 1:
             raise ValueError(f"read_words takes one row of tokens (1, L); got {tuple(idx.shape)}")
         L = idx.shape[1]
@@ -401,7 +428,7 @@ class LlamaModel(IdentityModel):
             x, _ = block(x, None, rope, None, 0, None, None, capture)
         keys = torch.stack([k[0] for k, _ in capture]).float()  # (n_layer, H_kv, L, d)
         values = torch.stack([v[0] for _, v in capture]).float()
-        return keys, values
+        return keys, values, self.lm_head(self.norm_f(x))[0] if logits else None
 
     # --- what a turn leaves behind ---
     def summarize(self, stats: SummarySums) -> TurnSummary:

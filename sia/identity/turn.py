@@ -158,7 +158,7 @@ def imprint_message(
     choices = select_spans(surprisal, breaks, budget=c.imprint_per_turn, max_span=c.imprint_span, min_score=c.imprint_min_shock)
     if not choices:
         return imprint
-    keys, values = model.read_words(torch.tensor([prompt.tokens[:end]], device=model.device))
+    keys, values, _ = model.read_words(torch.tensor([prompt.tokens[:end]], device=model.device))
     tokens = torch.tensor(message, dtype=torch.int32) if request.keep_text else None
     return imprint_spans(
         imprint, keys[:, :, start:end].cpu(), values[:, :, start:end].cpu(), choices, turn=request.state.turns, tokens=tokens

@@ -18,9 +18,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sia.identity.state import Dynamics, IdentityState
-from sia.identity.turn import TurnRequest, run_turn
+from sia.identity.turn import TurnRequest, run_turn, stream_turns
 from sia.model.generate import SamplingParams
 from sia.model.identity_model import IdentityModel
 from sia.model.tokenizer import Tokenizer
@@ -29,6 +30,7 @@ __all__ = [
     "DATA",
     "KINDS",
     "SPLITS",
+    "DepthResult",
     "Fact",
     "NaturalUser",
     "Question",
@@ -37,6 +39,7 @@ __all__ = [
     "load_fillers",
     "load_users",
     "play_user",
+    "recall_by_depth",
 ]
 
 DATA = Path(__file__).parent / "data" / "natural"
@@ -76,9 +79,9 @@ class NaturalUser:
         return [f for f in self.facts if f.kind == kind][:-1]
 
 
-def _user(row: dict[str, object], where: str) -> NaturalUser:
+def _user(row: dict[str, Any], where: str) -> NaturalUser:
     try:
-        messages = tuple(str(m) for m in row["messages"])  # type: ignore[attr-defined]
+        messages = tuple(str(m) for m in row["messages"])
         facts = tuple(
             Fact(
                 kind=str(f["kind"]),
@@ -88,9 +91,9 @@ def _user(row: dict[str, object], where: str) -> NaturalUser:
                 clause=str(f["clause"]),
                 corrects=None if f.get("corrects") is None else str(f["corrects"]),
             )
-            for f in row["facts"]  # type: ignore[attr-defined]
+            for f in row["facts"]
         )
-        questions = tuple(Question(str(q["kind"]), str(q["text"])) for q in row["questions"])  # type: ignore[attr-defined]
+        questions = tuple(Question(str(q["kind"]), str(q["text"])) for q in row["questions"])
         user = NaturalUser(str(row["id"]), messages, facts, questions)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{where}: not a natural-set user ({exc!r})") from exc
@@ -147,8 +150,8 @@ class UserResult:
     state: IdentityState  # the state the questions were asked from
 
 
-TALK = SamplingParams(max_new_tokens=24, temperature=0)  # the conversation's turns: greedy, short
-ASK = SamplingParams(max_new_tokens=32, temperature=0)  # the questions
+TALK = SamplingParams(max_new_tokens=16, temperature=0)  # the conversation's turns: greedy, short
+ASK = SamplingParams(max_new_tokens=24, temperature=0)  # the questions: the answer comes first
 
 
 def play_user(
@@ -198,5 +201,107 @@ def play_user(
 def _transcript(tok: Tokenizer, system: Sequence[int], turns: Sequence[tuple[str, str]]) -> tuple[int, ...]:
     tokens = list(system)
     for message, reply in turns:
-        tokens = tok.turn_prompt(message, tokens)[0] + tok.reply_tokens(reply)  # type: ignore[attr-defined]
+        tokens = tok.turn_prompt(message, tokens)[0] + tok.reply_tokens(reply)
     return tuple(tokens)
+
+
+@dataclass(frozen=True)
+class DepthResult:
+    """Every question of every user asked after ``depth`` unrelated turns."""
+
+    depth: int
+    right: dict[str, dict[str, bool]]  # user -> kind -> remembered
+    replies: dict[str, dict[str, str]]
+
+    def per_kind(self) -> dict[str, list[bool]]:
+        out: dict[str, list[bool]] = {}
+        for kinds in self.right.values():
+            for kind, ok in kinds.items():
+                out.setdefault(kind, []).append(ok)
+        return out
+
+    @property
+    def per_fact(self) -> float:
+        oks = [ok for kinds in self.right.values() for ok in kinds.values()]
+        return sum(oks) / max(1, len(oks))
+
+    @property
+    def all_facts(self) -> float:
+        return sum(all(k.values()) for k in self.right.values()) / max(1, len(self.right))
+
+    def corrections(self, users: Sequence[NaturalUser]) -> list[bool]:
+        """The questions about a kind whose value the user corrected."""
+        return [self.right[u.id][f.kind] for u in users for f in u.facts if f.corrects is not None and u.id in self.right]
+
+
+def _batched(
+    model: IdentityModel, tok: Tokenizer, requests: list[TurnRequest], params: SamplingParams, batch: int
+) -> list[tuple[str, IdentityState]]:
+    out: list[tuple[str, IdentityState]] = []
+    for a in range(0, len(requests), batch):
+        results = stream_turns(model, requests[a : a + batch], params, tokenizer=tok).finish()
+        out.extend((r.reply, r.state) for r in results)
+    return out
+
+
+def recall_by_depth(
+    model: IdentityModel,
+    tok: Tokenizer,
+    users: Sequence[NaturalUser],
+    fillers: Sequence[str],
+    depths: Sequence[int],
+    *,
+    system: Sequence[int],
+    mode: str = "state",
+    batch: int = 8,
+    talk: SamplingParams = TALK,
+    ask: SamplingParams = ASK,
+    keep_text: bool = True,
+) -> list[DepthResult]:
+    """``play_user``'s modes for many users at once, in batches of turns, one conversation per user asked at every
+    depth on its way (the questions never change the state): user u's unrelated turns are fillers
+    (7u + j) mod len(fillers), j = 0, 1, ...; ``oracle`` and ``fresh`` do not depend on the depth (one result)."""
+    if mode not in ("state", "fresh", "transcript", "oracle"):
+        raise ValueError(f"unknown mode {mode!r}")
+    if sorted(set(depths)) != list(depths) or (depths and depths[0] < 0):
+        raise ValueError(f"depths must be distinct, ascending and >= 0; got {list(depths)}")
+    dynamics = Dynamics.from_config(model.config)
+    fresh = IdentityState.fresh(model.config)
+    states = {u.id: fresh for u in users}
+    said: dict[str, list[tuple[str, str]]] = {u.id: [] for u in users}
+
+    def context(u: NaturalUser, kind: str | None = None) -> tuple[int, ...]:
+        if mode == "transcript":
+            return _transcript(tok, system, said[u.id])
+        if mode == "oracle" and kind is not None:
+            return _transcript(tok, system, [(u.newest(kind).clause, "Noted!")])
+        return tuple(system)
+
+    def talk_all(messages: dict[str, str]) -> None:
+        order = [u for u in users if u.id in messages]
+        requests = [TurnRequest(states[u.id], messages[u.id], dynamics, context(u), keep_text) for u in order]
+        for u, (reply, state) in zip(order, _batched(model, tok, requests, talk, batch), strict=True):
+            said[u.id].append((messages[u.id], reply))
+            if mode == "state":
+                states[u.id] = state
+
+    def ask_all(depth: int) -> DepthResult:
+        pairs = [(u, q) for u in users for q in u.questions]
+        requests = [TurnRequest(states[u.id], q.text, dynamics, context(u, q.kind), keep_text) for u, q in pairs]
+        right: dict[str, dict[str, bool]] = {u.id: {} for u in users}
+        replies: dict[str, dict[str, str]] = {u.id: {} for u in users}
+        for (u, q), (reply, _) in zip(pairs, _batched(model, tok, requests, ask, batch), strict=True):
+            right[u.id][q.kind], replies[u.id][q.kind] = answered(reply, u, q.kind), reply
+        return DepthResult(depth, right, replies)
+
+    if mode in ("oracle", "fresh"):
+        return [ask_all(0)]
+    for i in range(max((len(u.messages) for u in users), default=0)):
+        talk_all({u.id: u.messages[i] for u in users if i < len(u.messages)})
+    results, done = [], 0
+    for depth in depths:
+        for j in range(done, depth):
+            talk_all({u.id: fillers[(7 * n + j) % len(fillers)] for n, u in enumerate(users)})
+        done = depth
+        results.append(ask_all(depth))
+    return results

@@ -212,6 +212,9 @@ class LlamaConfig(IdentityConfig):
     imprint_span: int = 12  # the longest span one clause imprints, in tokens
     imprint_per_turn: int = 24  # the most tokens one message imprints
     imprint_min_shock: float = 4.0  # a clause is imprinted only if a token of it surprises the identity this much (nats)
+    # the imprint's read adapter: a low-rank change of every layer's query, value and output maps, applied only in rows
+    # whose imprint holds something (so a fresh identity stays the base model), trained to answer from the user's words
+    imprint_read_rank: int = 0  # 0: none
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "intermediate_size")
@@ -251,10 +254,10 @@ class LlamaConfig(IdentityConfig):
             raise ValueError(f"state_dtype must be one of {sorted(STATE_DTYPES)}; got {self.state_dtype!r}")
         if not self.metric_scale > 0.0:
             raise ValueError(f"metric_scale must be > 0; got {self.metric_scale}")
-        for name in ("imprint_tokens", "imprint_span", "imprint_per_turn"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "imprint_tokens" else 1):
-                raise ValueError(f"{name} must be an integer >= {0 if name == 'imprint_tokens' else 1}; got {value!r}")
+        for name in ("imprint_tokens", "imprint_span", "imprint_per_turn", "imprint_read_rank"):
+            value, least = getattr(self, name), 1 if name in ("imprint_span", "imprint_per_turn") else 0
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}; got {value!r}")
         if not math.isfinite(self.imprint_min_shock):
             raise ValueError(f"imprint_min_shock must be a finite number of nats; got {self.imprint_min_shock}")
         self._check_identity()

@@ -65,9 +65,10 @@ class IdentityModel(nn.Module):
     def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
         raise NotImplementedError
 
-    def read_words(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+    def read_words(self, idx: Tensor, *, logits: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
         """Every layer's pre-rotation keys and values of the tokens idx (1, L) as the base model reads them
-        (n_layer, H_kv, L, d): what an imprint keeps. Only a model that keeps an imprint has them."""
+        (n_layer, H_kv, L, d), what an imprint keeps, and with ``logits`` its logits (L, V). Only a model that
+        keeps an imprint has them."""
         raise NotImplementedError(f"{type(self).__name__} keeps no imprint")
 
     def summarize(self, stats: SummarySums) -> TurnSummary:

@@ -42,6 +42,10 @@ class Tokenizer(Protocol):
         message followed by the token that closes it (what shock scores)."""
         ...
 
+    def reply_tokens(self, text: str) -> list[int]:
+        """A reply as a transcript holds it after ``turn_prompt``: its tokens and what closes it."""
+        ...
+
 
 class ByteTokenizer:
     """Ids 0..255 are bytes; 256..259 are <|pad|>, <|user|>, <|assistant|>, <|end|>."""
@@ -107,6 +111,9 @@ class ByteTokenizer:
     def system_prompt(self, text: str) -> list[int]:
         """The native model reads a persona's preamble as plain bytes before the turn."""
         return self.encode(text)
+
+    def reply_tokens(self, text: str) -> list[int]:
+        return [*self.encode(text), self.end_id]
 
     def turn_prompt(self, message: str, context: Sequence[int] = ()) -> tuple[list[int], tuple[int, int]]:
         prompt = self.chat_prompt(message, context)

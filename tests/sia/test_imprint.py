@@ -69,7 +69,7 @@ def build(hf_model: LlamaForCausalLM, **overrides: object) -> LlamaModel:
 def planted(model: LlamaModel, words: str, *, turn: int = 0, score: float = 5.0, kind: int = 0) -> Imprint:
     """An imprint holding ``words`` (byte tokens) as the base model reads them alone."""
     ids = model.tokenizer.encode(words)
-    keys, values = model.read_words(torch.tensor([ids]))
+    keys, values, _ = model.read_words(torch.tensor([ids]))
     choice = SpanChoice(0, len(ids), score, kind)
     return imprint_spans(Imprint.empty(model.config), keys, values, [choice], turn=turn, tokens=torch.tensor(ids))
 

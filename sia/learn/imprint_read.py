@@ -1,0 +1,279 @@
+"""Training the imprint's read: a low-rank adapter of every layer's query, value and output maps, active only in rows
+whose imprint holds something, learns to answer from the user's imprinted words ("What's my name?" -> "Your name is
+Marisol."). The write is not trained: spans are chosen by token shock and read by the base model, as a turn does.
+
+An example: one message stating one to four facts (clauses, openers and connectors from
+sia/learn/data/read_templates.json, values from read_values.json; hundreds of names, places and jobs) and up to
+``distractors`` unrelated messages, imprinted one after another exactly as turns imprint them
+(sia.identity.turn.imprint_message: the NLL of each token under a fresh identity, clauses above the threshold, the
+base model's keys and values); then a question about one stated kind, whose reply is one of the kind's answers. Losses:
+cross-entropy of the reply (its end-of-turn token included), and, so that the adapter costs the language nothing, the
+KL divergence from the base model (no imprint) to the model (the same imprint) over an ordinary exchange's reply.
+
+The held-out measure is the natural-conversation set (sia.learn.natural), never read here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sia.backbones.llama import LlamaModel
+from sia.identity.imprint import Imprint, ImprintEntries, clause_breaks, imprint_spans, select_spans
+from sia.learn.adapter.facts import chitchat
+
+__all__ = ["ReadConfig", "ReadExample", "ReadPhrases", "make_example", "train_read"]
+
+log = logging.getLogger("sia.learn.imprint_read")
+
+DATA = Path(__file__).parent / "data"
+MAIN = ("name", "city", "job", "colour", "pet", "hobby")
+EXTRA = ("food", "instrument", "language", "origin")
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    steps: int = 200
+    batch: int = 8
+    lr: float = 2e-3
+    rank: int = 8  # the read adapter's rank
+    tokens: int = 48  # imprint entries
+    distractors: int = 3  # at most this many unrelated messages imprinted beside the statement
+    distill_weight: float = 1.0
+    extra_rate: float = 0.25  # chance that a statement also states a kind beyond the main six
+    seed: int = 0
+    log_every: int = 10
+
+
+@dataclass(frozen=True)
+class ReadPhrases:
+    values: dict[str, tuple[str, ...]]
+    clauses: dict[str, tuple[str, ...]]
+    questions: dict[str, tuple[str, ...]]
+    answers: dict[str, tuple[str, ...]]
+    openers: tuple[str, ...]
+    closers: tuple[str, ...]
+    connectors: tuple[str, ...]
+    chitchat: tuple[str, ...]
+
+    @classmethod
+    def load(cls, data: Path = DATA) -> ReadPhrases:
+        values = json.loads((data / "read_values.json").read_text())
+        t = json.loads((data / "read_templates.json").read_text())
+        kinds = (*MAIN, *EXTRA)
+        phrases = cls(
+            values={k: tuple(values[k]) for k in kinds},
+            clauses={k: tuple(t["clauses"][k]) for k in kinds},
+            questions={k: tuple(t["questions"][k]) for k in kinds},
+            answers={k: tuple(t["answers"][k]) for k in kinds},
+            openers=tuple(t["openers"]),
+            closers=tuple(t["closers"]),
+            connectors=tuple(t["connectors"]),
+            chitchat=tuple(t["chitchat"]),
+        )
+        for kind in kinds:
+            for template in (*phrases.clauses[kind], *phrases.answers[kind]):
+                if template.count("{v}") + template.count("{av}") != 1:
+                    raise ValueError(f"the {kind} template {template!r} needs exactly one of {{v}}, {{av}}")
+        return phrases
+
+
+def _fill(template: str, value: str) -> str:
+    article = "an" if value[:1].lower() in "aeiou" else "a"
+    return template.replace("{av}", f"{article} {value}").replace("{v}", value)
+
+
+@dataclass(frozen=True)
+class ReadExample:
+    messages: tuple[str, ...]  # imprinted in order; one of them states the facts
+    question: str
+    answer: str
+    exchange: tuple[str, str]  # an ordinary (message, reply) the distillation reads with the same imprint
+    facts: dict[str, str] = field(default_factory=dict)
+
+
+def make_example(rng: random.Random, p: ReadPhrases, *, distractors: int, extra_rate: float) -> ReadExample:
+    kinds = rng.sample(MAIN, rng.randint(1, 4))
+    if rng.random() < extra_rate:
+        kinds.append(rng.choice(EXTRA))
+    rng.shuffle(kinds)
+    facts = {kind: rng.choice(p.values[kind]) for kind in kinds}
+    clauses = [_fill(rng.choice(p.clauses[kind]), facts[kind]) for kind in kinds]
+    message = clauses[0]
+    for clause in clauses[1:]:
+        message += rng.choice(p.connectors) + clause
+    if rng.random() < 0.5:
+        message = rng.choice(p.openers) + " " + message
+    if rng.random() < 0.3:
+        message += " " + rng.choice(p.closers)
+    others = rng.sample(p.chitchat, rng.randint(0, distractors))
+    messages = list(others)
+    messages.insert(rng.randint(0, len(others)), message)
+    asked = rng.choice(kinds)
+    answer = _fill(rng.choice(p.answers[asked]), facts[asked])
+    exchange = rng.choice(chitchat("train"))
+    return ReadExample(tuple(messages), rng.choice(p.questions[asked]), answer, (exchange.user, exchange.reply), facts)
+
+
+@torch.no_grad()
+def imprint_of(model: LlamaModel, system: list[int], messages: tuple[str, ...]) -> Imprint:
+    """The imprint a fresh identity keeps after these messages, each turn imprinting as the service's does (the
+    fresh identity is the base model, so each message's token NLL is the base model's)."""
+    c, tok = model.config, model.tokenizer
+    imprint = Imprint.empty(c)
+    for turn, message in enumerate(messages):
+        tokens, (start, end) = tok.turn_prompt(message, system)
+        body = tokens[start : end - 1]
+        keys, values, logits = model.read_words(torch.tensor([tokens[: end - 1]], device=model.device), logits=True)
+        assert logits is not None
+        nll = -F.log_softmax(logits[start - 1 : end - 2].float(), -1).gather(-1, torch.tensor(body, device=model.device)[:, None])
+        breaks = clause_breaks([tok.token_text(t) for t in body])
+        choices = select_spans(
+            nll[:, 0].cpu(), breaks, budget=c.imprint_per_turn, max_span=c.imprint_span, min_score=c.imprint_min_shock
+        )
+        imprint = imprint_spans(
+            imprint, keys[:, :, start : end - 1].cpu(), values[:, :, start : end - 1].cpu(), choices, turn=turn, tokens=None
+        )
+    return imprint
+
+
+def _batch(rows: list[tuple[list[int], int]], pad: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Right-padded (B, L) tokens and the (B, L - 1) mask of the targets that count: each row's tokens from its
+    ``first`` counted index on (the reply)."""
+    L = max(len(t) for t, _ in rows)
+    idx = torch.full((len(rows), L), pad, dtype=torch.long)
+    counted = torch.zeros(len(rows), L - 1, dtype=torch.bool)
+    for b, (tokens, first) in enumerate(rows):
+        idx[b, : len(tokens)] = torch.tensor(tokens)
+        counted[b, first - 1 : len(tokens) - 1] = True  # logits at j predict token j + 1
+    return idx.to(device), counted.to(device)
+
+
+def _conditioned(model: LlamaModel, imprints: list[Imprint | None], reads_from: list[int]) -> Any:
+    B, c = len(imprints), model.config
+    entries = ImprintEntries.stack(imprints, c.imprint_shape, torch.float32)
+    device = model.device
+    entries = ImprintEntries(entries.keys.to(device), entries.values.to(device), entries.filled.to(device))
+    trace = torch.zeros(B, *c.trace_shape, device=device)
+    return model.condition(trace, torch.zeros(B, c.d_self, device=device), entries, torch.tensor(reads_from))
+
+
+def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, phrases: ReadPhrases) -> list[dict[str, float]]:
+    """Train the read adapter of ``model`` in place (``model.add_imprint`` first), each example under one of the
+    persona prompts ``systems`` (tokens); returns the log."""
+    if not model.config.imprint_read_rank:
+        raise ValueError("the model has no read adapter: call add_imprint(tokens, read_rank) first")
+    tok = model.tokenizer
+    rng = random.Random(config.seed)
+    torch.manual_seed(config.seed)
+    trainable = [p for n, p in model.named_parameters() if "imprint_read" in n]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in trainable:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))
+    )
+    history: list[dict[str, float]] = []
+    started = time.perf_counter()
+    for step in range(1, config.steps + 1):
+        examples = [
+            make_example(rng, phrases, distractors=config.distractors, extra_rate=config.extra_rate) for _ in range(config.batch)
+        ]
+        model.eval()
+        system = [rng.choice(systems) for _ in examples]
+        starts = [len(s) for s in system]
+        imprints: list[Imprint | None] = [imprint_of(model, s, ex.messages) for s, ex in zip(system, examples, strict=True)]
+        asked = [(tok.turn_prompt(ex.question, s)[0], ex.answer) for s, ex in zip(system, examples, strict=True)]
+        rows = [(prompt + tok.reply_tokens(answer), len(prompt)) for prompt, answer in asked]
+        idx, counted = _batch(rows, tok.pad_id, model.device)
+        logits = model(idx, _conditioned(model, imprints, starts)).logits[:, :-1]  # (B, L - 1, V)
+        answer = F.cross_entropy(logits[counted], idx[:, 1:][counted])
+        loss = answer
+        kl = torch.zeros(())
+        if config.distill_weight:
+            said = [tok.turn_prompt(ex.exchange[0], s)[0] for s, ex in zip(system, examples, strict=True)]
+            rows = [(prompt + tok.reply_tokens(ex.exchange[1]), len(prompt)) for prompt, ex in zip(said, examples, strict=True)]
+            idx, counted = _batch(rows, tok.pad_id, model.device)
+            with torch.no_grad():
+                teacher = model(idx, _conditioned(model, [None] * len(rows), starts)).logits[:, :-1][counted]
+            student = model(idx, _conditioned(model, imprints, starts)).logits[:, :-1][counted]
+            kl = F.kl_div(
+                F.log_softmax(student.float(), -1), F.log_softmax(teacher.float(), -1), log_target=True, reduction="batchmean"
+            )
+            loss = loss + config.distill_weight * kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        opt.step()
+        schedule.step()
+        record = {"step": step, "answer": answer.item(), "kl": kl.item(), "seconds": round(time.perf_counter() - started, 1)}
+        history.append(record)
+        if step % config.log_every == 0 or step == 1:
+            log.info("step %d: answer %.3f, kl %.4f (%.0f s)", step, record["answer"], record["kl"], record["seconds"])
+    for p in trainable:
+        p.requires_grad_(False)
+    return history
+
+
+def train_checkpoint(checkpoint: Path, out: Path, config: ReadConfig) -> Path:
+    """A SIA checkpoint of a pretrained backbone given an imprint and a read adapter trained here, written to ``out``
+    (config.json, base.json, identity.safetensors; ``read_history.json`` the training log)."""
+    from sia.checkpoint import BASE_FILE, DEFAULT_CACHE, BaseRef, load_llama_checkpoint, save_llama_checkpoint
+    from sia.personas import PERSONAS, persona_prompt
+
+    model = load_llama_checkpoint(checkpoint, DEFAULT_CACHE)
+    model.add_imprint(config.tokens, config.rank, seed=config.seed)
+    systems = [model.tokenizer.system_prompt(persona_prompt(model, name)) for name in sorted(PERSONAS)]
+    history = train_read(model, systems, config, ReadPhrases.load())
+    ref = BaseRef.read(checkpoint / BASE_FILE)
+    save_llama_checkpoint(model, out, ref)
+    (out / "read_history.json").write_text(json.dumps({"config": vars(config), "history": history}, indent=1) + "\n")
+    return out
+
+
+def main() -> None:
+    import argparse
+
+    from sia.checkpoint import DEFAULT_CHECKPOINT
+
+    parser = argparse.ArgumentParser(description="train the imprint's read adapter over a SIA checkpoint")
+    parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=ReadConfig.steps)
+    parser.add_argument("--batch", type=int, default=ReadConfig.batch)
+    parser.add_argument("--lr", type=float, default=ReadConfig.lr)
+    parser.add_argument("--rank", type=int, default=ReadConfig.rank)
+    parser.add_argument("--tokens", type=int, default=ReadConfig.tokens)
+    parser.add_argument("--distill", type=float, default=ReadConfig.distill_weight)
+    parser.add_argument("--seed", type=int, default=ReadConfig.seed)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = ReadConfig(
+        steps=args.steps,
+        batch=args.batch,
+        lr=args.lr,
+        rank=args.rank,
+        tokens=args.tokens,
+        distill_weight=args.distill,
+        seed=args.seed,
+    )
+    train_checkpoint(args.checkpoint, args.out, config)
+
+
+if __name__ == "__main__":
+    main()

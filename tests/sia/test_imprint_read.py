@@ -1,0 +1,122 @@
+"""The imprint's read adapter: absent from rows with an empty imprint (the base model exactly), trained by
+sia.learn.imprint_read to answer from the imprinted words (its loss falls), kept with the identity parameters."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import LlamaConfig as HFLlamaConfig
+from transformers import LlamaForCausalLM
+
+from sia.backbones.llama import LlamaModel
+from sia.identity.imprint import Imprint
+from sia.identity.state import IdentityState
+from sia.learn.imprint_read import EXTRA, MAIN, ReadConfig, ReadPhrases, imprint_of, make_example, train_read
+from sia.model.config import LlamaConfig
+from sia.model.tokenizer import ByteTokenizer
+
+HF_TINY = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
+
+
+def tiny() -> LlamaModel:
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(HFLlamaConfig(**HF_TINY)).eval()
+    config = LlamaConfig.from_hf(HF_TINY, d_self=8, trace_layers=[0], imprint_span=16, imprint_min_shock=0.0)
+    model = LlamaModel(config, ByteTokenizer()).eval()
+    model.load_base(hf.state_dict())
+    return model
+
+
+def phrases() -> ReadPhrases:
+    kinds = (*MAIN, *EXTRA)
+    return ReadPhrases(
+        values={k: ("Ox", "Yak", "Emu") for k in kinds},
+        clauses={k: ("I am {v}", "it is {av}") for k in kinds},
+        questions={k: (f"{k}?",) for k in kinds},
+        answers={k: ("{v}.",) for k in kinds},
+        openers=("hi",),
+        closers=("bye",),
+        connectors=(", ",),
+        chitchat=("sky?", "rain."),
+    )
+
+
+def test_the_read_adapter_acts_only_where_an_imprint_is() -> None:
+    model = tiny()
+    plain = tiny()
+    model.add_imprint(24, 4)
+    with torch.no_grad():  # a trained-like adapter: up maps no longer zero
+        for name, p in model.named_parameters():
+            if "imprint_read" in name and name.endswith("up.weight"):
+                p.normal_(0, 0.5)
+    assert any("imprint_read" in k for k in model.identity_state_dict())
+    idx = torch.tensor([list(b"hello there")])
+    fresh = IdentityState.fresh(model.config)
+    with torch.no_grad():
+        base = plain(idx, plain.condition_states([IdentityState.fresh(plain.config)])).logits
+        empty = model(idx, model.condition_states([fresh], [3])).logits
+        imprint = imprint_of(model, list(b"sys"), ("I am Ox",))
+        read = model(idx, model.condition_states([replace(fresh, imprint=imprint)], [3])).logits
+        no_adapter = replace(model.config, imprint_read_rank=0)
+        model.config, kept = no_adapter, model.config
+        for attn in model.attentions:
+            attn.read_rank = 0
+        unread = model(idx, model.condition_states([replace(fresh, imprint=imprint)], [3])).logits
+    torch.testing.assert_close(empty, base, atol=1e-5, rtol=0)  # an empty imprint: no adapter, the base model
+    assert imprint.used > 0
+    assert (read - unread).abs().max() > 1e-2  # with an imprint the adapter changes the reading
+    model.config = kept
+
+
+def test_examples_state_the_asked_fact_among_distractors() -> None:
+    rng = random.Random(0)
+    p = phrases()
+    for _ in range(20):
+        ex = make_example(rng, p, distractors=2, extra_rate=0.5)
+        stated = [m for m in ex.messages if m not in p.chitchat]
+        assert len(stated) == 1 and 1 <= len(ex.messages) <= 3
+        asked = next(k for k in ex.facts if ex.question == f"{k}?")
+        assert ex.answer == f"{ex.facts[asked]}." and ex.facts[asked] in stated[0]
+
+
+@pytest.mark.parametrize("distill", [0.0, 1.0])
+def test_training_the_read_lowers_the_answer_loss(distill: float) -> None:
+    model = tiny()
+    model.add_imprint(32, 4)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    config = ReadConfig(steps=40, batch=4, lr=3e-2, rank=4, tokens=32, distractors=1, distill_weight=distill, log_every=100)
+    history = train_read(model, [list(b"You are kind. "), list(b"Hi. ")], config, phrases())
+    last = sum(h["answer"] for h in history[-5:]) / 5
+    assert last < history[0]["answer"] - 0.4  # nats per reply token: a random tiny backbone answers near ln(300) = 5.7
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("imprint_read" in n for n in changed)  # only the read adapter learns
+    assert all(h["kl"] >= 0 for h in history)
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_a_model_without_adapter_refuses_read_training() -> None:
+    with pytest.raises(ValueError, match="add_imprint"):
+        train_read(tiny(), [], ReadConfig(steps=1), phrases())
+
+
+def test_imprint_of_keeps_no_text() -> None:
+    model = tiny()
+    model.add_imprint(24, 0)
+    imprint = imprint_of(model, [], ("I am Ox, hi", "sky?"))
+    assert isinstance(imprint, Imprint) and imprint.used > 0 and bool((imprint.token == -1).all())
+    assert {s.turn for s in imprint.spans()} <= {0, 1}

@@ -1,0 +1,106 @@
+"""The natural-conversation memory set: its files load and hold what the issue asks of them, the two parts share no
+name or place, a reply is scored on the newest value, and the batched player asks every user at every depth."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig as HFLlamaConfig
+from transformers import LlamaForCausalLM
+
+from sia.backbones.llama import LlamaModel
+from sia.learn.natural import MAIN_KINDS, NaturalUser, answered, load_fillers, load_users, recall_by_depth
+from sia.model.config import LlamaConfig
+from sia.model.tokenizer import ByteTokenizer
+
+
+def test_the_set_has_its_parts_and_their_sizes() -> None:
+    tune, held = load_users("tune"), load_users("heldout")
+    assert len(tune) == 60 and len(held) == 120
+    assert len(load_fillers("tune")) == 80 and len(load_fillers("heldout")) == 120
+    for users in (tune, held):
+        kinds = [q.kind for u in users for q in u.questions]
+        for kind in MAIN_KINDS:
+            assert kinds.count(kind) >= len(users) * 2 // 5, kind
+        assert sum(any(f.corrects for f in u.facts) for u in users) >= len(users) // 6
+    assert not {u.id for u in tune} & {u.id for u in held}
+
+
+def test_the_parts_share_no_name_or_place_and_no_filler() -> None:
+    def open_values(users: list[NaturalUser]) -> set[str]:
+        kinds = ("name", "city", "origin", "relative", "pet_name")
+        return {a.lower() for u in users for f in u.facts if f.kind in kinds for a in f.accept}
+
+    assert not open_values(load_users("tune")) & open_values(load_users("heldout"))
+    assert not set(load_fillers("tune")) & set(load_fillers("heldout"))
+
+
+def test_training_phrases_avoid_the_held_out_names_and_places() -> None:
+    values = json.loads((Path(__file__).parents[2] / "sia/learn/data/read_values.json").read_text())
+    trained = {v.lower() for kind in ("name", "city", "origin") for v in values[kind]}
+    held = {f.value.lower() for u in load_users("heldout") for f in u.facts if f.kind in ("name", "city", "origin")}
+    assert not trained & held
+
+
+def _user(facts: list[dict[str, object]]) -> NaturalUser:
+    from sia.learn.natural import _user as parse
+
+    kinds = sorted({str(f["kind"]) for f in facts})
+    row = {"id": "x1", "messages": ["I'm Ana and I live in Porto. Actually we moved to Braga."], "facts": facts,
+           "questions": [{"kind": k, "text": "?"} for k in kinds]}  # fmt: skip
+    return parse(row, "test")
+
+
+def test_a_reply_is_scored_on_the_newest_value() -> None:
+    user = _user(
+        [
+            {"kind": "name", "value": "Ana", "accept": ["Ana"], "message": 0, "clause": "I'm Ana"},
+            {"kind": "city", "value": "Porto", "accept": ["Porto"], "message": 0, "clause": "I live in Porto"},
+            {
+                "kind": "city",
+                "value": "Braga",
+                "accept": ["Braga"],
+                "message": 0,
+                "clause": "we moved to Braga",
+                "corrects": "Porto",
+            },
+        ]
+    )
+    assert answered("You live in Braga now.", user, "city")
+    assert not answered("You live in Porto.", user, "city")
+    assert not answered("Porto or Braga?", user, "city")  # the older value given too
+    assert answered("Hello ana!", user, "name") and not answered("Banana bread", user, "name")
+
+
+def test_a_user_whose_clause_is_not_in_the_message_is_refused() -> None:
+    with pytest.raises(ValueError, match="clause"):
+        _user([{"kind": "name", "value": "Ana", "accept": ["Ana"], "message": 0, "clause": "my name is Ana"}])
+    with pytest.raises(ValueError, match="unknown kind"):
+        _user([{"kind": "shoe", "value": "Ana", "accept": ["Ana"], "message": 0, "clause": "I'm Ana"}])
+
+
+def test_recall_by_depth_asks_every_user_at_every_depth() -> None:
+    hf = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=16, max_position_embeddings=2048, tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(0)
+    config = LlamaConfig.from_hf(hf, d_self=8, trace_layers=[0], imprint_tokens=16, imprint_min_shock=0.0)
+    model = LlamaModel(config, ByteTokenizer()).eval()
+    model.load_base(LlamaForCausalLM(HFLlamaConfig(**hf)).eval().state_dict())
+    users = load_users("tune")[:2]
+    fillers = ["hi?", "ok."]
+    from sia.model.generate import SamplingParams
+
+    short = SamplingParams(max_new_tokens=2, temperature=0)
+    results = recall_by_depth(model, model.tokenizer, users, fillers, [0, 2], system=list(b"sys "), talk=short, ask=short)
+    assert [r.depth for r in results] == [0, 2]
+    for r in results:
+        assert set(r.right) == {u.id for u in users}
+        assert all(set(r.right[u.id]) == {q.kind for q in u.questions} for u in users)
+        assert 0.0 <= r.per_fact <= 1.0
+    oracle = recall_by_depth(model, model.tokenizer, users, fillers, [0, 2], system=[], mode="oracle", talk=short, ask=short)
+    assert len(oracle) == 1
+    with pytest.raises(ValueError, match="ascending"):
+        recall_by_depth(model, model.tokenizer, users, fillers, [2, 0], system=[])
