@@ -43,6 +43,8 @@ class StateSummary:
     self_state: list[float]
     self_norm: float  # ||s||_2
     heads: list[TraceSpectrum]  # layer-major
+    imprint_used: int  # imprint entries (tokens) filled
+    imprint_capacity: int  # imprint entries in all (0: the model keeps no imprint)
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,15 @@ def head_spectra(state: IdentityState, config: AnyConfig) -> list[TraceSpectrum]
 
 
 def describe_state(state: IdentityState, config: AnyConfig) -> StateSummary:
-    """The numbers the admin API reports for ``state``: its counter, its self state and every head's spectra."""
+    """The numbers the admin API reports for ``state``: its counter, its self state, every head's spectra and how
+    full its imprint is."""
     return StateSummary(
         turns=state.turns,
         self_state=state.self_state.tolist(),
         self_norm=float(torch.linalg.vector_norm(state.self_state.double())),
         heads=head_spectra(state, config),
+        imprint_used=0 if state.imprint is None else state.imprint.used,
+        imprint_capacity=config.imprint_tokens if state.imprint is None else state.imprint.capacity,
     )
 
 

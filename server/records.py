@@ -3,7 +3,7 @@ runtime services and the routes that shape them into responses."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sia.identity.turn import TurnReply
@@ -90,10 +90,21 @@ class Lease:
 
 @dataclass(frozen=True)
 class NewTurn(TurnReply):
-    """A turn to store: what the library's turn answered (TurnReply), the message it answered, how long it took."""
+    """A turn to store: what the library's turn answered (TurnReply), the message it answered, how long it took.
+
+    Without ``text_kept`` (SIA_STORE_TURN_TEXT=false) the record holds no text: ``message`` and ``reply`` are empty,
+    and the store writes NULL for both."""
 
     message: str
     latency_ms: float
+    text_kept: bool = field(default=True, kw_only=True)
+
+    @classmethod
+    def of(cls, answered: TurnReply, message: str, latency_ms: float, *, keep_text: bool) -> NewTurn:
+        """The record of a turn that answered ``message``, holding its text only when ``keep_text``."""
+        if keep_text:
+            return cls(**answered.reply_fields(), message=message, latency_ms=latency_ms)
+        return cls(**{**answered.reply_fields(), "reply": ""}, message="", latency_ms=latency_ms, text_kept=False)
 
 
 @dataclass(frozen=True)

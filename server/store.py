@@ -339,7 +339,7 @@ class Store:
                         index=turn_index,
                         version_before=lease.version,
                         version_after=new_version,
-                        **{f.name: getattr(turn, f.name) for f in fields(NewTurn)},
+                        **_turn_columns(turn),
                     )
                 )
             s.add(
@@ -386,7 +386,16 @@ class Store:
             rows = s.scalars(
                 select(TurnRow).where(TurnRow.identity_id == ident.id).order_by(TurnRow.index).limit(limit).offset(offset)
             )
-            return [_record(TurnRecord, r) for r in rows]
+            return [_turn(r) for r in rows]
+
+    def recent_turns(self, persona: str, user_id: str, *, limit: int, offset: int = 0) -> list[TurnRecord]:
+        """Turns newest first: the ``limit`` turns after the ``offset`` newest ones."""
+        with self.transaction(read_only=True) as s:
+            ident = self._identity_row(s, persona, user_id)
+            rows = s.scalars(
+                select(TurnRow).where(TurnRow.identity_id == ident.id).order_by(TurnRow.index.desc()).limit(limit).offset(offset)
+            )
+            return [_turn(r) for r in rows]
 
     def create_snapshot(self, persona: str, user_id: str, name: str, version: int | None = None) -> SnapshotRecord:
         """Name the current state (or a retained version); kept until deleted."""
@@ -507,6 +516,19 @@ def _persona(row: PersonaRow) -> PersonaRecord:
 def _identity(row: IdentityRow, persona: str) -> IdentityRecord:
     busy = row.lease_token is not None and (row.lease_expires or 0.0) >= time.time()
     return _record(IdentityRecord, row, persona=persona, busy=busy)
+
+
+def _turn_columns(turn: NewTurn) -> dict[str, Any]:
+    """A new turn's columns: NULL message and reply where its text is not kept."""
+    values = {f.name: getattr(turn, f.name) for f in fields(NewTurn) if f.name != "text_kept"}
+    if not turn.text_kept:
+        values.update(message=None, reply=None)
+    return values
+
+
+def _turn(row: TurnRow) -> TurnRecord:
+    kept = row.message is not None and row.reply is not None
+    return _record(TurnRecord, row, message=row.message or "", reply=row.reply or "", text_kept=kept)
 
 
 def _api_key(row: ApiKeyRow) -> ApiKey:

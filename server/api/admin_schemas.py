@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from server.api.schemas import SamplingFields, Usage
-from server.records import IdentityRecord
-from server.runtime.identities import Inspection
+from server.records import IdentityRecord, TurnRecord
+from server.runtime.identities import ImprintedSpan, ImprintListing, Inspection, StateDiff
 
 PersonaName = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="1 to 64 of A-Z a-z 0-9 _ . -")
@@ -134,6 +134,8 @@ class IdentityDetail(IdentitySummary):
     self_state: list[float]
     self_norm: float = Field(description="||s||_2")
     heads: list[HeadSpectrum] = Field(description="per layer and head, layer-major")
+    imprint_used: int = Field(description="imprint entries (tokens of the user's words) filled")
+    imprint_capacity: int = Field(description="imprint entries in all; 0 where the model keeps no imprint")
 
 
 def summary_fields(record: IdentityRecord) -> dict[str, object]:
@@ -161,13 +163,15 @@ def identity_detail(inspection: Inspection) -> IdentityDetail:
         self_state=numbers.self_state,
         self_norm=numbers.self_norm,
         heads=[HeadSpectrum(**vars(h)) for h in numbers.heads],
+        imprint_used=numbers.imprint_used,
+        imprint_capacity=numbers.imprint_capacity,
     )
 
 
 class Turn(BaseModel):
     index: int
-    message: str
-    reply: str
+    message: str | None = Field(description="null where the service keeps no text (SIA_STORE_TURN_TEXT=false)")
+    reply: str | None = Field(description="null where the service keeps no text (SIA_STORE_TURN_TEXT=false)")
     finish_reason: str
     shock: float
     nll: float
@@ -177,6 +181,12 @@ class Turn(BaseModel):
     version_before: int
     version_after: int
     created_at: Timestamp
+
+
+def turn_view(turn: TurnRecord) -> Turn:
+    """A stored turn as the routes show it: null message and reply where its text was not kept."""
+    hidden = {} if turn.text_kept else {"message": None, "reply": None}
+    return Turn(**{**vars(turn), **hidden})
 
 
 class TurnList(BaseModel):
@@ -219,7 +229,7 @@ class RollbackRequest(_Strict):
 
 class Version(BaseModel):
     version: int
-    reason: str = Field(description="init, turn, reset, reset:layers, reset:self, rollback:<to>, import, cleanup")
+    reason: str = Field(description="init, turn, reset, reset:layers, reset:self, rollback:<to>, import, cleanup, forget")
     turn_index: int | None
     state_sha256: str
     created_at: Timestamp
@@ -230,12 +240,60 @@ class History(BaseModel):
     data: list[Version] = Field(description="retained versions, newest first")
 
 
+class ImprintSpanView(BaseModel):
+    """One span of the imprint: the user's words as the identity keeps them."""
+
+    index: int = Field(description="the span's number in its version's imprint (what forgetting it takes)")
+    turn: int = Field(description="the turn that imprinted it (0-based)")
+    offset: int = Field(description="its first token's position in that turn's message")
+    length: int = Field(description="tokens")
+    kind: str = Field(description="what it says, where known: unknown, name, city, job, colour, pet, hobby")
+    score: float = Field(description="its salience when imprinted: the largest token shock in it (nats)")
+    text: str | None = Field(description="its words; null where the text was not kept (SIA_STORE_TURN_TEXT=false)")
+
+
+def _span(span: ImprintedSpan) -> ImprintSpanView:
+    return ImprintSpanView(**vars(span))
+
+
+class ImprintView(BaseModel):
+    state_version: int = Field(description="the version whose imprint this is")
+    capacity: int = Field(description="entries (tokens) in all; 0 where the model keeps no imprint")
+    used: int = Field(description="entries filled")
+    data: list[ImprintSpanView] = Field(description="the spans, in entry order")
+
+
+def imprint_view(listing: ImprintListing) -> ImprintView:
+    """An imprint as the admin and the user-scoped routes return it."""
+    return ImprintView(
+        state_version=listing.version, capacity=listing.capacity, used=listing.used, data=[_span(s) for s in listing.spans]
+    )
+
+
+class ImprintDiff(BaseModel):
+    added: list[ImprintSpanView] = Field(description="spans of b that a has not (their indices in b)")
+    removed: list[ImprintSpanView] = Field(description="spans of a that b has not (their indices in a)")
+
+
 class Diff(BaseModel):
     a: int
     b: int
     trace_norm: list[list[float]] = Field(description="[layer][head] ||T_b - T_a||_F")
     self_norm: float = Field(description="||s_b - s_a||_2")
     turns: int = Field(description="turns_b - turns_a (the states' own counters)")
+    imprint: ImprintDiff = Field(description="spans imprinted or forgotten between a and b, told apart by turn, offset, length")
+
+
+def state_diff(diff: StateDiff) -> Diff:
+    change = diff.imprint
+    return Diff(
+        a=diff.a,
+        b=diff.b,
+        trace_norm=diff.trace_norm,
+        self_norm=diff.self_norm,
+        turns=diff.turns,
+        imprint=ImprintDiff(added=[_span(s) for s in change.added], removed=[_span(s) for s in change.removed]),
+    )
 
 
 class SnapshotCreate(_Strict):

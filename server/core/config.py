@@ -38,6 +38,18 @@ class Settings(BaseSettings):
         300.0, gt=0, description="a turn's hold on its identity expires after this long (a crashed process's hold too)"
     )
     history_retention: int = Field(100, ge=1, description="state versions kept per identity (named snapshots are kept apart)")
+    store_turn_text: bool = Field(
+        True,
+        description="keep the words of a conversation: turn records keep the message and the reply, and the imprint its"
+        " spans' tokens. false (privacy mode): turn records keep no text (NULL), the imprint keeps keys and values only,"
+        " and there is no prompt window; the reply is still returned to the caller",
+    )
+    prompt_window_tokens: int = Field(
+        0,
+        ge=0,
+        description="a turn's context: the persona's prompt followed by the newest stored exchanges of the identity, whole"
+        " ones only, at most this many tokens; 0: none. Always 0 while store_turn_text is false",
+    )
 
     # --- the HTTP service ----------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="address `sia serve` binds (development mode always binds 127.0.0.1)")

@@ -69,8 +69,9 @@ class TurnRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     identity_id: Mapped[int] = mapped_column(ForeignKey("identities.id", ondelete="CASCADE"), index=True)
     index: Mapped[int] = mapped_column(Integer)  # 0, 1, 2, ... per identity
-    message: Mapped[str] = mapped_column(Text)
-    reply: Mapped[str] = mapped_column(Text)
+    # NULL: the service kept no text of this turn (SIA_STORE_TURN_TEXT=false)
+    message: Mapped[str | None] = mapped_column(Text)
+    reply: Mapped[str | None] = mapped_column(Text)
     finish_reason: Mapped[str] = mapped_column(String(16))
     shock: Mapped[float] = mapped_column(Float)
     nll: Mapped[float] = mapped_column(Float)

@@ -1,8 +1,8 @@
 """Identities: reading their state and administering it.
 
-Reads (records, turns, states, history, diff, export, the figure) hold nothing. Every change (reset, roll
-back, import, clean-up) holds the identity through the store's lease, exactly like a turn, so it is serial
-with the identity's turns, and commits the new state as a new version.
+Reads (records, turns, states, history, diff, export, the imprint, the figure) hold nothing. Every change (reset,
+roll back, import, clean-up, forgetting a span of the imprint) holds the identity through the store's lease, exactly
+like a turn, so it is serial with the identity's turns, and commits the new state as a new version.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from server.runtime.codec import decode, encode
 from server.runtime.inputs import check_user
 from server.runtime.personas import Personas
 from server.store import Store
+from sia.identity.imprint import Imprint, ImprintSpan, forget_span
 from sia.identity.state import CleanupReport, IdentityState, distance, low_rank_cleanup, state_from_bytes, state_to_bytes
 from sia.model.config import AnyConfig
+from sia.model.tokenizer import Tokenizer
 
-__all__ = ["Identities", "Inspection", "Page", "StateDiff", "VersionHistory"]
+__all__ = ["Identities", "ImprintChange", "ImprintListing", "ImprintedSpan", "Inspection", "Page", "StateDiff", "VersionHistory"]
 
 log = logging.getLogger("sia.runtime")
 
@@ -58,6 +60,37 @@ class VersionHistory:
 
 
 @dataclass(frozen=True)
+class ImprintedSpan:
+    """One span of an identity's imprint as its owner sees it: where it came from, why, and its words."""
+
+    index: int  # its number in the imprint of its version (what forgetting it takes)
+    turn: int  # the turn that imprinted it
+    offset: int  # its first token's position in that turn's message
+    length: int  # tokens
+    kind: str  # sia.identity.imprint.KINDS
+    score: float  # its salience when imprinted (nats of token shock)
+    text: str | None  # its tokens decoded; None where the turn's text was not kept
+
+
+@dataclass(frozen=True)
+class ImprintListing:
+    """The imprint of one version of an identity's state."""
+
+    version: int
+    capacity: int  # entries (tokens) in all; 0 where the model keeps no imprint
+    used: int  # entries filled
+    spans: list[ImprintedSpan]
+
+
+@dataclass(frozen=True)
+class ImprintChange:
+    """Spans in one version's imprint and not in the other's, told apart by (turn, offset, length)."""
+
+    added: list[ImprintedSpan]  # in b only (indices of b)
+    removed: list[ImprintedSpan]  # in a only (indices of a)
+
+
+@dataclass(frozen=True)
 class StateDiff:
     """Change from version ``a`` to version ``b``."""
 
@@ -66,15 +99,18 @@ class StateDiff:
     trace_norm: list[list[float]]  # [layer][head] Frobenius norm of T_b - T_a
     self_norm: float  # ||s_b - s_a||
     turns: int  # turns_b - turns_a (the state's own counter)
+    imprint: ImprintChange
 
 
 class Identities:
-    """The identities of one store, their states read and checked against one model's config. Thread-safe."""
+    """The identities of one store, their states read and checked against one model's config (their imprints' words
+    read with its tokenizer). Thread-safe."""
 
-    def __init__(self, config: AnyConfig, store: Store, personas: Personas) -> None:
+    def __init__(self, config: AnyConfig, store: Store, personas: Personas, tokenizer: Tokenizer) -> None:
         self.config = config
         self.store = store
         self.personas = personas
+        self.tokenizer = tokenizer
 
     # --- records ---------------------------------------------------------------------------------------
 
@@ -122,7 +158,30 @@ class Identities:
         va, sa = self.state(persona, user, a)
         vb, sb = self.state(persona, user, b)
         trace, self_norm = distance(sa, sb)  # (n_layer, H), float
-        return StateDiff(a=va, b=vb, trace_norm=trace.tolist(), self_norm=self_norm, turns=sb.turns - sa.turns)
+        spans_a, spans_b = self._spans(sa.imprint), self._spans(sb.imprint)
+        where_a, where_b = ({_place(s) for s in spans} for spans in (spans_a, spans_b))
+        imprint = ImprintChange(
+            added=[s for s in spans_b if _place(s) not in where_a], removed=[s for s in spans_a if _place(s) not in where_b]
+        )
+        return StateDiff(a=va, b=vb, trace_norm=trace.tolist(), self_norm=self_norm, turns=sb.turns - sa.turns, imprint=imprint)
+
+    def imprint(self, persona: str, user: str, version: int | None = None) -> ImprintListing:
+        """The spans of the current (or a retained) state's imprint, oldest entry first, their words where kept."""
+        state_version, state = self.state(persona, user, version)
+        return self._listing(state_version, state)
+
+    def _listing(self, version: int, state: IdentityState) -> ImprintListing:
+        imprint = state.imprint
+        capacity = self.config.imprint_tokens if imprint is None else imprint.capacity
+        used = 0 if imprint is None else imprint.used
+        return ImprintListing(version=version, capacity=capacity, used=used, spans=self._spans(imprint))
+
+    def _spans(self, imprint: Imprint | None) -> list[ImprintedSpan]:
+        return [] if imprint is None else [self._shown(s) for s in imprint.spans()]
+
+    def _shown(self, span: ImprintSpan) -> ImprintedSpan:
+        text = None if span.tokens is None else self.tokenizer.decode(span.tokens)
+        return ImprintedSpan(span.index, span.turn, span.offset, span.length, span.kind, span.score, text)
 
     def figure(self, persona: str, user: str) -> bytes:
         """The identity's PNG: spectra of its current trace, and its retained versions and turns over time."""
@@ -215,6 +274,23 @@ class Identities:
         version = self._apply(persona, user, change, "cleanup", reads_current=True)
         return version, reports[0]
 
+    def forget(self, persona: str, user: str, index: int) -> ImprintListing:
+        """Drop span ``index`` of the imprint (the spans after it move up), as a new version that a roll back undoes;
+        returns the new imprint. NotFoundError if the imprint has no such span."""
+        forgotten: list[IdentityState] = []
+
+        def change(state: IdentityState, _p: PersonaRecord) -> IdentityState:
+            count = 0 if state.imprint is None else len(state.imprint.spans())
+            if not 0 <= index < count:
+                spans = "none" if count == 0 else "only span 0" if count == 1 else f"spans 0 to {count - 1}"
+                raise NotFoundError(f"the imprint of ({persona!r}, {user!r}) has no span {index}; it has {spans}")
+            assert state.imprint is not None
+            forgotten.append(replace(state, imprint=forget_span(state.imprint, index)))
+            return forgotten[0]
+
+        version = self._apply(persona, user, change, "forget", reads_current=True)
+        return self._listing(version, forgotten[0])
+
     def _apply(
         self, persona: str, user: str, change: StateChange, reason: str, *, reads_current: bool, create: bool = False
     ) -> int:
@@ -244,3 +320,8 @@ class Identities:
     def held_state(self, lease: Lease) -> IdentityState:
         """The state a hold read, parsed (CorruptStateError if it does not parse)."""
         return decode(lease.state, self.config, f"identity ({lease.persona!r}, {lease.user_id!r})")
+
+
+def _place(span: ImprintedSpan) -> tuple[int, int, int]:
+    """Where a span's words came from: the same in every version that holds it, whatever its index there."""
+    return span.turn, span.offset, span.length

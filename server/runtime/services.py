@@ -62,8 +62,16 @@ class Services:
     def over(cls, model: IdentityModel, store: Store) -> Services:
         """Every service over ``model`` (which must keep identity state) and ``store``."""
         personas = Personas(model, store)
-        identities = Identities(model.config, store, personas)
-        turns = TurnRunner(model, store, personas, identities)
+        identities = Identities(model.config, store, personas, model.tokenizer)
+        settings = store.settings
+        turns = TurnRunner(
+            model,
+            store,
+            personas,
+            identities,
+            store_text=settings.store_turn_text,
+            window_tokens=settings.prompt_window_tokens,
+        )
         return cls(store, personas, identities, turns, KeyRing(store), Health(model, store))
 
     def close(self) -> None:

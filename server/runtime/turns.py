@@ -4,10 +4,15 @@
 hold the identity (store lease) -> load and validate its state -> run the turn (sia.identity.turn: shock,
 generation, summary, update) with no transaction open -> commit the new state, the turn and a history row in
 one transaction. A counterfactual runs the model on two states of an identity and holds and writes nothing.
+
+A turn's context is the persona's prompt, then the recent prompt window (window.py) where one is set. In privacy
+mode (``store_text=False``) a turn keeps no text: its record stores no message or reply, its imprint no token ids,
+and there is no window to build.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Generator
@@ -18,12 +23,15 @@ from server.runtime.codec import encode
 from server.runtime.identities import Identities
 from server.runtime.inputs import check_message, check_user
 from server.runtime.personas import Personas
+from server.runtime.window import recent_window
 from server.store import Store
 from sia.identity.turn import TurnReply, TurnRequest, TurnResult, stream_turns
 from sia.model.generate import Sampling, SamplingParams, Stream, StreamEvent
 from sia.model.identity_model import IdentityModel
 
 __all__ = ["CommittedTurn", "CounterfactualOutcome", "CounterfactualSide", "HeldTurn", "TurnRunner"]
+
+log = logging.getLogger("sia.runtime")
 
 
 @dataclass(frozen=True)
@@ -52,16 +60,39 @@ class CounterfactualOutcome:
 
 
 class TurnRunner:
-    """Turns of one loaded model over one store. Thread-safe; turns of one identity are serial, others run in parallel."""
+    """Turns of one loaded model over one store. Thread-safe; turns of one identity are serial, others run in parallel.
 
-    def __init__(self, model: IdentityModel, store: Store, personas: Personas, identities: Identities) -> None:
+    ``store_text``: turns keep their words (records, the imprint's tokens); ``window_tokens``: the most tokens of
+    recent exchanges a turn's context holds (0: none; always 0 without ``store_text``, there being nothing to read).
+    """
+
+    def __init__(
+        self,
+        model: IdentityModel,
+        store: Store,
+        personas: Personas,
+        identities: Identities,
+        *,
+        store_text: bool = True,
+        window_tokens: int = 0,
+    ) -> None:
         if not model.stateful:
             raise ValueError(f"the runtime needs a stateful model; {model.config.attention!r} keeps no identity state")
+        if window_tokens < 0:
+            raise ValueError(f"window_tokens must be >= 0; got {window_tokens}")
+        if window_tokens and not store_text:
+            log.warning(
+                "SIA_PROMPT_WINDOW_TOKENS=%d is ignored: SIA_STORE_TURN_TEXT=false keeps no text to build a window from",
+                window_tokens,
+            )
+            window_tokens = 0
         self.model = model.eval()
         self.tokenizer = model.tokenizer
         self.store = store
         self.personas = personas
         self.identities = identities
+        self.store_text = store_text
+        self.window_tokens = window_tokens
 
     def turn(self, persona: str, user: str, message: str, sampling: Sampling | None = None) -> CommittedTurn:
         """One whole turn; the identity is created from the persona on its first turn."""
@@ -99,13 +130,15 @@ class TurnRunner:
         lease = self.store.acquire(persona, user, create=self.personas.initial_blob)
         try:
             record = lease.persona_record
+            params = self.personas.sampling_params(record, sampling)
             request = TurnRequest(
                 state=self.identities.held_state(lease),
                 message=message,
                 dynamics=self.personas.dynamics(record),
-                context=tuple(self.tokenizer.system_prompt(record.preamble)),
+                context=self.context(record.preamble, persona, user, message, params.max_new_tokens),
+                keep_text=self.store_text,
             )
-            return HeldTurn(self, lease, request, self.personas.sampling_params(record, sampling))
+            return HeldTurn(self, lease, request, params)
         except BaseException:
             self.store.release(lease)
             raise
@@ -134,14 +167,33 @@ class TurnRunner:
         else:
             other_version, other = self.identities.state(persona, user, against)
         dynamics = self.personas.dynamics(record)
-        context = tuple(self.tokenizer.system_prompt(record.preamble))
-        requests = [TurnRequest(state=s, message=message, dynamics=dynamics, context=context) for s in (current, other)]
+        context = self.context(record.preamble, persona, user, message, params.max_new_tokens)
+        requests = [
+            TurnRequest(state=s, message=message, dynamics=dynamics, context=context, keep_text=self.store_text)
+            for s in (current, other)
+        ]
         results = stream_turns(self.model, requests, params, tokenizer=self.tokenizer).finish()
         current_side, other_side = (
             CounterfactualSide(**r.reply_fields(), version=v)
             for v, r in zip((current_version, other_version), results, strict=True)
         )
         return CounterfactualOutcome(seed=sampling.seed, current=current_side, other=other_side)
+
+    def context(self, preamble: str, persona: str, user: str, message: str, max_new_tokens: int) -> tuple[int, ...]:
+        """What a turn of (persona, user) reads before ``message``: the persona's prompt, then the recent window.
+
+        The window takes at most ``window_tokens``, and no more than leaves room in the model's context for the
+        message and a reply of ``max_new_tokens`` (counted as sia.model.generate.check_room counts): a window never
+        makes a turn too long that fits without one.
+        """
+        system = self.tokenizer.system_prompt(preamble)
+        if not self.window_tokens:
+            return tuple(system)
+        config = self.model.config
+        prompt = len(self.tokenizer.turn_prompt(message, system)[0])
+        room = config.block_size - config.memory_tokens - prompt - max_new_tokens
+        window = recent_window(self.store, self.tokenizer, persona, user, min(self.window_tokens, room))
+        return (*system, *window)
 
 
 class HeldTurn:
@@ -169,7 +221,7 @@ class HeldTurn:
         """Store the turn's result, however it was decoded (alone here, or in the service's batch): the new state,
         the turn and a history row in one transaction; the identity is let go."""
         try:
-            turn = NewTurn(**result.reply_fields(), message=self.request.message, latency_ms=latency_ms)
+            turn = NewTurn.of(result, self.request.message, latency_ms, keep_text=self.turns.store_text)
             version = self.turns.store.commit(self.lease, encode(result.state), reason="turn", turn=turn)
             self._finished = True
         finally:

@@ -4,12 +4,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from server.core.config import Settings
 from server.db import migrate
 from server.db.engine import make_engine
 from server.db.tables import Base
+from server.records import Blob, NewTurn
+from server.store import Store
+from sia.identity.turn import TurnReply
 
 TABLES = {"personas", "identities", "turns", "state_versions", "snapshots", "api_keys"}
 
@@ -25,7 +28,7 @@ def _tables(settings: Settings) -> set[str]:
 def test_upgrade_and_downgrade(settings: Settings) -> None:
     assert migrate.current_revision(settings) is None
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0002"
+    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0003"
     assert _tables(settings) == TABLES
     migrate.downgrade(settings, "base")
     assert migrate.current_revision(settings) is None
@@ -51,6 +54,30 @@ def test_migrated_schema_matches_the_orm_tables(settings: Settings) -> None:
                     assert tuple(c.name for c in constraint.columns) in uniques, (table.name, constraint.name)
     finally:
         engine.dispose()
+
+
+def test_turns_without_text_go_back_to_empty_strings_on_downgrade(settings: Settings) -> None:
+    """0003 lets a turn keep no text (NULL message and reply); downgrading below it turns them into empty strings."""
+    migrate.upgrade(settings)
+    store = Store(settings)
+    try:
+        store.create_persona("p")
+        lease = store.acquire("p", "u", create=lambda _: Blob(b"state", 2, 0, 0.0, 0.0))
+        answered = TurnReply(reply="", finish_reason="stop", shock=0.0, nll=1.0, prompt_tokens=3, completion_tokens=1)
+        turn = NewTurn.of(answered, "said", 1.0, keep_text=False)
+        store.commit(lease, Blob(b"next", 2, 0, 0.0, 0.0), reason="turn", turn=turn)
+    finally:
+        store.close()
+    migrate.downgrade(settings, "0002")
+    engine = make_engine(settings)
+    try:
+        with engine.connect() as conn:
+            assert [tuple(r) for r in conn.execute(text("SELECT message, reply FROM turns"))] == [("", "")]
+        assert not any(c["nullable"] for c in inspect(engine).get_columns("turns") if c["name"] in ("message", "reply"))
+    finally:
+        engine.dispose()
+    migrate.upgrade(settings)
+    assert migrate.current_revision(settings) == "0003"
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
@@ -82,7 +109,7 @@ def test_db_commands(tmp_path: Path) -> None:
 
     assert sia("db", "current").stdout.startswith("empty (no revision)")
     sia("db", "upgrade")
-    assert sia("db", "current").stdout.strip() == "0002 (up to date)"
+    assert sia("db", "current").stdout.strip() == "0003 (up to date)"
     engine = create_engine(f"sqlite:///{tmp_path / 'sia.db'}")
     try:
         assert set(inspect(engine).get_table_names()) >= TABLES

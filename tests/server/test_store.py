@@ -4,13 +4,14 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import text, update
 
 from server.db.engine import is_sqlite
 from server.db.tables import IdentityRow
 from server.errors import BusyError, ConflictError, CorruptStateError, NotFoundError
 from server.records import Blob, NewTurn, PersonaRecord
 from server.store import PRUNE_EVERY, Store, sha256
+from sia.identity.turn import TurnReply
 
 
 def blob(tag: bytes) -> Blob:
@@ -69,6 +70,27 @@ def test_identity_is_created_once_and_turns_are_recorded(store: Store) -> None:
     assert [(v.version, v.reason, v.turn_index) for v in store.history("p", "u")] == [(2, "turn", 0), (1, "init", None)]
     assert store.read_version("p", "u", 1) == b"state:init"
     assert store.count_identities("p") == 1
+
+
+def test_a_turn_kept_without_text_and_the_newest_turns_first(store: Store) -> None:
+    """A turn of privacy mode is stored with NULL message and reply (read back with SQL); recent_turns pages the
+    identity's turns newest first."""
+    store.create_persona("p")
+    for i in range(5):
+        lease = store.acquire("p", "u", create=initial)
+        turn = TURN if i % 2 == 0 else NewTurn.of(TurnReply("yes", "stop", 0.1, 1.0, 3, 1), "secret", 1.0, keep_text=False)
+        store.commit(lease, blob(b"%d" % i), reason="turn", turn=turn)
+    with store.engine.connect() as conn:
+        rows = conn.execute(text("SELECT message, reply, completion_tokens FROM turns ORDER BY id")).all()
+    assert [tuple(r) for r in rows] == [("hi", "hello", 5), (None, None, 1)] * 2 + [("hi", "hello", 5)]
+    read = store.turns("p", "u")
+    assert [(t.message, t.reply, t.text_kept) for t in read[:2]] == [("hi", "hello", True), ("", "", False)]
+    assert (read[1].finish_reason, read[1].completion_tokens, read[1].latency_ms) == ("stop", 1, 1.0)
+    assert [t.index for t in store.recent_turns("p", "u", limit=2)] == [4, 3]
+    assert [t.index for t in store.recent_turns("p", "u", limit=2, offset=2)] == [2, 1]
+    assert [t.index for t in store.recent_turns("p", "u", limit=10, offset=4)] == [0]
+    kept = NewTurn.of(TurnReply("yes", "stop", 0.1, 1.0, 3, 1), "said", 2.5, keep_text=True)
+    assert (kept.message, kept.reply, kept.completion_tokens, kept.latency_ms, kept.text_kept) == ("said", "yes", 1, 2.5, True)
 
 
 class StoreClock:

@@ -1,8 +1,8 @@
 """/admin/personas/{persona}/identities: inspect identities and operate on their state.
 
-Reads (detail, turns, history, diff, export, plot) hold nothing; changes (import, reset, rollback, clean-up)
-go through the identity's hold, so they are serial with the identity's turns (409 if it stays busy). The
-counterfactual runs the model on two states in one inference slot and writes nothing.
+Reads (detail, turns, history, diff, export, imprint, plot) hold nothing; changes (import, reset, rollback,
+clean-up, forgetting a span of the imprint) go through the identity's hold, so they are serial with the identity's
+turns (409 if it stays busy). The counterfactual runs the model on two states in one inference slot and writes nothing.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 
 from server.api.admin_schemas import (
     MAX_INT,
@@ -24,17 +24,20 @@ from server.api.admin_schemas import (
     IdentityDetail,
     IdentityList,
     IdentitySummary,
+    ImprintView,
     ResetRequest,
     RollbackRequest,
     Snapshot,
     SnapshotCreate,
     SnapshotList,
     StateVersion,
-    Turn,
     TurnList,
     Version,
     identity_detail,
+    imprint_view,
+    state_diff,
     summary_fields,
+    turn_view,
 )
 from server.api.bodies import OCTET_STREAM_BODY, check_limits
 from server.api.deps import IdentitiesDep, SettingsDep, TurnServiceDep
@@ -48,6 +51,7 @@ router = APIRouter(prefix="/personas/{persona}/identities")
 
 Limit = Annotated[int, Query(ge=1, le=1000, description="at most this many items")]
 Offset = Annotated[int, Query(ge=0, le=MAX_INT, description="skip this many items")]
+SpanIndex = Annotated[int, Path(ge=0, le=MAX_INT, description="the span's index in the current imprint")]
 OCTET_STREAM: dict[int | str, dict[str, Any]] = {
     200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes of the state"}
 }
@@ -82,7 +86,7 @@ def get_identity(
 def list_turns(persona: str, user: str, identities: IdentitiesDep, limit: Limit = 100, offset: Offset = 0) -> TurnList:
     """The identity's turn records, oldest first."""
     page = identities.list_turns(persona, user, limit=limit, offset=offset)
-    return TurnList(total=page.total, limit=limit, offset=offset, data=[Turn(**vars(t)) for t in page.items])
+    return TurnList(total=page.total, limit=limit, offset=offset, data=[turn_view(t) for t in page.items])
 
 
 @router.get("/{user}/plot.png", response_class=Response, responses=PNG)
@@ -153,7 +157,27 @@ def diff(
     b: Annotated[int | None, Query(ge=1, le=MAX_INT, description="the later version; the current one if left out")] = None,
 ) -> Diff:
     """Per layer and head ||T_b - T_a||_F, and ||s_b - s_a||, between two retained versions."""
-    return Diff(**vars(identities.diff(persona, user, a, b)))
+    return state_diff(identities.diff(persona, user, a, b))
+
+
+@router.get("/{user}/imprint")
+def imprint(
+    persona: str,
+    user: str,
+    identities: IdentitiesDep,
+    version: Annotated[int | None, Query(ge=1, le=MAX_INT, description="a retained version instead of the current state")] = None,
+) -> ImprintView:
+    """The spans of the imprint (the user's own words the identity keeps), with their text where it was kept."""
+    return imprint_view(identities.imprint(persona, user, version))
+
+
+@router.delete("/{user}/imprint/{index}")
+def forget(persona: str, user: str, index: SpanIndex, identities: IdentitiesDep) -> ImprintView:
+    """Forget one span of the imprint, as a new version (a roll back undoes it); returns the imprint after it.
+
+    404 for an index the imprint does not have.
+    """
+    return imprint_view(identities.forget(persona, user, index))
 
 
 @router.post("/{user}/rollback")

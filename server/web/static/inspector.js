@@ -1,4 +1,4 @@
-// The SIA page, part 3 of 4 (after api.js, chat.js): the inspector of the identity's state: its plots, turns, versions, diff, rollback, reset and counterfactual.
+// The SIA page, part 3 of 4 (after api.js, chat.js): the inspector of the identity's state: its plots, turns, imprint, versions, diff, rollback, reset and counterfactual.
 "use strict";
 
 // --- the inspector ------------------------------------------------------------------------------------------------
@@ -94,10 +94,12 @@ function cell(text, className) {
   return td;
 }
 
+const NOT_KEPT = "(text not kept)"; // a turn or a span whose words the service did not keep (privacy mode)
+
 function fillTurns(turns) {
   const rows = [...turns].reverse().map((t) => {
     const tr = document.createElement("tr");
-    tr.append(cell(String(t.index)), cell(t.message, "text"), cell(t.reply, "text"), cell(t.shock.toFixed(2)), cell(`${t.version_before}→${t.version_after}`));
+    tr.append(cell(String(t.index)), cell(t.message ?? NOT_KEPT, "text"), cell(t.reply ?? NOT_KEPT, "text"), cell(t.shock.toFixed(2)), cell(`${t.version_before}→${t.version_after}`));
     return tr;
   });
   $("turns").tBodies[0].replaceChildren(...rows);
@@ -111,6 +113,22 @@ function actionButton(label, onClick, name) {
   b.setAttribute("aria-label", name);
   b.addEventListener("click", onClick);
   return b;
+}
+
+function fillImprint(imprint) {
+  const rows = imprint.data.map((s) => {
+    const tr = document.createElement("tr");
+    const actions = document.createElement("td");
+    const words = s.text === null ? `span ${s.index} (turn ${s.turn})` : `"${s.text}"`;
+    actions.append(actionButton("Forget", () => forget(s.index), `Forget ${words}`));
+    tr.append(cell(String(s.turn)), cell(s.kind), cell(s.score.toFixed(2)), cell(s.text ?? NOT_KEPT, "text"), actions);
+    tr.dataset.index = String(s.index);
+    return tr;
+  });
+  $("imprint").tBodies[0].replaceChildren(...rows);
+  $("imprint-text").textContent = imprint.data.length
+    ? `${imprint.data.length} span${imprint.data.length === 1 ? "" : "s"}, ${imprint.used} of ${imprint.capacity} tokens. Forget removes one as a new version.`
+    : `Nothing imprinted yet (room for ${imprint.capacity} tokens): a clause that surprises the identity is kept in the user's own words.`;
 }
 
 function fillVersions(history) {
@@ -160,8 +178,9 @@ async function selfStatesOver(history, detail) {
 function showEmpty(text) {
   $("inspector-empty").textContent = text;
   $("inspector-empty").hidden = false;
-  for (const id of ["summary", "figures", "turns-box"]) $(id).hidden = true;
+  for (const id of ["summary", "figures", "turns-box", "imprint-box"]) $(id).hidden = true;
   $("versions").tBodies[0].replaceChildren();
+  $("imprint").tBodies[0].replaceChildren();
   page.current = null;
 }
 
@@ -186,9 +205,11 @@ async function refreshInspector({ transcript = false } = {}) {
     page.user = detail.user; // the key's own user, now known
     $("user").value = detail.user;
   }
-  const [history, turns] = await Promise.all([
+  const keepsImprint = detail.imprint_capacity > 0; // a model without one (the native model) has nothing to list
+  const [history, turns, imprint] = await Promise.all([
     api("GET", identityPath("/history")),
     api("GET", identityPath("/turns", { limit: MAX_LISTED_TURNS, offset: Math.max(0, detail.turns - MAX_LISTED_TURNS) })),
+    keepsImprint ? api("GET", identityPath("/imprint")) : null,
   ]);
   const selfStates = await selfStatesOver(history, detail);
   if (read !== page.reads) return;
@@ -202,14 +223,16 @@ async function refreshInspector({ transcript = false } = {}) {
   drawShocks(turns.data);
   drawSelfStates(selfStates);
   fillTurns(turns.data);
+  if (imprint) fillImprint(imprint);
   if (page.role !== "user") fillVersions(history);
   $("inspector-empty").hidden = true;
   for (const id of ["summary", "figures", "turns-box"]) $(id).hidden = false;
+  $("imprint-box").hidden = !imprint;
   if (transcript) {
     $("transcript").replaceChildren();
     for (const t of turns.data.slice(-50)) {
-      bubble("user", t.message);
-      bubble("bot", t.reply, turnMeta(t));
+      bubble("user", t.message ?? NOT_KEPT);
+      bubble("bot", t.reply ?? NOT_KEPT, turnMeta(t));
     }
   }
 }
@@ -230,7 +253,13 @@ async function showDiff(version) {
       tr.append(cell(String(layer)), ...row.map((v) => cell(v.toFixed(4))));
       table.append(tr);
     });
-    box.replaceChildren(table);
+    const words = (spans) => spans.map((s) => (s.text === null ? `turn ${s.turn} (text not kept)` : `"${s.text}"`)).join(", ");
+    const imprint = document.createElement("p");
+    const { added, removed } = d.imprint;
+    imprint.textContent = added.length || removed.length
+      ? `Imprint: ${added.length} spans added${added.length ? ` (${words(added)})` : ""}, ${removed.length} removed${removed.length ? ` (${words(removed)})` : ""}.`
+      : "Imprint: unchanged.";
+    box.replaceChildren(table, imprint);
     box.hidden = false;
   } catch (err) {
     report(err);
@@ -241,6 +270,19 @@ async function rollback(version) {
   try {
     const out = await api("POST", identityPath("/rollback"), { version });
     showStatus(`Rolled back to version ${version}: the identity is now at version ${out.version}.`, "info");
+    $("diff").hidden = true;
+    await refreshInspector();
+  } catch (err) {
+    report(err);
+  }
+}
+
+async function forget(index) {
+  // a user key forgets its own words through /v1/.../identity/imprint; an admin key through /admin (identityPath)
+  try {
+    const out = await api("DELETE", identityPath(`/imprint/${index}`));
+    const undo = page.role === "user" ? "an admin's roll back undoes it" : "roll back to undo";
+    showStatus(`Forgot span ${index} of the imprint: now version ${out.state_version} (${undo}).`, "info");
     $("diff").hidden = true;
     await refreshInspector();
   } catch (err) {
