@@ -20,11 +20,11 @@ from torch import Tensor, nn
 from sia.backbones.injected_attention import CLOSED_GATE, InjectedAttention, InjectedLayer, row_starts
 from sia.backbones.packed_linear import NO_BFLOAT16_PACKING, PACKED_DTYPES, Linear, bfloat16_packing_available, packing_available
 from sia.backbones.slot_maps import LowRank, init_slot_map
-from sia.identity.imprint import ImprintEntries
+from sia.identity.imprint import KINDS, ImprintEntries
 from sia.identity.state import SelfUpdate, TurnSummary, stabilised_metric
 from sia.model.conditioning import Conditioning
 from sia.model.config import LlamaConfig
-from sia.model.identity_model import IdentityModel, ModelOutput
+from sia.model.identity_model import IdentityModel, ModelOutput, WordsRead
 from sia.model.kv_cache import KVCache
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
@@ -36,7 +36,9 @@ __all__ = ["IDENTITY_PARAMETERS", "LlamaModel", "hf_name"]
 # still wins), so it starts at the closed gate; training starts it open (e.g. at 0) to give the read a gradient.
 UNTRAINED_SLOT_BIAS = CLOSED_GATE
 # names SIA adds
-IDENTITY_PARAMETERS = ("self_key", "self_value", "slot_bias", "slot_gate", "self_update", "pool", "memory", "imprint_read")
+IDENTITY_PARAMETERS = (
+    "self_key", "self_value", "slot_bias", "slot_gate", "self_update", "pool", "memory", "imprint_read", "imprint_kind"
+)  # fmt: skip
 
 
 class RMSNorm(nn.Module):
@@ -115,6 +117,9 @@ class LlamaModel(IdentityModel):
         self.pool = nn.Linear(config.n_embd, 1) if config.pooling == "attention" else None
         # K learned input embeddings read after each turn; their final hidden states are the write's z
         self.memory = nn.Parameter(torch.zeros(config.memory_tokens, config.n_embd)) if config.memory_tokens else None
+        # the imprint's kind tagger: what kind of fact each token of a message states, from one layer's input
+        kinds = config.imprint_kinds_layer
+        self.imprint_kind = nn.Linear(config.n_embd, len(KINDS)) if kinds is not None else None
         self.inv_freq: Tensor
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)  # (d/2,)
         self.read_shift = config.read_shift  # every slot's logit lowered by this at conditioning (set_read_shift)
@@ -151,6 +156,9 @@ class LlamaModel(IdentityModel):
                 self.self_update.spread.fill_(1.0)
             if self.self_update.gate is not None:
                 self.self_update.gate.bias.zero_()  # the gate starts half open
+            if self.imprint_kind is not None:  # untrained, every kind equally likely: nothing is labelled
+                self.imprint_kind.weight.zero_()
+                self.imprint_kind.bias.zero_()
             if self.memory is not None:  # the embeddings of random vocabulary tokens: inputs the backbone knows
                 rows = torch.randint(0, self.config.vocab_size, (self.memory.shape[0],), generator=generator)
                 self.memory.copy_(self.wte.weight[rows].float())
@@ -219,11 +227,12 @@ class LlamaModel(IdentityModel):
                     setattr(attn, name, new)
         self.config = config
 
-    def add_imprint(self, tokens: int, read_rank: int, *, seed: int = 0) -> None:
-        """Give this model an imprint of ``tokens`` entries and a fresh read adapter of rank ``read_rank`` (0: none),
-        in place: a trained adapter without them becomes one that keeps the user's words (and, untrained, reads
-        them with the base model's own attention)."""
+    def add_imprint(self, tokens: int, read_rank: int, *, kinds_layer: int | None = None, seed: int = 0) -> None:
+        """Give this model an imprint of ``tokens`` entries, a fresh read adapter of rank ``read_rank`` (0: none) and,
+        with ``kinds_layer``, a fresh kind tagger reading that layer, in place: a trained adapter without them
+        becomes one that keeps the user's words (and, untrained, reads them with the base model's own attention)."""
         self.config = replace(self.config, imprint_tokens=tokens, imprint_read_rank=read_rank)  # validates them
+        self.add_kind_tagger(kinds_layer)
         generator = torch.Generator().manual_seed(seed)
         C, d = self.config.n_embd, self.config.head_dim
         with torch.no_grad():
@@ -242,6 +251,17 @@ class LlamaModel(IdentityModel):
                         init_slot_map(getattr(attn, name), 0.0, generator)  # LoRA: down random, up zero
                     elif hasattr(attn, name):
                         delattr(attn, name)
+
+    def add_kind_tagger(self, layer: int | None) -> None:
+        """A fresh kind tagger reading ``layer``'s input (untrained: every kind equally likely, nothing labelled), or
+        none; in place."""
+        self.config = replace(self.config, imprint_kinds_layer=layer)  # validates it
+        self.imprint_kind = None
+        if layer is not None:
+            self.imprint_kind = nn.Linear(self.config.n_embd, len(KINDS)).to(self.wte.weight.device)
+            with torch.no_grad():
+                self.imprint_kind.weight.zero_()
+                self.imprint_kind.bias.zero_()
 
     def identity_state_dict(self) -> dict[str, Tensor]:
         """The parameters SIA adds to the backbone (what a SIA checkpoint stores beside the name of its base)."""
@@ -412,10 +432,11 @@ class LlamaModel(IdentityModel):
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
 
     @torch.no_grad()
-    def read_words(self, idx: Tensor, *, logits: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+    def read_words(self, idx: Tensor, *, logits: bool = False) -> WordsRead:
         """What the base model makes of the tokens idx (1, L) at positions 0..L-1, as an imprint keeps it: every
-        layer's pre-rotation keys and values (n_layer, H_kv, L, d), float32, and with ``logits`` its logits (L, V).
-        The identity plays no part: an imprinted span is the user's words as the pretrained model reads them."""
+        layer's pre-rotation keys and values (n_layer, H_kv, L, d), float32; with ``logits`` its logits (L, V); with
+        a kind tagger, each token's kind probabilities. The identity plays no part: an imprinted span is the user's
+        words as the pretrained model reads them."""
         if idx.dim() != 2 or idx.shape[0] != 1:
             raise ValueError(f"read_words takes one row of tokens (1, L); got {tuple(idx.shape)}")
         L = idx.shape[1]
@@ -424,11 +445,25 @@ class LlamaModel(IdentityModel):
         x = self.wte(idx)  # (1, L, C)
         rope = self.rope(torch.arange(L, device=idx.device).view(1, L))
         capture: list[tuple[Tensor, Tensor]] = []
-        for block in self.blocks:
-            x, _ = block(x, None, rope, None, 0, None, None, capture)
+        kinds = None
+        for i, block in enumerate(self.blocks):
+            x, h = block(x, None, rope, None, 0, None, None, capture)
+            if self.imprint_kind is not None and i == self.config.imprint_kinds_layer:
+                kinds = torch.softmax(self.imprint_kind(h[0].float().to(self.imprint_kind.weight.dtype)).float(), -1)
         keys = torch.stack([k[0] for k, _ in capture]).float()  # (n_layer, H_kv, L, d)
         values = torch.stack([v[0] for _, v in capture]).float()
-        return keys, values, self.lm_head(self.norm_f(x))[0] if logits else None
+        return WordsRead(keys, values, self.lm_head(self.norm_f(x))[0] if logits else None, kinds)
+
+    def layer_input(self, idx: Tensor, layer: int) -> Tensor:
+        """The normalised input (L, C) of ``layer``'s attention for the tokens idx (1, L), base model: what the kind
+        tagger reads (for training it)."""
+        x = self.wte(idx)
+        rope = self.rope(torch.arange(idx.shape[1], device=idx.device).view(1, -1))
+        h = x
+        for block in self.blocks[: layer + 1]:
+            x, h = block(x, None, rope, None, 0, None)
+        out: Tensor = h[0].float()
+        return out
 
     # --- what a turn leaves behind ---
     def summarize(self, stats: SummarySums) -> TurnSummary:

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 # what a span says, when something labels it (0: not known); a span of a known kind replaces the older one of its kind
-KINDS = ("unknown", "name", "city", "job", "colour", "pet", "hobby")
+KINDS = ("unknown", "name", "city", "job", "colour", "pet", "hobby", "food", "instrument", "language", "origin")
 
 _INT8_MAX = 127.0
 
@@ -211,7 +211,7 @@ class SpanChoice:
     start: int
     end: int
     score: float  # its salience: the largest token shock in it (nats)
-    kind: int = 0  # an index into KINDS
+    kind: int = 0  # an index into KINDS (0: unknown)
 
 
 _CONJUNCTIONS = frozenset({"and", "but", "so", "because", "while", "although", "though", "since", "plus", "also"})
@@ -241,16 +241,29 @@ def _peak_window(surprisal: Tensor, start: int, end: int, width: int) -> tuple[i
     return first, first + width
 
 
-def select_spans(surprisal: Tensor, breaks: Tensor, *, budget: int, max_span: int, min_score: float) -> list[SpanChoice]:
-    """The spans of one message worth imprinting, by token shock: the message cut into clauses at ``breaks``, each
-    scored by its most surprising token, the clauses above ``min_score`` taken best first (longer ones trimmed to
-    ``max_span`` tokens around their peak) while they fit in ``budget`` tokens; returned in message order.
+def select_spans(
+    surprisal: Tensor,
+    breaks: Tensor,
+    *,
+    budget: int,
+    max_span: int,
+    min_score: float,
+    kinds: Tensor | None = None,
+    min_kind: float = 0.5,
+) -> list[SpanChoice]:
+    """The spans of one message worth imprinting: the message cut into clauses at ``breaks``, each scored by its
+    most surprising token (token shock, nats) and, with ``kinds``, labelled with the kind its tokens state on
+    average when that reaches ``min_kind``; the labelled clauses first, then the others scoring at least
+    ``min_score``, best first (longer ones trimmed to ``max_span`` tokens around their peak) while they fit in
+    ``budget`` tokens; returned in message order.
 
-    surprisal (n,) nats per token of the message under the identity; breaks (n,) bool: the token ends a clause
-    (punctuation, a line break, a conjunction; the tokenizer's ``clause_breaks``)."""
+    surprisal (n,) each token's NLL under the identity; breaks (n,) bool, the token ends a clause (``clause_breaks``);
+    kinds (n, len(KINDS)) each token's probabilities of stating each kind (the model's kind tagger), or None."""
     n = surprisal.shape[0]
     if breaks.shape != (n,):
         raise ValueError(f"breaks must be ({n},) like the surprisal; got {tuple(breaks.shape)}")
+    if kinds is not None and kinds.shape != (n, len(KINDS)):
+        raise ValueError(f"kinds must be ({n}, {len(KINDS)}); got {tuple(kinds.shape)}")
     if budget < 0 or max_span < 1:
         raise ValueError(f"need budget >= 0 and max_span >= 1; got {budget}, {max_span}")
     if not bool(torch.isfinite(surprisal).all()):
@@ -261,14 +274,21 @@ def select_spans(surprisal: Tensor, breaks: Tensor, *, budget: int, max_span: in
     clauses, start = [], 0
     for end in ends:
         if end > start:
-            clauses.append(_peak_window(surprisal, start, end, max_span))
+            clauses.append((start, end))
         start = end
-    scored = sorted(((float(surprisal[a:b].max()), a, b) for a, b in clauses), reverse=True)
+    scored = []
+    for a, b in clauses:
+        kind = 0
+        if kinds is not None:
+            mean = kinds[a:b, 1:].float().mean(0)  # (len(KINDS) - 1,)
+            kind = int(mean.argmax()) + 1 if float(mean.max()) >= min_kind else 0
+        a, b = _peak_window(surprisal, a, b, max_span)
+        scored.append((kind > 0, float(surprisal[a:b].max()), a, b, kind))
     chosen, room = [], budget
-    for score, a, b in scored:
-        if score < min_score or b - a > room:
+    for known, score, a, b, kind in sorted(scored, reverse=True):
+        if (not known and score < min_score) or b - a > room:
             continue
-        chosen.append(SpanChoice(a, b, score))
+        chosen.append(SpanChoice(a, b, score, kind))
         room -= b - a
     return sorted(chosen, key=lambda c: c.start)
 
@@ -304,8 +324,9 @@ def imprint_spans(
     """``imprint`` with the chosen spans of one message added: keys and values (n_layer, H_kv, n, d), pre-rotation,
     of the message's n tokens; ``tokens`` (n,) their ids, or None to keep no text.
 
-    A span of a known kind first replaces the imprinted spans of its kind; then, while it does not fit, the
-    lowest-scored span goes, as long as it scores less than the new one (otherwise the new span is dropped)."""
+    A span of a known kind first replaces the imprinted spans of its kind; then, while it does not fit, the weakest
+    span goes (a span of unknown kind before any known one, then the lowest score), as long as it is weaker than the
+    new one (otherwise the new span is dropped)."""
     n = keys.shape[2]
     if values.shape != keys.shape or keys.shape[:2] != imprint.keys.shape[:2] or keys.shape[3] != imprint.keys.shape[3]:
         raise ValueError(f"keys and values must be (n_layer, H_kv, n, d) for this imprint; got {tuple(keys.shape)}")
@@ -320,11 +341,12 @@ def imprint_spans(
             continue
         if choice.kind:
             spans = [s for s in spans if s.kind != choice.kind]
+        strength = (choice.kind > 0, choice.score)
         while sum(s.length for s in spans) + length > imprint.capacity:
-            lowest = min(range(len(spans)), key=lambda i: spans[i].score)
-            if spans[lowest].score >= choice.score:
+            weakest = min(range(len(spans)), key=lambda i: (spans[i].kind > 0, spans[i].score))
+            if (spans[weakest].kind > 0, spans[weakest].score) >= strength:
                 break
-            spans.pop(lowest)
+            spans.pop(weakest)
         if sum(s.length for s in spans) + length > imprint.capacity:
             continue
         at = slice(choice.start, choice.end)

@@ -154,15 +154,17 @@ def imprint_message(
         return imprint
     message = prompt.tokens[start:end]
     surprisal = generation.prompt_nll[a : b - 1].float().cpu()  # (n,) each message token's NLL under the identity
+    words = model.read_words(torch.tensor([prompt.tokens[:end]], device=model.device))
+    kinds = None if words.kinds is None else words.kinds[start:end].cpu()
     breaks = clause_breaks([tok.token_text(t) for t in message])
-    choices = select_spans(surprisal, breaks, budget=c.imprint_per_turn, max_span=c.imprint_span, min_score=c.imprint_min_shock)
+    choices = select_spans(
+        surprisal, breaks, budget=c.imprint_per_turn, max_span=c.imprint_span, min_score=c.imprint_min_shock, kinds=kinds
+    )
     if not choices:
         return imprint
-    keys, values, _ = model.read_words(torch.tensor([prompt.tokens[:end]], device=model.device))
+    keys, values = words.keys[:, :, start:end].cpu(), words.values[:, :, start:end].cpu()
     tokens = torch.tensor(message, dtype=torch.int32) if request.keep_text else None
-    return imprint_spans(
-        imprint, keys[:, :, start:end].cpu(), values[:, :, start:end].cpu(), choices, turn=request.state.turns, tokens=tokens
-    )
+    return imprint_spans(imprint, keys, values, choices, turn=request.state.turns, tokens=tokens)
 
 
 def run_turn(

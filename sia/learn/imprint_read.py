@@ -29,10 +29,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sia.backbones.llama import LlamaModel
-from sia.identity.imprint import Imprint, ImprintEntries, clause_breaks, imprint_spans, select_spans
+from sia.identity.imprint import KINDS, Imprint, ImprintEntries, clause_breaks, imprint_spans, select_spans
 from sia.learn.adapter.facts import chitchat
 
-__all__ = ["ReadConfig", "ReadExample", "ReadPhrases", "make_example", "train_read"]
+__all__ = ["ReadConfig", "ReadExample", "ReadPhrases", "make_example", "token_kinds", "train_kinds", "train_read"]
 
 log = logging.getLogger("sia.learn.imprint_read")
 
@@ -51,6 +51,7 @@ class ReadConfig:
     distractors: int = 3  # at most this many unrelated messages imprinted beside the statement
     distill_weight: float = 1.0
     extra_rate: float = 0.25  # chance that a statement also states a kind beyond the main six
+    kinds_layer: int | None = 15  # the layer the kind tagger reads; None: no tagger
     seed: int = 0
     log_every: int = 10
 
@@ -100,6 +101,8 @@ class ReadExample:
     answer: str
     exchange: tuple[str, str]  # an ordinary (message, reply) the distillation reads with the same imprint
     facts: dict[str, str] = field(default_factory=dict)
+    stated: int = 0  # the message that states the facts
+    clauses: tuple[tuple[int, int, str], ...] = ()  # (start, end, kind): the characters of that message stating each
 
 
 def make_example(rng: random.Random, p: ReadPhrases, *, distractors: int, extra_rate: float) -> ReadExample:
@@ -108,21 +111,25 @@ def make_example(rng: random.Random, p: ReadPhrases, *, distractors: int, extra_
         kinds.append(rng.choice(EXTRA))
     rng.shuffle(kinds)
     facts = {kind: rng.choice(p.values[kind]) for kind in kinds}
-    clauses = [_fill(rng.choice(p.clauses[kind]), facts[kind]) for kind in kinds]
-    message = clauses[0]
-    for clause in clauses[1:]:
-        message += rng.choice(p.connectors) + clause
-    if rng.random() < 0.5:
-        message = rng.choice(p.openers) + " " + message
+    message = rng.choice(p.openers) + " " if rng.random() < 0.5 else ""
+    spans = []
+    for i, kind in enumerate(kinds):
+        if i:
+            message += rng.choice(p.connectors)
+        clause = _fill(rng.choice(p.clauses[kind]), facts[kind])
+        spans.append((len(message), len(message) + len(clause), kind))
+        message += clause
     if rng.random() < 0.3:
         message += " " + rng.choice(p.closers)
     others = rng.sample(p.chitchat, rng.randint(0, distractors))
     messages = list(others)
-    messages.insert(rng.randint(0, len(others)), message)
+    stated = rng.randint(0, len(others))
+    messages.insert(stated, message)
     asked = rng.choice(kinds)
     answer = _fill(rng.choice(p.answers[asked]), facts[asked])
     exchange = rng.choice(chitchat("train"))
-    return ReadExample(tuple(messages), rng.choice(p.questions[asked]), answer, (exchange.user, exchange.reply), facts)
+    question = rng.choice(p.questions[asked])
+    return ReadExample(tuple(messages), question, answer, (exchange.user, exchange.reply), facts, stated, tuple(spans))
 
 
 @torch.no_grad()
@@ -134,17 +141,81 @@ def imprint_of(model: LlamaModel, system: list[int], messages: tuple[str, ...]) 
     for turn, message in enumerate(messages):
         tokens, (start, end) = tok.turn_prompt(message, system)
         body = tokens[start : end - 1]
-        keys, values, logits = model.read_words(torch.tensor([tokens[: end - 1]], device=model.device), logits=True)
-        assert logits is not None
-        nll = -F.log_softmax(logits[start - 1 : end - 2].float(), -1).gather(-1, torch.tensor(body, device=model.device)[:, None])
+        words = model.read_words(torch.tensor([tokens[: end - 1]], device=model.device), logits=True)
+        assert words.logits is not None
+        targets = torch.tensor(body, device=model.device)[:, None]
+        nll = -F.log_softmax(words.logits[start - 1 : end - 2].float(), -1).gather(-1, targets)[:, 0].cpu()
+        kinds = None if words.kinds is None else words.kinds[start : end - 1].cpu()
         breaks = clause_breaks([tok.token_text(t) for t in body])
         choices = select_spans(
-            nll[:, 0].cpu(), breaks, budget=c.imprint_per_turn, max_span=c.imprint_span, min_score=c.imprint_min_shock
+            nll, breaks, budget=c.imprint_per_turn, max_span=c.imprint_span, min_score=c.imprint_min_shock, kinds=kinds
         )
+        at = slice(start, end - 1)
         imprint = imprint_spans(
-            imprint, keys[:, :, start : end - 1].cpu(), values[:, :, start : end - 1].cpu(), choices, turn=turn, tokens=None
+            imprint, words.keys[:, :, at].cpu(), words.values[:, :, at].cpu(), choices, turn=turn, tokens=None
         )
     return imprint
+
+
+def token_kinds(tok: Any, message: str, clauses: tuple[tuple[int, int, str], ...]) -> list[int]:
+    """Each token of ``tok.encode(message)`` labelled with the KINDS index of the clause its characters fall in (0
+    outside every clause): the kind tagger's targets."""
+    label = [0] * len(message.encode())
+    for a, b, kind in clauses:
+        lo, hi = len(message[:a].encode()), len(message[:b].encode())
+        label[lo:hi] = [KINDS.index(kind)] * (hi - lo)
+    out, at = [], 0
+    for t in tok.encode(message):
+        n = len(tok.token_bytes(t) or b"")
+        inside = [k for k in label[at : at + n] if k]
+        out.append(max(set(inside), key=inside.count) if inside else 0)
+        at += n
+    return out
+
+
+def train_kinds(
+    model: LlamaModel, systems: list[list[int]], phrases: ReadPhrases, *, messages: int = 1200, steps: int = 300, seed: int = 0
+) -> dict[str, float]:
+    """Fit the kind tagger (``model.imprint_kind``, a linear map of one layer's normalised input) on generated
+    statements and unrelated messages, the base model frozen; returns its token accuracy on 200 more."""
+    if model.imprint_kind is None or model.config.imprint_kinds_layer is None:
+        raise ValueError("the model has no kind tagger: add_imprint(..., kinds_layer=L) first")
+    layer, tok, rng = model.config.imprint_kinds_layer, model.tokenizer, random.Random(seed)
+
+    def features(n: int) -> tuple[Tensor, Tensor]:
+        xs, ys = [], []
+        for _ in range(n):
+            ex = make_example(rng, phrases, distractors=1, extra_rate=0.3)
+            system = rng.choice(systems)
+            for i, message in enumerate(ex.messages):
+                tokens, (start, end) = tok.turn_prompt(message, system)
+                with torch.no_grad():
+                    h = model.layer_input(torch.tensor([tokens[: end - 1]], device=model.device), layer)[start:]
+                xs.append(h.cpu())
+                ys.append(torch.tensor(token_kinds(tok, message, ex.clauses if i == ex.stated else ())))
+        return torch.cat(xs), torch.cat(ys)
+
+    x, y = features(messages)
+    held_x, held_y = features(200)
+    tagger = model.imprint_kind
+    opt = torch.optim.AdamW(tagger.parameters(), lr=1e-2, weight_decay=1e-4)
+    x, y = x.to(tagger.weight.device), y.to(tagger.weight.device)
+    for _ in range(steps):
+        loss = F.cross_entropy(tagger(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+    with torch.no_grad():
+        loss = F.cross_entropy(tagger(x), y)
+        predicted = tagger(held_x.to(tagger.weight.device)).argmax(-1).cpu()
+    fact = held_y > 0
+    return {
+        "tokens": float(x.shape[0]),
+        "loss": loss.item(),
+        "accuracy": float((predicted == held_y).float().mean()),
+        "fact_token_recall": float((predicted[fact] == held_y[fact]).float().mean()),
+        "false_fact_rate": float((predicted[~fact] > 0).float().mean()),
+    }
 
 
 def _batch(rows: list[tuple[list[int], int]], pad: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -227,19 +298,27 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
     return history
 
 
-def train_checkpoint(checkpoint: Path, out: Path, config: ReadConfig) -> Path:
+def train_checkpoint(checkpoint: Path, out: Path, config: ReadConfig, *, kinds_only: bool = False) -> Path:
     """A SIA checkpoint of a pretrained backbone given an imprint and a read adapter trained here, written to ``out``
-    (config.json, base.json, identity.safetensors; ``read_history.json`` the training log)."""
+    (config.json, base.json, identity.safetensors; ``read_history.json`` the training log). With ``kinds_only`` the
+    checkpoint already has its imprint and read adapter, and only a kind tagger is added and trained."""
     from sia.checkpoint import BASE_FILE, DEFAULT_CACHE, BaseRef, load_llama_checkpoint, save_llama_checkpoint
     from sia.personas import PERSONAS, persona_prompt
 
     model = load_llama_checkpoint(checkpoint, DEFAULT_CACHE)
-    model.add_imprint(config.tokens, config.rank, seed=config.seed)
+    if kinds_only:
+        model.add_kind_tagger(config.kinds_layer)
+    else:
+        model.add_imprint(config.tokens, config.rank, kinds_layer=config.kinds_layer, seed=config.seed)
     systems = [model.tokenizer.system_prompt(persona_prompt(model, name)) for name in sorted(PERSONAS)]
-    history = train_read(model, systems, config, ReadPhrases.load())
+    phrases = ReadPhrases.load()
+    tagger = train_kinds(model, systems, phrases, seed=config.seed) if config.kinds_layer is not None else {}
+    log.info("kind tagger: %s", tagger)
+    history = [] if kinds_only else train_read(model, systems, config, phrases)
     ref = BaseRef.read(checkpoint / BASE_FILE)
     save_llama_checkpoint(model, out, ref)
-    (out / "read_history.json").write_text(json.dumps({"config": vars(config), "history": history}, indent=1) + "\n")
+    log_file = out / "read_history.json"
+    log_file.write_text(json.dumps({"config": vars(config), "kinds": tagger, "history": history}, indent=1) + "\n")
     return out
 
 
@@ -258,6 +337,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=ReadConfig.tokens)
     parser.add_argument("--distill", type=float, default=ReadConfig.distill_weight)
     parser.add_argument("--seed", type=int, default=ReadConfig.seed)
+    parser.add_argument("--kinds-layer", type=int, default=ReadConfig.kinds_layer, help="-1: no kind tagger")
+    parser.add_argument("--kinds-only", action="store_true", help="add and train only the kind tagger")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -272,7 +353,7 @@ def main() -> None:
         distill_weight=args.distill,
         seed=args.seed,
     )
-    train_checkpoint(args.checkpoint, args.out, config)
+    train_checkpoint(args.checkpoint, args.out, config, kinds_only=args.kinds_only)
 
 
 if __name__ == "__main__":

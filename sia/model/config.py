@@ -215,6 +215,7 @@ class LlamaConfig(IdentityConfig):
     # the imprint's read adapter: a low-rank change of every layer's query, value and output maps, applied only in rows
     # whose imprint holds something (so a fresh identity stays the base model), trained to answer from the user's words
     imprint_read_rank: int = 0  # 0: none
+    imprint_kinds_layer: int | None = None  # the layer whose input the kind tagger reads; None: no tagger (kinds unknown)
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "intermediate_size")
@@ -258,6 +259,9 @@ class LlamaConfig(IdentityConfig):
             value, least = getattr(self, name), 1 if name in ("imprint_span", "imprint_per_turn") else 0
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}; got {value!r}")
+        kinds = self.imprint_kinds_layer
+        if kinds is not None and (not isinstance(kinds, int) or isinstance(kinds, bool) or not 0 <= kinds < self.n_layer):
+            raise ValueError(f"imprint_kinds_layer must be a layer index in [0, {self.n_layer}) or null; got {kinds!r}")
         if not math.isfinite(self.imprint_min_shock):
             raise ValueError(f"imprint_min_shock must be a finite number of nats; got {self.imprint_min_shock}")
         self._check_identity()

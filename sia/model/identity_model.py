@@ -21,7 +21,7 @@ from sia.model.kv_cache import KVCache
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
-__all__ = ["IdentityModel", "ModelOutput"]
+__all__ = ["IdentityModel", "ModelOutput", "WordsRead"]
 
 
 @dataclass
@@ -29,6 +29,16 @@ class ModelOutput:
     logits: Tensor  # (B, L, vocab)
     stats: SummarySums
     memory: Tensor | None = None  # (B, K, C) final hidden states of the memory tokens, when they were read
+
+
+@dataclass
+class WordsRead:
+    """What ``read_words`` returns: a message's tokens as the base model reads them, what an imprint keeps."""
+
+    keys: Tensor  # (n_layer, H_kv, L, d) float32, pre-rotation
+    values: Tensor  # (n_layer, H_kv, L, d) float32
+    logits: Tensor | None = None  # (L, V), when asked for
+    kinds: Tensor | None = None  # (L, len(KINDS)): each token's probabilities of stating each kind (the kind tagger)
 
 
 class IdentityModel(nn.Module):
@@ -65,10 +75,9 @@ class IdentityModel(nn.Module):
     def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
         raise NotImplementedError
 
-    def read_words(self, idx: Tensor, *, logits: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Every layer's pre-rotation keys and values of the tokens idx (1, L) as the base model reads them
-        (n_layer, H_kv, L, d), what an imprint keeps, and with ``logits`` its logits (L, V). Only a model that
-        keeps an imprint has them."""
+    def read_words(self, idx: Tensor, *, logits: bool = False) -> WordsRead:
+        """The tokens idx (1, L) as the base model reads them: what an imprint keeps. Only a model that keeps an
+        imprint has them."""
         raise NotImplementedError(f"{type(self).__name__} keeps no imprint")
 
     def summarize(self, stats: SummarySums) -> TurnSummary:

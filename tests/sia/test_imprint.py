@@ -15,6 +15,7 @@ from transformers import LlamaForCausalLM
 
 from sia.backbones.llama import LlamaModel
 from sia.identity.imprint import (
+    KINDS,
     Imprint,
     SpanChoice,
     clause_breaks,
@@ -69,9 +70,9 @@ def build(hf_model: LlamaForCausalLM, **overrides: object) -> LlamaModel:
 def planted(model: LlamaModel, words: str, *, turn: int = 0, score: float = 5.0, kind: int = 0) -> Imprint:
     """An imprint holding ``words`` (byte tokens) as the base model reads them alone."""
     ids = model.tokenizer.encode(words)
-    keys, values, _ = model.read_words(torch.tensor([ids]))
+    words = model.read_words(torch.tensor([ids]))
     choice = SpanChoice(0, len(ids), score, kind)
-    return imprint_spans(Imprint.empty(model.config), keys, values, [choice], turn=turn, tokens=torch.tensor(ids))
+    return imprint_spans(Imprint.empty(model.config), words.keys, words.values, [choice], turn=turn, tokens=torch.tensor(ids))
 
 
 # --- the read ---
@@ -302,3 +303,26 @@ def test_state_size_in_the_shipped_shape() -> None:
     per_entry = 30 * 3 * 2 * (64 + 2) + 24
     assert config.state_bytes == LlamaConfig(d_self=256, self_slots=4).state_bytes + 48 * per_entry
     assert config.state_bytes < 1_000_000
+
+
+def test_labelled_clauses_come_first_and_carry_their_kind() -> None:
+    pieces = ["I", " am", " Ana", ",", " the", " sky", " is", " weird", "."]
+    surprisal = torch.tensor([1.0, 1.0, 3.0, 1.0, 1.0, 1.0, 1.0, 9.0, 1.0])
+    kinds = torch.zeros(len(pieces), len(KINDS))
+    kinds[:, 0] = 1.0
+    kinds[:4] = torch.nn.functional.one_hot(torch.tensor(KINDS.index("name")), len(KINDS)).float()
+    breaks = clause_breaks(pieces)
+    # the name's clause is admitted below the shock threshold and fills the budget before the surprising aside
+    choices = select_spans(surprisal, breaks, budget=4, max_span=8, min_score=4.0, kinds=kinds)
+    assert [(c.start, c.end, KINDS[c.kind]) for c in choices] == [(0, 4, "name")]
+    both = select_spans(surprisal, breaks, budget=9, max_span=8, min_score=4.0, kinds=kinds)
+    assert [(c.start, KINDS[c.kind]) for c in both] == [(0, "name"), (4, "unknown")]
+    with pytest.raises(ValueError, match="kinds must be"):
+        select_spans(surprisal, breaks, budget=4, max_span=8, min_score=4.0, kinds=kinds[:3])
+
+
+def test_a_known_kind_outlasts_higher_scored_asides() -> None:
+    imprint = _add(_add(_imprint(), 4, 3.0, kind=1, seed=1), 4, 9.0, seed=2)  # a name, then a surprising aside
+    imprint = _add(imprint, 4, 2.0, kind=3, seed=3)  # a job: evicts the aside, not the name
+    assert [(s.kind, s.score) for s in imprint.spans()] == [("name", 3.0), ("job", 2.0)]
+    assert _add(imprint, 4, 50.0, seed=4).spans() == imprint.spans()  # an aside never evicts a fact

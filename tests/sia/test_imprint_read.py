@@ -12,9 +12,19 @@ from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
 from sia.backbones.llama import LlamaModel
-from sia.identity.imprint import Imprint
+from sia.identity.imprint import KINDS, Imprint
 from sia.identity.state import IdentityState
-from sia.learn.imprint_read import EXTRA, MAIN, ReadConfig, ReadPhrases, imprint_of, make_example, train_read
+from sia.learn.imprint_read import (
+    EXTRA,
+    MAIN,
+    ReadConfig,
+    ReadPhrases,
+    imprint_of,
+    make_example,
+    token_kinds,
+    train_kinds,
+    train_read,
+)
 from sia.model.config import LlamaConfig
 from sia.model.tokenizer import ByteTokenizer
 
@@ -46,7 +56,7 @@ def phrases() -> ReadPhrases:
     kinds = (*MAIN, *EXTRA)
     return ReadPhrases(
         values={k: ("Ox", "Yak", "Emu") for k in kinds},
-        clauses={k: ("I am {v}", "it is {av}") for k in kinds},
+        clauses={k: (f"my {k} is {{v}}", f"{k}: {{av}}") for k in kinds},
         questions={k: (f"{k}?",) for k in kinds},
         answers={k: ("{v}.",) for k in kinds},
         openers=("hi",),
@@ -120,3 +130,28 @@ def test_imprint_of_keeps_no_text() -> None:
     imprint = imprint_of(model, [], ("I am Ox, hi", "sky?"))
     assert isinstance(imprint, Imprint) and imprint.used > 0 and bool((imprint.token == -1).all())
     assert {s.turn for s in imprint.spans()} <= {0, 1}
+
+
+def test_token_kinds_label_the_clauses_characters() -> None:
+    tok = ByteTokenizer()
+    message = "hi, I am Ox, bye"
+    labels = token_kinds(tok, message, ((4, 11, "name"),))
+    assert "".join(message[i] for i, k in enumerate(labels) if k) == "I am Ox"
+    assert {k for k in labels if k} == {KINDS.index("name")}
+
+
+def test_the_kind_tagger_learns_which_tokens_state_a_fact() -> None:
+    untrained = tiny()
+    untrained.add_imprint(32, 0, kinds_layer=1)
+    before = train_kinds(untrained, [list(b"sys ")], phrases(), messages=80, steps=0)
+    model = tiny()
+    model.add_imprint(32, 0, kinds_layer=1)
+    report = train_kinds(model, [list(b"sys ")], phrases(), messages=80, steps=150)
+    # a random two-layer model: every token is "unknown" untrained; trained, half the fact tokens get their kind
+    assert before["fact_token_recall"] == 0.0 and before["false_fact_rate"] == 0.0
+    assert report["fact_token_recall"] > 0.4 and report["accuracy"] > before["accuracy"] and report["loss"] < before["loss"]
+    words = model.read_words(torch.tensor([list(b"I am Emu")]))
+    assert words.kinds is not None and words.kinds.shape == (8, len(KINDS))
+    torch.testing.assert_close(words.kinds.sum(-1), torch.ones(8))
+    with pytest.raises(ValueError, match="kind tagger"):
+        train_kinds(tiny(), [[]], phrases())
