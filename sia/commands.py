@@ -136,6 +136,20 @@ def _train_adapter(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    if args.natural is not None:
+        from sia.backbones.llama import LlamaModel
+        from sia.learn.natural_eval import NaturalOptions, run_natural_eval
+
+        model = load_model(args.checkpoint, cache_dir=args.cache)
+        if not isinstance(model, LlamaModel):
+            raise ValueError("the natural set measures a chat backbone; the native model reads bytes of its own corpus")
+        natural = NaturalOptions(
+            part=args.natural, depths=tuple(args.depths), modes=tuple(args.modes), users=args.users, batch=args.batch
+        )
+        found = run_natural_eval(model, args.out, natural)
+        met = sum(t["met"] for t in found["targets"])
+        log.info("report written to %s (%d targets met of %d)", args.out / "report.md", met, len(found["targets"]))
+        return 0
     native = args.checkpoint is not None and (args.checkpoint / "model.safetensors").is_file()
     if not native:  # the bundled model, or any checkpoint of a pretrained backbone
         from sia.learn.adapter.evaluate import EvalOptions
@@ -282,6 +296,21 @@ def build_parser() -> argparse.ArgumentParser:
         " --episodes 32)",
     )
     ev.add_argument("--history", type=Path, default=None, help="pretrained backbone: the training run's history.jsonl to plot")
+    ev.add_argument(
+        "--natural",
+        choices=("tune", "heldout"),
+        default=None,
+        help="measure the hand-written natural-conversation set's part instead (sia/learn/data/natural)",
+    )
+    ev.add_argument("--depths", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16], help="--natural: unrelated turns before asking")
+    ev.add_argument(
+        "--modes",
+        nargs="+",
+        default=["state", "fresh", "transcript", "oracle"],
+        choices=["state", "fresh", "transcript", "oracle"],
+    )
+    ev.add_argument("--users", type=int, default=None, help="--natural: the first this many users (default: all)")
+    ev.add_argument("--batch", type=int, default=8, help="--natural: turns decoded together")
     ev.add_argument(
         "--cache", type=Path, default=DEFAULT_CACHE, help=f"where a GGUF base is dequantised (default {DEFAULT_CACHE})"
     )

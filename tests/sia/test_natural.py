@@ -4,6 +4,7 @@ name or place, a reply is scored on the newest value, and the batched player ask
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -82,13 +83,18 @@ def test_a_user_whose_clause_is_not_in_the_message_is_refused() -> None:
         _user([{"kind": "shoe", "value": "Ana", "accept": ["Ana"], "message": 0, "clause": "I'm Ana"}])
 
 
-def test_recall_by_depth_asks_every_user_at_every_depth() -> None:
+def _tiny() -> LlamaModel:
     hf = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-              num_key_value_heads=1, head_dim=16, max_position_embeddings=2048, tie_word_embeddings=True)  # fmt: skip
+              num_key_value_heads=1, head_dim=16, max_position_embeddings=4096, tie_word_embeddings=True)  # fmt: skip
     torch.manual_seed(0)
     config = LlamaConfig.from_hf(hf, d_self=8, trace_layers=[0], imprint_tokens=16, imprint_min_shock=0.0)
     model = LlamaModel(config, ByteTokenizer()).eval()
     model.load_base(LlamaForCausalLM(HFLlamaConfig(**hf)).eval().state_dict())
+    return model
+
+
+def test_recall_by_depth_asks_every_user_at_every_depth() -> None:
+    model = _tiny()
     users = load_users("tune")[:2]
     fillers = ["hi?", "ok."]
     from sia.model.generate import SamplingParams
@@ -104,3 +110,20 @@ def test_recall_by_depth_asks_every_user_at_every_depth() -> None:
     assert len(oracle) == 1
     with pytest.raises(ValueError, match="ascending"):
         recall_by_depth(model, model.tokenizer, users, fillers, [2, 0], system=[])
+
+
+def test_the_natural_eval_writes_its_figures_and_targets(tmp_path: Path) -> None:
+    from sia.learn.natural_eval import NaturalOptions, run_natural_eval
+
+    model = _tiny()
+    options = NaturalOptions(part="tune", depths=(0, 4), modes=("state", "fresh"), users=2, conversations=3)
+    figures = run_natural_eval(model, tmp_path, options)
+    assert [f["depth"] for f in figures["state"]] == [0, 4] and len(figures["fresh"]) == 1
+    names = [t["name"] for t in figures["targets"]]
+    assert "every fact of a user >= 60%" in names and "reply perplexity <= 1.05x base" in names
+    p = figures["perplexity"]
+    assert p["tokens"] > 0 and math.isclose(p["ratio"], p["state"] / p["base"])
+    assert figures["state_bytes"] > model.config.state_bytes - 2048
+    report = (tmp_path / "report.md").read_text()
+    assert "| state | 4 |" in report and "| fresh | – |" in report
+    assert json.loads((tmp_path / "figures.json").read_text())["users"] == 2
