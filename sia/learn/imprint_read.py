@@ -20,7 +20,7 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sia.backbones.llama import LlamaModel
-from sia.identity.imprint import KINDS, Imprint, ImprintEntries, clause_breaks, imprint_spans, select_spans
+from sia.identity.imprint import KINDS, Imprint, clause_breaks, imprint_spans, select_spans
+from sia.identity.state import IdentityState
 from sia.learn.adapter.facts import chitchat
+from sia.model.conditioning import Conditioning
 
 __all__ = ["ReadConfig", "ReadExample", "ReadPhrases", "make_example", "token_kinds", "train_kinds", "train_read"]
 
@@ -230,13 +232,10 @@ def _batch(rows: list[tuple[list[int], int]], pad: int, device: torch.device) ->
     return idx.to(device), counted.to(device)
 
 
-def _conditioned(model: LlamaModel, imprints: list[Imprint | None], reads_from: list[int]) -> Any:
-    B, c = len(imprints), model.config
-    entries = ImprintEntries.stack(imprints, c.imprint_shape, torch.float32)
-    device = model.device
-    entries = ImprintEntries(entries.keys.to(device), entries.values.to(device), entries.filled.to(device))
-    trace = torch.zeros(B, *c.trace_shape, device=device)
-    return model.condition(trace, torch.zeros(B, c.d_self, device=device), entries, torch.tensor(reads_from))
+def _conditioned(model: LlamaModel, imprints: list[Imprint | None], reads_from: list[int]) -> Conditioning:
+    """Fresh identities holding these imprints, read from ``reads_from`` on."""
+    fresh = IdentityState.fresh(model.config)
+    return model.condition_states([replace(fresh, imprint=imprint) for imprint in imprints], reads_from)
 
 
 def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, phrases: ReadPhrases) -> list[dict[str, float]]:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from sia.backbones.llama import LlamaModel
-from sia.identity.imprint import Imprint, ImprintEntries
+from sia.identity.imprint import Imprint
 from sia.identity.state import IdentityState, state_to_bytes
 from sia.learn.dialogue import load_dialogue
 from sia.learn.imprint_read import imprint_of
@@ -77,7 +77,7 @@ def imprint_perplexity(model: LlamaModel, imprints: Sequence[Imprint], conversat
     tok = model.tokenizer
     system = tok.system_prompt(PERSONAS["sia"].system_prompt)
     convs = load_dialogue()[:conversations]
-    c = model.config
+    fresh = IdentityState.fresh(model.config)
     nll = {"state": 0.0, "base": 0.0}
     count = 0
     for n, conv in enumerate(convs):
@@ -88,10 +88,7 @@ def imprint_perplexity(model: LlamaModel, imprints: Sequence[Imprint], conversat
             idx = torch.tensor([tokens], device=model.device)
             target = idx[0, len(prompt) :]
             for name, held in (("state", imprint), ("base", None)):
-                entries = ImprintEntries.stack([held], c.imprint_shape, torch.float32)
-                entries = ImprintEntries(*(t.to(model.device) for t in (entries.keys, entries.values, entries.filled)))
-                trace = torch.zeros(1, *c.trace_shape, device=model.device)
-                cond = model.condition(trace, torch.zeros(1, c.d_self, device=model.device), entries, torch.tensor([len(system)]))
+                cond = model.condition_states([replace(fresh, imprint=held)], [len(system)])
                 with torch.no_grad():
                     logits = model(idx, cond).logits[0, len(prompt) - 1 : -1]
                 nll[name] += float(F.cross_entropy(logits.float(), target, reduction="sum"))
