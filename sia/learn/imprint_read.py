@@ -53,7 +53,8 @@ class ReadConfig:
     distractors: int = 3  # at most this many unrelated messages imprinted beside the statement
     distill_weight: float = 1.0
     extra_rate: float = 0.25  # chance that a statement also states a kind beyond the main six
-    kinds_layer: int | None = 15  # the layer the kind tagger reads; None: no tagger
+    kinds: bool = True  # train a kind tagger too
+    kinds_layer: int | None = None  # the layer it reads; None: the middle one (15 of SmolLM2's 30)
     seed: int = 0
     log_every: int = 10
 
@@ -283,12 +284,20 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
                 F.log_softmax(student.float(), -1), F.log_softmax(teacher.float(), -1), log_target=True, reduction="batchmean"
             )
             loss = loss + config.distill_weight * kl
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        opt.step()
+        if loss.requires_grad:  # else no example imprinted anything: the adapter played no part
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            opt.step()
         schedule.step()
-        record = {"step": step, "answer": answer.item(), "kl": kl.item(), "seconds": round(time.perf_counter() - started, 1)}
+        imprinted = sum(1 for imprint in imprints if imprint is not None and imprint.used)
+        record = {
+            "step": step,
+            "answer": answer.item(),
+            "kl": kl.item(),
+            "imprinted": imprinted,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
         history.append(record)
         if step % config.log_every == 0 or step == 1:
             log.info("step %d: answer %.3f, kl %.4f (%.0f s)", step, record["answer"], record["kl"], record["seconds"])
@@ -297,21 +306,26 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
     return history
 
 
-def train_checkpoint(checkpoint: Path, out: Path, config: ReadConfig, *, kinds_only: bool = False) -> Path:
+def train_checkpoint(
+    checkpoint: Path, out: Path, config: ReadConfig, *, kinds_only: bool = False, cache_dir: Path | None = None
+) -> Path:
     """A SIA checkpoint of a pretrained backbone given an imprint and a read adapter trained here, written to ``out``
     (config.json, base.json, identity.safetensors; ``read_history.json`` the training log). With ``kinds_only`` the
     checkpoint already has its imprint and read adapter, and only a kind tagger is added and trained."""
     from sia.checkpoint import BASE_FILE, DEFAULT_CACHE, BaseRef, load_llama_checkpoint, save_llama_checkpoint
     from sia.personas import PERSONAS, persona_prompt
 
-    model = load_llama_checkpoint(checkpoint, DEFAULT_CACHE)
+    model = load_llama_checkpoint(checkpoint, DEFAULT_CACHE if cache_dir is None else cache_dir)
+    layer = None
+    if config.kinds:
+        layer = model.config.n_layer // 2 if config.kinds_layer is None else config.kinds_layer
     if kinds_only:
-        model.add_kind_tagger(config.kinds_layer)
+        model.add_kind_tagger(layer)
     else:
-        model.add_imprint(config.tokens, config.rank, kinds_layer=config.kinds_layer, seed=config.seed)
+        model.add_imprint(config.tokens, config.rank, kinds_layer=layer, seed=config.seed)
     systems = [model.tokenizer.system_prompt(persona_prompt(model, name)) for name in sorted(PERSONAS)]
     phrases = ReadPhrases.load()
-    tagger = train_kinds(model, systems, phrases, seed=config.seed) if config.kinds_layer is not None else {}
+    tagger = train_kinds(model, systems, phrases, seed=config.seed) if layer is not None else {}
     log.info("kind tagger: %s", tagger)
     history = [] if kinds_only else train_read(model, systems, config, phrases)
     ref = BaseRef.read(checkpoint / BASE_FILE)
@@ -336,7 +350,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=ReadConfig.tokens)
     parser.add_argument("--distill", type=float, default=ReadConfig.distill_weight)
     parser.add_argument("--seed", type=int, default=ReadConfig.seed)
-    parser.add_argument("--kinds-layer", type=int, default=ReadConfig.kinds_layer, help="-1: no kind tagger")
+    parser.add_argument(
+        "--kinds-layer", type=int, default=None, help="the layer the kind tagger reads (default: the middle); -1: none"
+    )
     parser.add_argument("--kinds-only", action="store_true", help="add and train only the kind tagger")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()

@@ -152,3 +152,35 @@ def test_every_recipe_builds_each_stage_as_it_states_it(path: Path) -> None:
                 assert {**config["model"], **recipe.train.get("model", {}), **stage.train.get("model", {})} == config["model"]
             else:
                 assert config[key] == value, (path.name, stage.name, key)
+
+
+def test_an_imprint_stage_gives_the_export_before_it_an_imprint_and_a_trained_read(base: Path, tmp_path: Path) -> None:
+    shipped = _tiny(base)
+    imprint = {"name": "imprint", "imprint": {"steps": 2, "batch": 2, "rank": 2, "tokens": 8, "distractors": 1}}
+    data = {**shipped.to_dict(), "stages": [shipped.to_dict()["stages"][0], imprint]}
+    recipe = Recipe.from_dict(data).with_overrides({"steps": 1, "seed": 3})
+    assert recipe.stages[1].imprint == {**imprint["imprint"], "steps": 1, "seed": 3}
+    final = run_recipe(recipe, tmp_path / "run", progress=False, cache_dir=base.parent / "models")
+    config = json.loads((final / "config.json").read_text())
+    assert config["imprint_tokens"] == 8 and config["imprint_read_rank"] == 2
+    assert config["imprint_kinds_layer"] == config["n_layer"] // 2
+    history = json.loads((final / "read_history.json").read_text())
+    assert len(history["history"]) == 1 and history["kinds"]["tokens"] > 0
+    model = load_model(final, cache_dir=base.parent / "models")
+    assert isinstance(model, LlamaModel) and model.imprint_kind is not None
+    names = set(model.identity_state_dict())
+    assert any("imprint_read" in n for n in names) and any("imprint_kind" in n for n in names)
+
+
+@pytest.mark.parametrize(
+    ("stage", "match"),
+    [
+        ({"name": "imprint", "imprint": {"steps": 2}, "train": {"steps": 3}}, "no train or export"),
+        ({"name": "imprint", "imprint": {"rank_of": 2}}, "unknown imprint stage keys"),
+    ],
+)
+def test_a_bad_imprint_stage_is_refused(stage: dict[str, Any], match: str) -> None:
+    data = json.loads(SHIPPED.read_text())
+    data["stages"] = [data["stages"][0], stage]
+    with pytest.raises(ValueError, match=match):
+        Recipe.from_dict(data)

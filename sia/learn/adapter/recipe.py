@@ -3,7 +3,9 @@
 A recipe file (``recipes/smollm2.json`` is the shipped adapter's) holds
 
 * ``train``: the training settings every stage shares (``TrainConfig`` fields: the backbone, the model section, ...);
-* ``stages``: ``[{"name", "train": {what this stage changes}, "export": {"slot_rank", "dtype", "read_shift"}}, ...]``.
+* ``stages``: ``[{"name", "train": {what this stage changes}, "export": {"slot_rank", "dtype", "read_shift"}}, ...]``;
+  a stage ``{"name", "imprint": {ReadConfig fields}}`` instead gives the export before it an imprint, a read adapter
+  and a kind tagger trained by ``sia.learn.imprint_read`` (its checkpoint is written as it is; no export step).
 
 Stage k trains in ``OUT/<k>-<name>/`` (``sia.learn.adapter.train``, which resumes where a run stopped), starting from
 stage k-1's export (its ``init``); its export (``sia.checkpoint.export_adapter``) is written to
@@ -25,6 +27,7 @@ from typing import Any
 
 from sia.checkpoint import DEFAULT_CACHE, export_adapter
 from sia.learn.adapter.train import TrainConfig, train
+from sia.learn.imprint_read import ReadConfig, train_checkpoint
 from sia.model.config import check_fields, read_json_object
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,8 @@ FINAL = "final"  # OUT/final: the last stage's export
 EXPORT = "export"
 RECIPE_FILE = "recipe.json"  # the recipe as run (overrides applied), written into OUT
 _RUN_KEYS = ("out_dir", "init")  # set by the recipe for each stage
+# overrides of every stage's training that an imprint stage takes too, by their ReadConfig names
+_READ_SHARED = {"steps": "steps", "seed": "seed", "batch_size": "batch"}
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
@@ -50,6 +55,7 @@ class Stage:
     name: str
     train: dict[str, Any]  # the training fields this stage sets over the recipe's shared ones
     export: Export
+    imprint: dict[str, Any] | None = None  # an imprint stage: the ReadConfig fields it sets (then train is empty)
 
 
 def _merged(shared: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,8 +91,13 @@ class Recipe:
             taken = sorted(set(data) & set(_RUN_KEYS))
             if taken:
                 raise ValueError(f"{where} sets {taken}: the recipe sets each stage's out_dir and init")
-        for index in range(len(self.stages)):
-            self.config(index, Path("."))  # every stage is a valid training config
+        for index, stage in enumerate(self.stages):
+            if stage.imprint is None:
+                self.config(index, Path("."))  # every training stage is a valid training config
+            elif index == 0 or stage.train or stage.export != Export():
+                raise ValueError(f"stage {stage.name} trains the imprint over the stage before: no train or export of its own")
+            else:
+                read_config(stage.imprint)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
@@ -94,12 +105,14 @@ class Recipe:
         stages = []
         for i, raw in enumerate(data.get("stages", [])):
             raw = _object(raw, f"stage {i}")
-            unknown = sorted(set(raw) - {"name", "train", "export"})
+            unknown = sorted(set(raw) - {"name", "train", "export", "imprint"})
             if unknown:
-                raise ValueError(f"unknown stage keys {unknown}; known keys are ['export', 'name', 'train']")
+                raise ValueError(f"unknown stage keys {unknown}; known keys are ['export', 'imprint', 'name', 'train']")
             export = _object(raw.get("export", {}), f"stage {i}'s export")
             check_fields(Export, export, "export")
-            stages.append(Stage(raw.get("name", ""), _object(raw.get("train", {}), f"stage {i}'s train"), Export(**export)))
+            imprint = None if raw.get("imprint") is None else _object(raw["imprint"], f"stage {i}'s imprint")
+            train = _object(raw.get("train", {}), f"stage {i}'s train")
+            stages.append(Stage(raw.get("name", ""), train, Export(**export), imprint))
         return cls(_object(data.get("train", {}), "the recipe's train"), tuple(stages), str(data.get("description", "")))
 
     @classmethod
@@ -110,7 +123,12 @@ class Recipe:
             raise ValueError(f"{path}: {exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
-        stages = [{"name": s.name, "train": s.train, "export": asdict(s.export)} for s in self.stages]
+        stages = [
+            {"name": s.name, "train": s.train, "export": asdict(s.export)}
+            if s.imprint is None
+            else {"name": s.name, "imprint": s.imprint}
+            for s in self.stages
+        ]
         return {"description": self.description, "train": self.train, "stages": stages}
 
     def with_overrides(self, train: Mapping[str, Any] | None = None, export: Mapping[str, Any] | None = None) -> Recipe:
@@ -120,7 +138,12 @@ class Recipe:
         if unknown:
             raise ValueError(f"unknown export keys {unknown}")
         stages = tuple(
-            Stage(s.name, _merged(s.train, train or {}), Export(**{**asdict(s.export), **(export or {})})) for s in self.stages
+            Stage(s.name, _merged(s.train, train or {}), Export(**{**asdict(s.export), **(export or {})}))
+            if s.imprint is None
+            else Stage(
+                s.name, {}, Export(), {**s.imprint, **{_READ_SHARED[k]: v for k, v in (train or {}).items() if k in _READ_SHARED}}
+            )
+            for s in self.stages
         )
         return Recipe(_merged(self.train, train or {}), stages, self.description)
 
@@ -139,6 +162,12 @@ class Recipe:
         return TrainConfig(**data)
 
 
+def read_config(fields_: Mapping[str, Any]) -> ReadConfig:
+    """An imprint stage's ReadConfig: its fields over the defaults; unknown ones refused."""
+    check_fields(ReadConfig, dict(fields_), "imprint stage")
+    return ReadConfig(**fields_)
+
+
 def run_recipe(recipe: Recipe, out: Path, *, progress: bool = True, cache_dir: Path = DEFAULT_CACHE) -> Path:
     """Train and export every stage in order (stages already exported are skipped); returns ``OUT/final``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -149,9 +178,14 @@ def run_recipe(recipe: Recipe, out: Path, *, progress: bool = True, cache_dir: P
             log.info("stage %d/%d %s: exported already (%s)", index + 1, len(recipe.stages), stage.name, done)
             continue
         log.info("stage %d/%d %s", index + 1, len(recipe.stages), stage.name)
-        trained = train(recipe.config(index, out), progress=progress, cache_dir=cache_dir)
         partial = done.with_name(done.name + ".partial")  # renamed once whole: a stopped export is redone
         shutil.rmtree(partial, ignore_errors=True)
+        if stage.imprint is not None:
+            before = recipe.export_dir(out, index - 1)
+            train_checkpoint(before, partial, read_config(stage.imprint), cache_dir=cache_dir)
+            partial.rename(done)
+            continue
+        trained = train(recipe.config(index, out), progress=progress, cache_dir=cache_dir)
         how = stage.export
         export_adapter(
             trained / "last", partial, slot_rank=how.slot_rank, dtype=how.dtype, read_shift=how.read_shift, cache_dir=cache_dir
