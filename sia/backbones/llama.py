@@ -347,7 +347,18 @@ class LlamaModel(IdentityModel):
             if imprint is not None:
                 at = imprint.keys.device
                 entries = (imprint.keys[:, layer].to(dtype), imprint.values[:, layer].to(dtype), imprint.filled.to(at))
-            layers.append(attn.condition(m, self_state.to(dtype), self.read_shift, self.exact_rows, entries, rope, reads_from))
+            layers.append(
+                attn.condition(
+                    m,
+                    self_state.to(dtype),
+                    self.read_shift,
+                    self.exact_rows,
+                    imprint=entries,
+                    rope=rope,
+                    reads_from=reads_from,
+                    imprint_shift=c.imprint_shift,
+                )
+            )
         return Conditioning(layers=layers, self_state=self_state)
 
     def base_view(self) -> LlamaModel:

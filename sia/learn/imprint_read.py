@@ -54,6 +54,8 @@ class ReadConfig:
     distill_weight: float = 1.0
     extra_rate: float = 0.25  # chance that a statement also states a kind beyond the main six
     kinds: bool = True  # train a kind tagger too
+    read_shift: float | None = None  # the self slots' read shift the checkpoint is written with (None: the one before's)
+    imprint_shift: float = 0.0  # the imprint's shift the checkpoint is written with (docs/attention.md §10)
     kinds_layer: int | None = None  # the layer it reads; None: the middle one (15 of SmolLM2's 30)
     seed: int = 0
     log_every: int = 10
@@ -309,9 +311,10 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
 def train_checkpoint(
     checkpoint: Path, out: Path, config: ReadConfig, *, kinds_only: bool = False, cache_dir: Path | None = None
 ) -> Path:
-    """A SIA checkpoint of a pretrained backbone given an imprint and a read adapter trained here, written to ``out``
-    (config.json, base.json, identity.safetensors; ``read_history.json`` the training log). With ``kinds_only`` the
-    checkpoint already has its imprint and read adapter, and only a kind tagger is added and trained."""
+    """A SIA checkpoint of a pretrained backbone given an imprint, a read adapter and a kind tagger trained here, in
+    that order (the read learns from spans chosen by token shock alone), written to ``out`` (config.json, base.json,
+    identity.safetensors; ``read_history.json`` the training log). With ``kinds_only`` the checkpoint already has its
+    imprint and read adapter, and only the kind tagger is added and trained."""
     from sia.checkpoint import BASE_FILE, DEFAULT_CACHE, BaseRef, load_llama_checkpoint, save_llama_checkpoint
     from sia.personas import PERSONAS, persona_prompt
 
@@ -319,16 +322,20 @@ def train_checkpoint(
     layer = None
     if config.kinds:
         layer = model.config.n_layer // 2 if config.kinds_layer is None else config.kinds_layer
-    if kinds_only:
-        model.add_kind_tagger(layer)
-    else:
-        model.add_imprint(config.tokens, config.rank, kinds_layer=layer, seed=config.seed)
     systems = [model.tokenizer.system_prompt(persona_prompt(model, name)) for name in sorted(PERSONAS)]
     phrases = ReadPhrases.load()
+    history: list[dict[str, float]] = []
+    if not kinds_only:
+        model.add_imprint(config.tokens, config.rank, seed=config.seed)
+        history = train_read(model, systems, config, phrases)
+    model.add_kind_tagger(layer)
     tagger = train_kinds(model, systems, phrases, seed=config.seed) if layer is not None else {}
     log.info("kind tagger: %s", tagger)
-    history = [] if kinds_only else train_read(model, systems, config, phrases)
+    shift = model.config.read_shift if config.read_shift is None else config.read_shift
+    model.config = replace(model.config, read_shift=shift, imprint_shift=config.imprint_shift)
     ref = BaseRef.read(checkpoint / BASE_FILE)
+    if ref.path is not None and not Path(ref.path).is_absolute():  # a relative base path stays the same file
+        ref = replace(ref, path=str((checkpoint / ref.path).resolve()))
     save_llama_checkpoint(model, out, ref)
     log_file = out / "read_history.json"
     log_file.write_text(json.dumps({"config": vars(config), "kinds": tagger, "history": history}, indent=1) + "\n")

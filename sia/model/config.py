@@ -216,6 +216,9 @@ class LlamaConfig(IdentityConfig):
     # whose imprint holds something (so a fresh identity stays the base model), trained to answer from the user's words
     imprint_read_rank: int = 0  # 0: none
     imprint_kinds_layer: int | None = None  # the layer whose input the kind tagger reads; None: no tagger (kinds unknown)
+    # the imprint's strength, as read_shift is the slots': every imprinted entry's logit lowered by it (memory against
+    # language; measured in docs/model.md)
+    imprint_shift: float = 0.0
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "intermediate_size")
@@ -259,6 +262,10 @@ class LlamaConfig(IdentityConfig):
             value, least = getattr(self, name), 1 if name in ("imprint_span", "imprint_per_turn") else 0
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}; got {value!r}")
+        imprint_shift = self.imprint_shift
+        if isinstance(imprint_shift, bool) or not isinstance(imprint_shift, (int, float)) or not math.isfinite(imprint_shift):
+            raise ValueError(f"imprint_shift must be a finite number; got {imprint_shift!r}")
+        self.imprint_shift = float(imprint_shift)
         kinds = self.imprint_kinds_layer
         if kinds is not None and (not isinstance(kinds, int) or isinstance(kinds, bool) or not 0 <= kinds < self.n_layer):
             raise ValueError(f"imprint_kinds_layer must be a layer index in [0, {self.n_layer}) or null; got {kinds!r}")

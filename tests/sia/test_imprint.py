@@ -326,3 +326,23 @@ def test_a_known_kind_outlasts_higher_scored_asides() -> None:
     imprint = _add(imprint, 4, 2.0, kind=3, seed=3)  # a job: evicts the aside, not the name
     assert [(s.kind, s.score) for s in imprint.spans()] == [("name", 3.0), ("job", 2.0)]
     assert _add(imprint, 4, 50.0, seed=4).spans() == imprint.spans()  # an aside never evicts a fact
+
+
+def test_the_imprint_shift_weakens_the_read(hf_model: LlamaForCausalLM) -> None:
+    """``imprint_shift`` lowers every imprinted entry's logit: at 20 the imprint is as good as absent; at 1 the read
+    moves less than at 0."""
+    model = build(hf_model)
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, "Ana Kowalski, Lisbon"))
+    idx = torch.tensor([model.tokenizer.encode("Where do I live?")])
+
+    def logits(shift: float, st: IdentityState) -> torch.Tensor:
+        model.config = replace(model.config, imprint_shift=shift)
+        with torch.no_grad():
+            return model(idx, model.condition_states([st])).logits
+
+    fresh = logits(0.0, IdentityState.fresh(model.config))
+    full, weaker, shut = logits(0.0, state), logits(1.0, state), logits(20.0, state)
+    assert (full - fresh).abs().max() > (weaker - fresh).abs().max() > 0
+    torch.testing.assert_close(shut, fresh, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="imprint_shift"):
+        replace(model.config, imprint_shift=float("inf"))
