@@ -53,9 +53,9 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
     out = tmp_path / "run"
     final = run_recipe(recipe, out, progress=False, cache_dir=base.parent / "models")
     assert final == out / "final"
-    names = [stage.name for stage in shipped.stages]
-    assert len(names) == 4
-    exports = [out / f"{i + 1}-{name}" / "export" for i, name in enumerate(names[:-1])] + [final]
+    names = [stage.name for stage in shipped.stages if stage.imprint is None]
+    assert len(names) == 4 and [s.name for s in shipped.stages] == [*names, "imprint"]
+    exports = [out / f"{i + 1}-{name}" / "export" for i, name in enumerate(names)]
     for i, name in enumerate(names):
         ran = json.loads((out / f"{i + 1}-{name}" / "train.json").read_text())
         # what the stage trained with: the recipe's own settings (only the tiny backbone and the step count replaced)
@@ -69,13 +69,21 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
         assert exported["read_shift"] == (shipped.stages[i].export.read_shift or 0.0)
         assert {t.dtype for t in load_file(str(exports[i] / "identity.safetensors")).values()} == {torch.float16}
         assert not (exports[i].parent / (exports[i].name + ".partial")).exists()
-    assert [s.export.read_shift for s in shipped.stages] == [None, None, 0.5, 0.5]
-    model = load_model(final, cache_dir=base.parent / "models")
-    assert isinstance(model, LlamaModel) and model.config.read_shift == 0.5 and model.config.slot_rank == 2
+    assert [s.export.read_shift for s in shipped.stages] == [None, None, 0.5, 0.5, None]
+    last = load_model(exports[3], cache_dir=base.parent / "models")
+    assert isinstance(last, LlamaModel) and last.config.read_shift == 0.5 and last.config.slot_rank == 2
     before = load_model(exports[2], cache_dir=base.parent / "models")
     assert isinstance(before, LlamaModel)
-    moved = [n for n, t in model.identity_state_dict().items() if not torch.equal(t, before.identity_state_dict()[n])]
-    assert moved  # the last stage trained over the export it started from
+    moved = [n for n, t in last.identity_state_dict().items() if not torch.equal(t, before.identity_state_dict()[n])]
+    assert moved  # the fourth stage trained over the export it started from
+    # the imprint stage: the fourth's export with an imprint, a read adapter and a kind tagger, its shifts as stated
+    stated = shipped.stages[4].imprint
+    assert stated is not None
+    model = load_model(final, cache_dir=base.parent / "models")
+    assert isinstance(model, LlamaModel) and model.config.imprint_tokens == stated["tokens"]
+    assert model.config.read_shift == stated["read_shift"] and model.config.imprint_shift == stated["imprint_shift"]
+    for name, tensor in last.identity_state_dict().items():
+        assert torch.equal(model.identity_state_dict()[name], tensor), name  # the adapter before it is kept as it was
     assert json.loads((out / "recipe.json").read_text()) == recipe.to_dict()
 
 
@@ -145,6 +153,8 @@ def test_every_recipe_builds_each_stage_as_it_states_it(path: Path) -> None:
     """Each recipe in recipes/ loads, and every stage's config holds what the recipe and the stage state."""
     recipe = Recipe.from_file(path)
     for index, stage in enumerate(recipe.stages):
+        if stage.imprint is not None:
+            continue  # an imprint stage has no training config of its own (test_an_imprint_stage_...)
         config = asdict(recipe.config(index, Path("runs/r")))
         stated = {**recipe.train, **stage.train}
         for key, value in stated.items():
