@@ -221,3 +221,21 @@ def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def smollm2_dir(smollm2_cache: Path) -> Path:
     """The converted SmolLM2 as a Hugging Face directory."""
     return next(p for p in smollm2_cache.iterdir() if p.is_dir())
+
+
+def hf_tiny(**changes: object) -> dict[str, object]:
+    """A tiny random LLaMA's Hugging Face config fields (byte-sized vocabulary), with ``changes``."""
+    fields: dict[str, object] = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    return {**fields, **changes}
