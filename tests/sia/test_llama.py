@@ -19,19 +19,9 @@ from sia.model.config import LlamaConfig
 from sia.model.generate import SamplingParams, generate
 from sia.model.tokenizer import ByteTokenizer
 
-HF_TINY = dict(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-5,
-    max_position_embeddings=256,
-    tie_word_embeddings=True,
-)
+from .conftest import hf_tiny
+
+HF_TINY = hf_tiny(max_position_embeddings=256)
 
 
 @pytest.fixture(scope="module")
