@@ -36,7 +36,9 @@ __all__ = [
     "dequantise",
     "forget_span",
     "imprint_spans",
+    "message_spans",
     "quantise",
+    "question_ends",
     "select_spans",
 ]
 
@@ -215,20 +217,31 @@ class SpanChoice:
 
 
 _CONJUNCTIONS = frozenset({"and", "but", "so", "because", "while", "although", "though", "since", "plus", "also"})
-_PUNCTUATION = frozenset(".,!?;:()[]\n")
+_SENTENCE_ENDS = frozenset(".!?;\n")
+_PAUSES = frozenset(",:()[]")
 
 
-def clause_breaks(pieces: Sequence[str]) -> Tensor:
-    """(n,) bool for a message's token texts: True where a token ends a clause: it holds a punctuation mark or a line
-    break, or the next token is a conjunction ("and I live in Lisbon" starts a clause of its own)."""
+def clause_breaks(pieces: Sequence[str], *, min_tokens: int = 4) -> Tensor:
+    """(n,) bool for a message's token texts: True where a token ends a clause. A sentence ends at a full stop, an
+    exclamation or question mark, a semicolon or a line break; within a sentence a clause ends at a comma, a colon or
+    a bracket, or before a conjunction ("and I live in Lisbon"), once it holds ``min_tokens`` tokens (so "Ana here,
+    Ana Kowalski." and "I build and repair violins in Trieste" stay whole)."""
     n = len(pieces)
     breaks = torch.zeros(n, dtype=torch.bool)
+    length = 0
     for i, piece in enumerate(pieces):
-        if any(ch in _PUNCTUATION for ch in piece):
+        length += 1
+        ends = any(ch in _SENTENCE_ENDS for ch in piece)
+        pause = any(ch in _PAUSES for ch in piece) or (i + 1 < n and pieces[i + 1].strip().lower() in _CONJUNCTIONS)
+        if ends or (pause and length >= min_tokens):
             breaks[i] = True
-        if i + 1 < n and pieces[i + 1].strip().lower() in _CONJUNCTIONS:
-            breaks[i] = True
+            length = 0
     return breaks
+
+
+def question_ends(pieces: Sequence[str]) -> Tensor:
+    """(n,) bool: the token holds a question mark (a clause ending there asks; it states nothing about the user)."""
+    return torch.tensor([("?" in piece) for piece in pieces], dtype=torch.bool)
 
 
 def _peak_window(surprisal: Tensor, start: int, end: int, width: int) -> tuple[int, int]:
@@ -250,6 +263,7 @@ def select_spans(
     min_score: float,
     kinds: Tensor | None = None,
     min_kind: float = 0.5,
+    questions: Tensor | None = None,
 ) -> list[SpanChoice]:
     """The spans of one message worth imprinting: the message cut into clauses at ``breaks``, each scored by its
     most surprising token (token shock, nats) and, with ``kinds``, labelled with the kind its tokens state on
@@ -258,10 +272,13 @@ def select_spans(
     ``budget`` tokens; returned in message order.
 
     surprisal (n,) each token's NLL under the identity; breaks (n,) bool, the token ends a clause (``clause_breaks``);
-    kinds (n, len(KINDS)) each token's probabilities of stating each kind (the model's kind tagger), or None."""
+    kinds (n, len(KINDS)) each token's probabilities of stating each kind (the model's kind tagger), or None;
+    questions (n,) bool, the token ends a question (``question_ends``): a clause ending in one is never imprinted."""
     n = surprisal.shape[0]
     if breaks.shape != (n,):
         raise ValueError(f"breaks must be ({n},) like the surprisal; got {tuple(breaks.shape)}")
+    if questions is not None and questions.shape != (n,):
+        raise ValueError(f"questions must be ({n},) like the surprisal; got {tuple(questions.shape)}")
     if kinds is not None and kinds.shape != (n, len(KINDS)):
         raise ValueError(f"kinds must be ({n}, {len(KINDS)}); got {tuple(kinds.shape)}")
     if budget < 0 or max_span < 1:
@@ -277,6 +294,8 @@ def select_spans(
             clauses.append((start, end))
         start = end
     scored = []
+    if questions is not None:
+        clauses = [(a, b) for a, b in clauses if not bool(questions[a:b].any())]
     for a, b in clauses:
         kind = 0
         if kinds is not None:
@@ -291,6 +310,22 @@ def select_spans(
         chosen.append(SpanChoice(a, b, score, kind))
         room -= b - a
     return sorted(chosen, key=lambda c: c.start)
+
+
+def message_spans(
+    surprisal: Tensor, pieces: Sequence[str], kinds: Tensor | None, *, budget: int, max_span: int, min_score: float
+) -> list[SpanChoice]:
+    """``select_spans`` for a message's token texts ``pieces``: cut into clauses (``clause_breaks``), its questions
+    left out (``question_ends``)."""
+    return select_spans(
+        surprisal,
+        clause_breaks(pieces),
+        budget=budget,
+        max_span=max_span,
+        min_score=min_score,
+        kinds=kinds,
+        questions=question_ends(pieces),
+    )
 
 
 @dataclass(frozen=True)
@@ -324,9 +359,9 @@ def imprint_spans(
     """``imprint`` with the chosen spans of one message added: keys and values (n_layer, H_kv, n, d), pre-rotation,
     of the message's n tokens; ``tokens`` (n,) their ids, or None to keep no text.
 
-    A span of a known kind first replaces the imprinted spans of its kind; then, while it does not fit, the weakest
-    span goes (a span of unknown kind before any known one, then the lowest score), as long as it is weaker than the
-    new one (otherwise the new span is dropped)."""
+    A span of a known kind first replaces the spans of its kind that earlier turns imprinted; then, while it does not
+    fit, the weakest span goes (a span of unknown kind before any known one, then the lowest score), as long as it is
+    weaker than the new one (otherwise the new span is dropped)."""
     n = keys.shape[2]
     if values.shape != keys.shape or keys.shape[:2] != imprint.keys.shape[:2] or keys.shape[3] != imprint.keys.shape[3]:
         raise ValueError(f"keys and values must be (n_layer, H_kv, n, d) for this imprint; got {tuple(keys.shape)}")
@@ -339,8 +374,8 @@ def imprint_spans(
         length = choice.end - choice.start
         if length > imprint.capacity:
             continue
-        if choice.kind:
-            spans = [s for s in spans if s.kind != choice.kind]
+        if choice.kind:  # a restatement replaces what earlier turns said of its kind, not its own message's other spans
+            spans = [s for s in spans if s.kind != choice.kind or s.turn == turn]
         strength = (choice.kind > 0, choice.score)
         while sum(s.length for s in spans) + length > imprint.capacity:
             weakest = min(range(len(spans)), key=lambda i: (spans[i].kind > 0, spans[i].score))

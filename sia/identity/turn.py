@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from sia.identity.imprint import Imprint, clause_breaks, imprint_spans, select_spans
+from sia.identity.imprint import Imprint, imprint_spans, message_spans
 from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState, advance
 from sia.model.config import LlamaConfig
@@ -156,9 +156,13 @@ def imprint_message(
     surprisal = generation.prompt_nll[a : b - 1].float().cpu()  # (n,) each message token's NLL under the identity
     words = model.read_words(torch.tensor([prompt.tokens[:end]], device=model.device))
     kinds = None if words.kinds is None else words.kinds[start:end].cpu()
-    breaks = clause_breaks([tok.token_text(t) for t in message])
-    choices = select_spans(
-        surprisal, breaks, budget=c.imprint_per_turn, max_span=c.imprint_span, min_score=c.imprint_min_shock, kinds=kinds
+    choices = message_spans(
+        surprisal,
+        [tok.token_text(t) for t in message],
+        kinds,
+        budget=c.imprint_per_turn,
+        max_span=c.imprint_span,
+        min_score=c.imprint_min_shock,
     )
     if not choices:
         return imprint

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sia.backbones.llama import LlamaModel
-from sia.identity.imprint import KINDS, Imprint, clause_breaks, imprint_spans, select_spans
+from sia.identity.imprint import KINDS, Imprint, imprint_spans, message_spans
 from sia.identity.state import IdentityState
 from sia.learn.adapter.facts import chitchat
 from sia.model.conditioning import Conditioning
@@ -49,7 +49,7 @@ class ReadConfig:
     batch: int = 8
     lr: float = 2e-3
     rank: int = 8  # the read adapter's rank
-    tokens: int = 48  # imprint entries
+    tokens: int = 62  # imprint entries (62 keep a stored SmolLM2 identity under 1 MB)
     distractors: int = 3  # at most this many unrelated messages imprinted beside the statement
     distill_weight: float = 1.0
     extra_rate: float = 0.25  # chance that a statement also states a kind beyond the main six
@@ -151,9 +151,13 @@ def imprint_of(model: LlamaModel, system: list[int], messages: tuple[str, ...]) 
         targets = torch.tensor(body, device=model.device)[:, None]
         nll = -F.log_softmax(words.logits[start - 1 : end - 2].float(), -1).gather(-1, targets)[:, 0].cpu()
         kinds = None if words.kinds is None else words.kinds[start : end - 1].cpu()
-        breaks = clause_breaks([tok.token_text(t) for t in body])
-        choices = select_spans(
-            nll, breaks, budget=c.imprint_per_turn, max_span=c.imprint_span, min_score=c.imprint_min_shock, kinds=kinds
+        choices = message_spans(
+            nll,
+            [tok.token_text(t) for t in body],
+            kinds,
+            budget=c.imprint_per_turn,
+            max_span=c.imprint_span,
+            min_score=c.imprint_min_shock,
         )
         at = slice(start, end - 1)
         imprint = imprint_spans(

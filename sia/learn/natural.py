@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ __all__ = [
     "Question",
     "UserResult",
     "answered",
+    "kept",
     "load_fillers",
     "load_users",
     "play_user",
@@ -142,6 +143,19 @@ def answered(reply: str, user: NaturalUser, kind: str) -> bool:
     return not any(_mentions(reply, a) for f in user.older(kind) for a in f.accept if a.lower() not in newest)
 
 
+def kept(state: IdentityState, tok: Tokenizer, user: NaturalUser, kind: str) -> bool | None:
+    """The newest value of ``kind`` is among the words ``state``'s imprint holds (None where it keeps no imprint or
+    no text): the write's share of a question, apart from the read's."""
+    imprint = state.imprint
+    if imprint is None or not imprint.capacity:
+        return None
+    spans = imprint.spans()
+    if any(s.tokens is None for s in spans):
+        return None
+    text = " | ".join(tok.decode(s.tokens or ()) for s in spans)
+    return any(_mentions(text, a) for a in user.newest(kind).accept)
+
+
 @dataclass(frozen=True)
 class UserResult:
     user: str
@@ -212,6 +226,7 @@ class DepthResult:
     depth: int
     right: dict[str, dict[str, bool]]  # user -> kind -> remembered
     replies: dict[str, dict[str, str]]
+    kept: dict[str, dict[str, bool | None]] = field(default_factory=dict)  # user -> kind -> its value imprinted
 
     def per_kind(self) -> dict[str, list[bool]]:
         out: dict[str, list[bool]] = {}
@@ -290,9 +305,11 @@ def recall_by_depth(
         requests = [TurnRequest(states[u.id], q.text, dynamics, context(u, q.kind), keep_text) for u, q in pairs]
         right: dict[str, dict[str, bool]] = {u.id: {} for u in users}
         replies: dict[str, dict[str, str]] = {u.id: {} for u in users}
+        held: dict[str, dict[str, bool | None]] = {u.id: {} for u in users}
         for (u, q), (reply, _) in zip(pairs, _batched(model, tok, requests, ask, batch), strict=True):
             right[u.id][q.kind], replies[u.id][q.kind] = answered(reply, u, q.kind), reply
-        return DepthResult(depth, right, replies)
+            held[u.id][q.kind] = kept(states[u.id], tok, u, q.kind)
+        return DepthResult(depth, right, replies, held)
 
     if mode in ("oracle", "fresh"):
         return [ask_all(0)]

@@ -67,7 +67,24 @@ def _figures(result: DepthResult, users: Sequence[Any]) -> dict[str, Any]:
         "counts": {k: len(v) for k, v in sorted(kinds.items())},
         "main": _rate([ok for k in MAIN_KINDS for ok in kinds.get(k, [])]),
         "corrections": _rate(result.corrections(users)),
+        **_kept(result),
         "replies": result.replies,
+    }
+
+
+def _kept(result: DepthResult) -> dict[str, Any]:
+    """The write's share and the read's: how often the asked value was in the imprint when asked, and how often the
+    reply gave it when it was (and when it was not)."""
+    rows = [(kind, result.kept.get(user, {}).get(kind), ok) for user, kinds in result.right.items() for kind, ok in kinds.items()]
+    rows = [(kind, held, ok) for kind, held, ok in rows if held is not None]
+    if not rows:
+        return {}
+    kinds = sorted({kind for kind, _, _ in rows})
+    return {
+        "kept": _rate([held for _, held, _ in rows]),
+        "kept_by_kind": {k: _rate([held for kind, held, _ in rows if kind == k]) for k in kinds},
+        "right_when_kept": _rate([ok for _, held, ok in rows if held]),
+        "right_when_lost": _rate([ok for _, held, ok in rows if not held]),
     }
 
 
@@ -171,6 +188,23 @@ def report(figures: dict[str, Any]) -> str:
             cells = " | ".join(_pct(f["by_kind"].get(k)) for k in kinds)
             lines.append(
                 f"| {mode} | {depth} | {_pct(f['per_fact'])} | {_pct(f['all_facts'])} | {_pct(f['corrections'])} | {cells} |"
+            )
+    kept = [(f["depth"], f) for f in figures.get("state", []) if f.get("kept") is not None]
+    if kept:
+        lines += [
+            "",
+            "The write and the read apart (through the state): the asked value among the imprint's words when asked,"
+            " and how often the reply gave it.",
+            "",
+            "| depth | value imprinted | "
+            + " | ".join(f"{k} imprinted" for k in kinds)
+            + " | right when imprinted | right when not |",
+            "|---" * (4 + len(kinds)) + "|",
+        ]
+        for depth, f in kept:
+            cells = " | ".join(_pct(f["kept_by_kind"].get(k)) for k in kinds)
+            lines.append(
+                f"| {depth} | {_pct(f['kept'])} | {cells} | {_pct(f['right_when_kept'])} | {_pct(f['right_when_lost'])} |"
             )
     if "perplexity" in figures:
         p = figures["perplexity"]

@@ -209,8 +209,8 @@ class LlamaConfig(IdentityConfig):
     metric_scale: float = 2.0  # c: the metric's eigenvalues stay in c·rho·(-1, 1); logits move by at most 4·c·rho
     # --- the imprint (sia.identity.imprint): the user's own words as key/value entries, read beside the self slots ---
     imprint_tokens: int = 0  # N: entries (tokens) per layer and key/value head; 0: no imprint
-    imprint_span: int = 12  # the longest span one clause imprints, in tokens
-    imprint_per_turn: int = 24  # the most tokens one message imprints
+    imprint_span: int = 16  # the longest span one clause imprints, in tokens
+    imprint_per_turn: int = 40  # the most tokens one message imprints
     imprint_min_shock: float = 4.0  # a clause is imprinted only if a token of it surprises the identity this much (nats)
     # the imprint's read adapter: a low-rank change of every layer's query, value and output maps, applied only in rows
     # whose imprint holds something (so a fresh identity stays the base model), trained to answer from the user's words

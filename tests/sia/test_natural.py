@@ -112,6 +112,32 @@ def test_recall_by_depth_asks_every_user_at_every_depth() -> None:
         recall_by_depth(model, model.tokenizer, users, fillers, [2, 0], system=[])
 
 
+def test_kept_tells_whether_the_asked_value_is_among_the_imprinted_words() -> None:
+    """The write's share of a question: the newest value in the imprint's words (None with no text kept)."""
+    from dataclasses import replace
+
+    from sia.identity.imprint import Imprint, SpanChoice, imprint_spans
+    from sia.identity.state import IdentityState
+    from sia.learn.natural import Fact, Question, kept
+
+    model = _tiny()
+    tok = model.tokenizer
+    message = "I live in Oslo."  # 15 tokens: the tiny imprint holds 16
+    ids = torch.tensor(tok.encode(message), dtype=torch.int32)
+    n, (layers, heads, _, d) = len(ids), model.config.imprint_shape
+    keys = torch.randn(layers, heads, n, d)
+    fact = Fact("city", "Oslo", ("Oslo",), 0, message)
+    user = NaturalUser("u", (message,), (fact,), (Question("city", "Where do I live?"),))
+    state = IdentityState.fresh(model.config)
+    assert kept(state, tok, user, "city") is None  # no imprint yet
+    whole = imprint_spans(Imprint.empty(model.config), keys, keys, [SpanChoice(0, n, 5.0)], turn=0, tokens=ids)
+    assert kept(replace(state, imprint=whole), tok, user, "city") is True
+    cue = imprint_spans(Imprint.empty(model.config), keys, keys, [SpanChoice(0, 9, 5.0)], turn=0, tokens=ids)  # "I live in"
+    assert kept(replace(state, imprint=cue), tok, user, "city") is False
+    private = imprint_spans(Imprint.empty(model.config), keys, keys, [SpanChoice(0, n, 5.0)], turn=0, tokens=None)
+    assert kept(replace(state, imprint=private), tok, user, "city") is None
+
+
 def test_the_natural_eval_writes_its_figures_and_targets(tmp_path: Path) -> None:
     from sia.learn.natural_eval import NaturalOptions, run_natural_eval
 
@@ -126,4 +152,5 @@ def test_the_natural_eval_writes_its_figures_and_targets(tmp_path: Path) -> None
     assert figures["state_bytes"] > model.config.state_bytes - 2048
     report = (tmp_path / "report.md").read_text()
     assert "| state | 4 |" in report and "| fresh | – |" in report
+    assert 0.0 <= figures["state"][0]["kept"] <= 1.0 and "right when imprinted" in report
     assert json.loads((tmp_path / "figures.json").read_text())["users"] == 2

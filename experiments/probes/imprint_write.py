@@ -1,0 +1,124 @@
+"""Where the imprint's write loses a fact: for every fact of the natural set's tuning users, whether its value was ever
+chosen into the imprint (its turn's spans), and whether it is still there after the user's messages and ``depth``
+unrelated turns; a lost value is counted as never chosen, cut (its clause chosen, the value's tokens outside the span)
+or gone (chosen, then replaced or evicted).
+
+The write as a turn does it (sia.learn.imprint_read.imprint_of: token NLL under a fresh identity, the kind tagger, the
+checkpoint's selection settings), with the text kept. Nothing is generated.
+
+    python -m experiments.probes.imprint_write [--users 60] [--depth 4] [--tokens N] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from sia.checkpoint import DEFAULT_CACHE, DEFAULT_CHECKPOINT, load_llama_checkpoint
+from sia.identity.imprint import KINDS, Imprint, imprint_spans, message_spans
+from sia.learn.natural import _mentions, load_fillers, load_users
+from sia.personas import PERSONAS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
+    parser.add_argument("--users", type=int, default=60)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=None, help="imprint entries (default: the checkpoint's)")
+    parser.add_argument("--per-turn", type=int, default=None)
+    parser.add_argument("--span", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    model = load_llama_checkpoint(args.checkpoint, DEFAULT_CACHE)
+    c = model.config
+    changes = {"imprint_tokens": args.tokens, "imprint_per_turn": args.per_turn, "imprint_span": args.span}
+    c = replace(c, **{k: v for k, v in changes.items() if v is not None})
+    model.config = c
+    tok = model.tokenizer
+    system = tok.system_prompt(PERSONAS["sia"].system_prompt)
+    users = load_users("tune")[: args.users]
+    fillers = load_fillers("tune")
+    verdicts: Counter[str] = Counter()
+    by_kind: dict[str, Counter[str]] = {}
+    examples: list[dict[str, object]] = []
+    for n, user in enumerate(users):
+        messages = [*user.messages, *(fillers[(7 * n + j) % len(fillers)] for j in range(args.depth))]
+        imprint, chosen = Imprint.empty(c), []
+        for turn, message in enumerate(messages):
+            tokens, (start, end) = tok.turn_prompt(message, system)
+            body = tokens[start : end - 1]
+            words = model.read_words(torch.tensor([tokens[: end - 1]]), logits=True)
+            assert words.logits is not None
+            nll = -F.log_softmax(words.logits[start - 1 : end - 2].float(), -1).gather(-1, torch.tensor(body)[:, None])[:, 0]
+            kinds = None if words.kinds is None else words.kinds[start : end - 1]
+            choices = message_spans(
+                nll,
+                [tok.token_text(t) for t in body],
+                kinds,
+                budget=c.imprint_per_turn,
+                max_span=c.imprint_span,
+                min_score=c.imprint_min_shock,
+            )
+            for ch in choices:
+                chosen.append((turn, tok.decode(body[ch.start : ch.end]), KINDS[ch.kind], round(ch.score, 1)))
+            imprint = imprint_spans(
+                imprint,
+                words.keys[:, :, start : end - 1],
+                words.values[:, :, start : end - 1],
+                choices,
+                turn=turn,
+                tokens=torch.tensor(body, dtype=torch.int32),
+            )
+        held = [tok.decode(s.tokens or ()) for s in imprint.spans()]
+        for kind in {q.kind for q in user.questions}:
+            fact = user.newest(kind)
+            accepts = fact.accept
+
+            def has(text: str, accepts: tuple[str, ...] = accepts) -> bool:
+                return any(_mentions(text, a) for a in accepts)
+
+            if any(has(text) for text in held):
+                verdict = "kept"
+            elif any(t == fact.message and has(text) for t, text, _, _ in chosen):
+                verdict = "gone"
+            elif any(t == fact.message and has(fact.clause) for t, text, _, _ in chosen if text.strip() in fact.clause):
+                verdict = "cut"
+            else:
+                verdict = "never"
+            verdicts[verdict] += 1
+            by_kind.setdefault(kind, Counter())[verdict] += 1
+            if verdict != "kept" and len(examples) < 60:
+                examples.append(
+                    {
+                        "user": user.id,
+                        "kind": kind,
+                        "value": fact.value,
+                        "verdict": verdict,
+                        "message": user.messages[fact.message],
+                        "chosen": [x for x in chosen if x[0] == fact.message],
+                        "held": held,
+                    }
+                )
+    total = sum(verdicts.values())
+    result = {
+        "settings": {"tokens": c.imprint_tokens, "per_turn": c.imprint_per_turn, "span": c.imprint_span, "depth": args.depth},
+        "facts": total,
+        "verdicts": {k: v / total for k, v in verdicts.items()},
+        "by_kind": {k: {v: n / sum(cs.values()) for v, n in cs.items()} for k, cs in sorted(by_kind.items())},
+        "examples": examples,
+    }
+    sys.stdout.write(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=1) + "\n")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
