@@ -75,8 +75,12 @@ def _figures(result: DepthResult, users: Sequence[Any]) -> dict[str, Any]:
 def _kept(result: DepthResult) -> dict[str, Any]:
     """The write's share and the read's: how often the asked value was in the imprint when asked, and how often the
     reply gave it when it was (and when it was not)."""
-    rows = [(kind, result.kept.get(user, {}).get(kind), ok) for user, kinds in result.right.items() for kind, ok in kinds.items()]
-    rows = [(kind, held, ok) for kind, held, ok in rows if held is not None]
+    rows: list[tuple[str, bool, bool]] = []
+    for user, asked in result.right.items():
+        for kind, ok in asked.items():
+            held = result.kept.get(user, {}).get(kind)
+            if held is not None:
+                rows.append((kind, held, ok))
     if not rows:
         return {}
     kinds = sorted({kind for kind, _, _ in rows})
