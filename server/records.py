@@ -22,7 +22,19 @@ __all__ = [
 ]
 
 # a persona's settable fields (besides its name and its initial state)
-PERSONA_FIELDS = ("description", "preamble", "alpha", "decay", "eta", "temperature", "top_p", "top_k", "max_tokens")
+PERSONA_FIELDS = (
+    "description",
+    "preamble",
+    "alpha",
+    "decay",
+    "eta",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "repetition_penalty",
+    "no_repeat_ngram",
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,8 @@ class PersonaRecord:
     top_p: float | None
     top_k: int | None
     max_tokens: int
+    repetition_penalty: float  # 1: off
+    no_repeat_ngram: int  # 0: off
     initial_state: bytes | None
     created_at: datetime
     updated_at: datetime

@@ -30,6 +30,8 @@ def sampling_choices(args: argparse.Namespace) -> Sampling:
         top_k=args.top_k,
         seed=args.seed,
         stop=tuple(args.stop),
+        repetition_penalty=args.repetition_penalty,
+        no_repeat_ngram=args.no_repeat_ngram,
     )
 
 
@@ -233,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--top-k", type=int, default=None)
         p.add_argument("--top-p", type=float, default=None, help="default: 0.95, or 0.9 for a chat backbone")
         p.add_argument("--seed", type=int, default=None)
+        p.add_argument(
+            "--repetition-penalty", type=float, default=None, help="> 1 discourages tokens the reply already holds (1: off)"
+        )
+        p.add_argument("--no-repeat-ngram", type=int, default=None, help="ban repeating an n-gram of the reply (0: off)")
         p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
     gen = sub.add_parser("generate", help="one turn: reply to PROMPT and update the identity state")

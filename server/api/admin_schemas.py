@@ -51,6 +51,12 @@ class PersonaFields(_Strict):
     top_p: float | None = Field(None, gt=0, le=1, description="default nucleus mass; null: off")
     top_k: int | None = Field(None, ge=1, le=MAX_INT, description="default top-k; null: off")
     max_tokens: int | None = Field(None, ge=1, le=MAX_INT, description="default reply length cap")
+    repetition_penalty: float | None = Field(
+        None, ge=1, description="divides positive / multiplies negative logits of tokens the reply already holds; 1: off"
+    )
+    no_repeat_ngram: int | None = Field(
+        None, ge=0, le=MAX_INT, description="bans a token that would repeat an n-gram of the reply; 0: off"
+    )
 
 
 class PersonaCreate(PersonaFields):
@@ -59,11 +65,11 @@ class PersonaCreate(PersonaFields):
 
 class PersonaUpdate(PersonaFields):
     """Only the fields sent change. alpha, decay, eta, top_p and top_k may be set to null (back to the default);
-    description, preamble, temperature and max_tokens may not."""
+    description, preamble, temperature, max_tokens, repetition_penalty and no_repeat_ngram may not."""
 
     @model_validator(mode="after")
     def _not_null(self) -> PersonaUpdate:
-        for name in ("description", "preamble", "temperature", "max_tokens"):
+        for name in ("description", "preamble", "temperature", "max_tokens", "repetition_penalty", "no_repeat_ngram"):
             if name in self.model_fields_set and getattr(self, name) is None:
                 raise ValueError(f"{name} may not be null")
         return self
@@ -80,6 +86,8 @@ class Persona(BaseModel):
     top_p: float | None
     top_k: int | None
     max_tokens: int
+    repetition_penalty: float
+    no_repeat_ngram: int
     has_initial_state: bool = Field(description="new identities start from an uploaded state, not from zero")
     created_at: Timestamp
     updated_at: Timestamp

@@ -11,6 +11,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sia.model.generate import MAX_TOP_LOGPROBS, Sampling
 
+RepetitionPenalty = Annotated[
+    float | None,
+    Field(
+        None,
+        ge=1,
+        allow_inf_nan=False,
+        description="divides positive / multiplies negative logits of tokens the reply already holds; 1 is off (persona default)",
+    ),
+]
+NoRepeatNgram = Annotated[
+    int | None,
+    Field(
+        None, ge=0, le=2**31 - 1, description="bans a token that would repeat an n-gram of the reply; 0 is off (persona default)"
+    ),
+]
 UserId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$", description="the user's id")]
 
 
@@ -38,6 +53,8 @@ class SamplingFields(BaseModel):
     top_k: int | None = Field(None, ge=1)
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="makes sampling reproducible")
     stop: list[str] = Field(default_factory=list, max_length=4)
+    repetition_penalty: RepetitionPenalty = None
+    no_repeat_ngram: NoRepeatNgram = None
 
     def sampling(self) -> Sampling:
         return Sampling(
@@ -47,6 +64,8 @@ class SamplingFields(BaseModel):
             top_k=self.top_k,
             seed=self.seed,
             stop=tuple(self.stop),
+            repetition_penalty=self.repetition_penalty,
+            no_repeat_ngram=self.no_repeat_ngram,
         )
 
 
@@ -96,7 +115,9 @@ class StreamOptions(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    """OpenAI's chat completion request; fields SIA has no use for (penalties, tools, ...) are accepted and ignored."""
+    """OpenAI's chat completion request; fields SIA has no use for (OpenAI's additive frequency and presence penalties,
+    tools, ...) are accepted and ignored. ``repetition_penalty`` and ``no_repeat_ngram`` are SIA's own (as in vLLM's
+    and Hugging Face's extra sampling parameters)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -108,6 +129,8 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    repetition_penalty: RepetitionPenalty = None
+    no_repeat_ngram: NoRepeatNgram = None
     stop: str | list[str] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)

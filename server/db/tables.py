@@ -35,6 +35,8 @@ class PersonaRow(Base):
     top_p: Mapped[float | None] = mapped_column(Float)
     top_k: Mapped[int | None] = mapped_column(Integer)
     max_tokens: Mapped[int] = mapped_column(Integer, default=64)
+    repetition_penalty: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")  # 1: off
+    no_repeat_ngram: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # 0: off
     initial_state: Mapped[bytes | None] = mapped_column(LargeBinary)  # safetensors state new identities start from
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)

@@ -50,6 +50,8 @@ class Personas:
             temperature=_float(values.get("temperature"), 0.8),
             top_p=None if values.get("top_p") is None else _float(values.get("top_p"), 1.0),
             top_k=None if values.get("top_k") is None else int(str(values.get("top_k"))),
+            repetition_penalty=_float(values.get("repetition_penalty"), 1.0),
+            no_repeat_ngram=_int(values.get("no_repeat_ngram"), 0),
         )
         blob = values.get("initial_state")
         if blob is not None:
@@ -101,7 +103,12 @@ class Personas:
     def sampling_params(self, persona: PersonaRecord, sampling: Sampling) -> SamplingParams:
         """The request's decoding choices over the persona's defaults (ValueError if invalid)."""
         defaults = SamplingParams(
-            max_new_tokens=persona.max_tokens, temperature=persona.temperature, top_p=persona.top_p, top_k=persona.top_k
+            max_new_tokens=persona.max_tokens,
+            temperature=persona.temperature,
+            top_p=persona.top_p,
+            top_k=persona.top_k,
+            repetition_penalty=persona.repetition_penalty,
+            no_repeat_ngram=persona.no_repeat_ngram,
         )
         return sampling.over(defaults)
 
@@ -124,3 +131,11 @@ def _float(value: object, default: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"expected a number; got {value!r}")
     return float(value)
+
+
+def _int(value: object, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer; got {value!r}")
+    return value

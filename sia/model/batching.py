@@ -326,7 +326,7 @@ class DecodeBatch:
         stopped: list[int] = []
         for b, m in enumerate(self.members):
             logits = m.last.index_fill(0, self._banned, float("-inf"))
-            token = sample_next(logits, m.params, m.row.generator)
+            token = sample_next(logits, m.params, m.row.generator, m.row.tokens)
             log_p = F.log_softmax(logits.float(), dim=-1)
             top: tuple[tuple[int, float], ...] = ()
             if m.params.top_logprobs:

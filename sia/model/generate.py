@@ -1,4 +1,5 @@
-"""Decoding: greedy, temperature, top-k, top-p, stop strings, streaming, batched rows with their own states.
+"""Decoding: greedy, temperature, top-k, top-p, repetition controls, stop strings, streaming, batched rows with their
+own states.
 
 Notation: B rows, L prompt length after left padding, V vocabulary.
 
@@ -9,6 +10,7 @@ does not depend on which other rows share its batch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -36,6 +38,8 @@ __all__ = [
     "nucleus",
     "nucleus_reference",
     "padded_inputs",
+    "penalize",
+    "repeated_ngram_bans",
     "sample_next",
     "stream",
 ]
@@ -53,6 +57,9 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     top_logprobs: int = 0  # report this many most likely tokens (with log-probabilities) at every step
+    # repetition controls over the row's own reply so far (``penalize``), applied before any of the above
+    repetition_penalty: float = 1.0  # > 1 pushes down every token the reply already holds; 1 is off
+    no_repeat_ngram: int = 0  # n > 0 bans a token that would repeat an n-gram of the reply; 0 is off
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -67,6 +74,16 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty strings")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]; got {self.top_logprobs!r}")
+        penalty = self.repetition_penalty
+        if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not (math.isfinite(penalty) and penalty >= 1.0):
+            raise ValueError(f"repetition_penalty must be a finite number >= 1 (1 is off); got {penalty!r}")
+        n = self.no_repeat_ngram
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"no_repeat_ngram must be an integer >= 0 (0 is off); got {n!r}")
+
+    @property
+    def repeats_controlled(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.no_repeat_ngram > 0
 
     @property
     def greedy(self) -> bool:
@@ -86,6 +103,8 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     top_logprobs: int = 0  # report this many alternatives with every generated token
+    repetition_penalty: float | None = None
+    no_repeat_ngram: int | None = None
 
     def __post_init__(self) -> None:
         self.over(SamplingParams())
@@ -100,6 +119,8 @@ class Sampling:
             seed=self.seed,
             stop=tuple(self.stop),
             top_logprobs=self.top_logprobs,
+            repetition_penalty=defaults.repetition_penalty if self.repetition_penalty is None else self.repetition_penalty,
+            no_repeat_ngram=defaults.no_repeat_ngram if self.no_repeat_ngram is None else self.no_repeat_ngram,
         )
 
 
@@ -163,8 +184,11 @@ class Generation:
     stats: SummarySums = field(repr=False)  # sums over counted prompt tokens and every generated token fed back
 
 
-def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """Pick one token from (V,) logits: greedy, or temperature then top-k then top-p filtering."""
+def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator | None, generated: Sequence[int] = ()) -> int:
+    """Pick one token from (V,) logits: the repetition controls over ``generated`` (this row's reply so far), then
+    greedy, or temperature then top-k then top-p filtering."""
+    if params.repeats_controlled:
+        logits = penalize(logits, generated, params)
     if params.greedy:
         return int(logits.argmax())
     # float64, and shifted so the best logit is 0 before dividing: any positive temperature, however tiny, then
@@ -177,6 +201,35 @@ def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generat
     if params.top_p is not None and params.top_p < 1.0:
         logits = nucleus(logits, params.top_p)
     return draw(logits, generator)
+
+
+def penalize(logits: Tensor, generated: Sequence[int], params: SamplingParams) -> Tensor:
+    """(V,) logits with the repetition controls applied over ``generated``, the tokens this row has generated so far.
+
+    ``repetition_penalty`` r (CTRL, Keskar et al. 2019; Hugging Face's rule): the logit z of every token present in
+    ``generated`` becomes z / r if positive, z * r if not. ``no_repeat_ngram`` n: a token that would complete an
+    n-gram already present in ``generated`` is banned (-inf). Only the reply counts, never the prompt: the persona's
+    prompt and the user's message hold the very words an answer must use (the question's subject, its names).
+    Greedy decoding applies them too; they depend on the row alone, so a batched row stays its solo self."""
+    if params.repetition_penalty != 1.0 and generated:
+        seen = torch.tensor(sorted(set(generated)), dtype=torch.long, device=logits.device)
+        z = logits[seen]
+        r = params.repetition_penalty
+        logits = logits.index_copy(0, seen, torch.where(z > 0, z / r, z * r))
+    bans = repeated_ngram_bans(generated, params.no_repeat_ngram)
+    if bans:
+        logits = logits.index_fill(0, torch.tensor(bans, dtype=torch.long, device=logits.device), float("-inf"))
+    return logits
+
+
+def repeated_ngram_bans(generated: Sequence[int], n: int) -> list[int]:
+    """The tokens that would complete an n-gram already in ``generated`` (n = 0: none; n = 1: every token in it):
+    those that followed an earlier occurrence of its last n - 1 tokens."""
+    if n < 1 or len(generated) < n:
+        return []
+    tokens = list(generated)
+    tail = tokens[len(tokens) - n + 1 :] if n > 1 else []
+    return sorted({tokens[i + n - 1] for i in range(len(tokens) - n + 1) if tokens[i : i + n - 1] == tail})
 
 
 def draw(logits: Tensor, generator: torch.Generator | None) -> int:
@@ -427,7 +480,7 @@ def _decode(
             if row.finish_reason is not None:
                 continue
             logits_b = last[b].index_fill(0, banned, float("-inf"))  # (V,)
-            token = sample_next(logits_b, params, row.generator)
+            token = sample_next(logits_b, params, row.generator, row.tokens)
             log_p = F.log_softmax(logits_b.float(), dim=-1)  # (V,)
             top: tuple[tuple[int, float], ...] = ()
             if params.top_logprobs:

@@ -28,7 +28,7 @@ def _tables(settings: Settings) -> set[str]:
 def test_upgrade_and_downgrade(settings: Settings) -> None:
     assert migrate.current_revision(settings) is None
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0003"
+    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0004"
     assert _tables(settings) == TABLES
     migrate.downgrade(settings, "base")
     assert migrate.current_revision(settings) is None
@@ -77,7 +77,40 @@ def test_turns_without_text_go_back_to_empty_strings_on_downgrade(settings: Sett
     finally:
         engine.dispose()
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == "0003"
+    assert migrate.current_revision(settings) == "0004"
+
+
+def test_personas_made_before_the_repetition_controls_get_them_off(settings: Settings) -> None:
+    """0004 adds personas.repetition_penalty and personas.no_repeat_ngram: a persona stored before has them off (1, 0);
+    downgrading drops the columns again."""
+    migrate.upgrade(settings, "0003")
+    engine = make_engine(settings)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO personas (name, description, preamble, temperature, max_tokens, created_at, updated_at) "
+                    "VALUES ('old', '', '', 0.4, 64, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                )
+            )
+    finally:
+        engine.dispose()
+    migrate.upgrade(settings)
+    store = Store(settings)
+    try:
+        old = store.get_persona("old")
+        assert (old.repetition_penalty, old.no_repeat_ngram) == (1.0, 0)
+        made = store.create_persona("new", repetition_penalty=1.2, no_repeat_ngram=4)
+        assert (made.repetition_penalty, made.no_repeat_ngram) == (1.2, 4)
+    finally:
+        store.close()
+    migrate.downgrade(settings, "0003")
+    engine = make_engine(settings)
+    try:
+        columns = {c["name"] for c in inspect(engine).get_columns("personas")}
+        assert "repetition_penalty" not in columns and "no_repeat_ngram" not in columns
+    finally:
+        engine.dispose()
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
@@ -109,7 +142,7 @@ def test_db_commands(tmp_path: Path) -> None:
 
     assert sia("db", "current").stdout.startswith("empty (no revision)")
     sia("db", "upgrade")
-    assert sia("db", "current").stdout.strip() == "0003 (up to date)"
+    assert sia("db", "current").stdout.strip() == "0004 (up to date)"
     engine = create_engine(f"sqlite:///{tmp_path / 'sia.db'}")
     try:
         assert set(inspect(engine).get_table_names()) >= TABLES

@@ -3,6 +3,8 @@ stop or are cancelled, each decode exactly as it would alone."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import LlamaConfig as HFLlamaConfig
@@ -166,10 +168,15 @@ def test_a_prefill_scored_from_a_start_gives_each_row_its_solo_scores(build: obj
 
 
 def decode_joining(
-    model: IdentityModel, identity: list[IdentityState], together: bool, logprobs: dict[int, list[float]] | None = None
+    model: IdentityModel,
+    identity: list[IdentityState],
+    together: bool,
+    logprobs: dict[int, list[float]] | None = None,
+    params: list[SamplingParams] = PARAMS,
 ) -> tuple[DecodeBatch, dict[int, int], list[int], dict[int, str]]:
-    """PROMPTS joining one batch at JOIN_AT, stepped until every row stopped: the batch, each prompt's handle, the
-    batch size at each step, each prompt's streamed text (and each handle's log-probabilities, if asked)."""
+    """PROMPTS joining one batch at JOIN_AT (decoded with ``params``), stepped until every row stopped: the batch, each
+    prompt's handle, the batch size at each step, each prompt's streamed text (and each handle's log-probabilities,
+    if asked)."""
     batch = DecodeBatch(model)
     handles: dict[int, int] = {}
     sizes, texts = [], {i: "" for i in range(len(PROMPTS))}
@@ -178,11 +185,11 @@ def decode_joining(
         now = [i for i, at in enumerate(JOIN_AT) if at == step]
         if together and len(now) > 1:
             cond = model.condition_states([identity[i] for i in now])
-            joined = batch.join_many([PROMPTS[i] for i in now], cond, [PARAMS[i] for i in now])
+            joined = batch.join_many([PROMPTS[i] for i in now], cond, [params[i] for i in now])
             handles.update(zip(now, joined, strict=True))
         else:
             for i in now:
-                handles[i] = batch.join(PROMPTS[i], model.condition_states([identity[i]]), PARAMS[i])
+                handles[i] = batch.join(PROMPTS[i], model.condition_states([identity[i]]), params[i])
         sizes.append(len(batch))
         for event in batch.step():
             texts[next(i for i, h in handles.items() if h == event.row)] += event.text
@@ -190,6 +197,30 @@ def decode_joining(
                 logprobs.setdefault(event.row, []).append(event.logprob)
         step += 1
     return batch, handles, sizes, texts
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["prefilled-alone", "prefilled-together"])
+@pytest.mark.parametrize("build", [lambda: llama(0, 1), native], ids=["llama", "native"])
+def test_rows_with_repetition_controls_decode_in_a_batch_as_they_would_alone(build: object, together: bool) -> None:
+    """Each row's repetition penalty and n-gram ban read its own reply only, whoever shares its steps; the controls
+    really change what the rows decode."""
+    model = build()  # type: ignore[operator]
+    identity = states(model, len(PROMPTS))
+    params = [replace(p, max_new_tokens=12, repetition_penalty=1.5, no_repeat_ngram=2) for p in PARAMS]
+    params[2] = replace(params[2], repetition_penalty=1.0)  # rows with different controls share the batch
+    params[3] = replace(params[3], no_repeat_ngram=0)
+    expected = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, params, strict=True)]
+    batch, handles, sizes, texts = decode_joining(model, identity, together, params=params)
+    assert max(sizes) >= 3
+    for i, want in enumerate(expected):
+        got = batch.take(handles[i])
+        assert got.tokens == want.tokens, i
+        assert got.text == want.text == texts[i]
+    plain = [
+        solo(model, p, s, replace(q, repetition_penalty=1.0, no_repeat_ngram=0))
+        for p, s, q in zip(PROMPTS, identity, params, strict=True)
+    ]
+    assert [g.tokens for g in plain] != [g.tokens for g in expected]
 
 
 def test_a_cancelled_row_leaves_at_once_and_the_others_go_on_unchanged() -> None:

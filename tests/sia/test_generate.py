@@ -7,7 +7,18 @@ import torch
 
 from sia.identity.state import IdentityState
 from sia.model.config import ModelConfig
-from sia.model.generate import NUCLEUS_FIRST, SamplingParams, generate, nucleus, nucleus_reference, sample_next, stream
+from sia.model.generate import (
+    NUCLEUS_FIRST,
+    Sampling,
+    SamplingParams,
+    generate,
+    nucleus,
+    nucleus_reference,
+    penalize,
+    repeated_ngram_bans,
+    sample_next,
+    stream,
+)
 from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
 from tests.conftest import random_state, sharpen
@@ -167,6 +178,11 @@ def test_a_sampled_token_follows_the_filtered_distribution() -> None:
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"stop": ("",)}, "stop"),
+        ({"repetition_penalty": 0.9}, "repetition_penalty"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+        ({"repetition_penalty": float("nan")}, "repetition_penalty"),
+        ({"no_repeat_ngram": -1}, "no_repeat_ngram"),
+        ({"no_repeat_ngram": 2.0}, "no_repeat_ngram"),
     ],
 )
 def test_bad_params_raise(kwargs: dict[str, object], message: str) -> None:
@@ -234,3 +250,63 @@ def test_the_nucleus_is_the_one_a_full_sort_finds(vocab: int) -> None:
                 assert torch.equal(fast[~fast.isinf()], logits[~fast.isinf()])
                 widened |= int((~fast.isinf()).sum()) > NUCLEUS_FIRST
     assert widened or vocab <= NUCLEUS_FIRST  # the flat cases needed more than the first look
+
+
+def _repeats_an_ngram(tokens: list[int], n: int) -> bool:
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_generated_tokens() -> None:
+    logits = torch.tensor([4.0, -2.0, 1.0, 3.0, float("-inf")])
+    out = penalize(logits, [0, 1, 1, 4], SamplingParams(repetition_penalty=2.0))
+    assert out.tolist() == [2.0, -4.0, 1.0, 3.0, float("-inf")]
+    assert torch.equal(penalize(logits, [], SamplingParams(repetition_penalty=2.0)), logits)  # the prompt never counts
+    # greedy applies it: token 0 (4.0) is pushed below token 3 (3.0) once generated
+    assert sample_next(logits, SamplingParams(temperature=0.0), None, [0]) == 0
+    assert sample_next(logits, SamplingParams(temperature=0.0, repetition_penalty=2.0), None, [0]) == 3
+
+
+def test_no_repeat_ngram_bans_exactly_the_tokens_that_would_repeat_an_ngram() -> None:
+    generated = [1, 2, 3, 1, 2, 4, 1, 2]
+    assert repeated_ngram_bans(generated, 0) == []
+    assert repeated_ngram_bans(generated, 1) == [1, 2, 3, 4]
+    assert repeated_ngram_bans(generated, 2) == [3, 4]  # the last token, 2, was followed by 3 and by 4
+    assert repeated_ngram_bans([1, 2, 3, 1], 2) == [2]
+    assert repeated_ngram_bans(generated, 3) == [3, 4]  # (1, 2) was followed by 3 and by 4
+    assert repeated_ngram_bans(generated, 4) == []
+    assert repeated_ngram_bans([5, 5], 3) == []  # shorter than an n-gram
+    logits = torch.tensor([0.0, 1.0, 2.0, 9.0, 8.0, 3.0])
+    params = SamplingParams(temperature=0.0, no_repeat_ngram=3)
+    assert sample_next(logits, params, None, generated) == 5  # 3 and 4 banned, greedy takes the next best
+    assert sample_next(logits, SamplingParams(temperature=0.0), None, generated) == 3
+
+
+def test_sampling_choices_carry_the_repetition_controls_over_the_defaults() -> None:
+    defaults = SamplingParams(repetition_penalty=1.3, no_repeat_ngram=4)
+    assert Sampling().over(defaults).repetition_penalty == 1.3 and Sampling().over(defaults).no_repeat_ngram == 4
+    chosen = Sampling(repetition_penalty=1.0, no_repeat_ngram=0).over(defaults)
+    assert chosen.repetition_penalty == 1.0 and chosen.no_repeat_ngram == 0
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        Sampling(repetition_penalty=0.5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.1])
+def test_repetition_controls_hold_in_decoding_and_batched_rows_equal_solo_rows(
+    model: SIAModel, config: ModelConfig, temperature: float
+) -> None:
+    """Each row's controls read its own reply only: batched rows of different lengths give what each gives alone, with
+    and without the cache, and no row repeats a 3-gram (which the same decoding without the ban does)."""
+    plain = SamplingParams(max_new_tokens=40, temperature=temperature, seed=3)
+    controlled = SamplingParams(max_new_tokens=40, temperature=temperature, seed=3, repetition_penalty=1.3, no_repeat_ngram=3)
+    loose = generate(model, PROMPTS, _cond(model, config), plain)
+    assert any(_repeats_an_ngram(g.tokens, 3) for g in loose)  # the tiny model loops: the ban has work to do
+    batched = generate(model, PROMPTS, _cond(model, config), controlled)
+    uncached = generate(model, PROMPTS, _cond(model, config), controlled, use_cache=False)
+    assert [g.tokens for g in batched] == [g.tokens for g in uncached]
+    states = [IdentityState.fresh(config), random_state(config, 1), random_state(config, 2)]
+    for b, row in enumerate(batched):
+        solo = generate(model, [PROMPTS[b]], model.condition_states([states[b]]), controlled)[0]
+        assert solo.tokens == row.tokens
+        assert not _repeats_an_ngram(row.tokens, 3), row.tokens
+    assert [g.tokens for g in batched] != [g.tokens for g in loose]

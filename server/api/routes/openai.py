@@ -36,6 +36,7 @@ from server.errors import StoreError
 from server.runtime.turns import CommittedTurn
 from sia.model.generate import Sampling, StreamEvent
 from sia.model.tokenizer import Tokenizer
+from sia.personas import DEFAULT_PERSONA
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -66,6 +67,8 @@ def _request(body: ChatCompletionRequest, caller: CallerDep, settings: SettingsD
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
+        repetition_penalty=body.repetition_penalty,
+        no_repeat_ngram=body.no_repeat_ngram,
         stop=tuple(stops),
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
     )
@@ -74,8 +77,10 @@ def _request(body: ChatCompletionRequest, caller: CallerDep, settings: SettingsD
 
 @router.get("/models", response_model=ModelList, responses=ERROR_RESPONSES)
 async def list_models(caller: CallerDep, personas: PersonasDep) -> ModelList:
-    """Every persona, as an OpenAI model."""
-    return ModelList(data=[ModelCard(id=p.name, created=int(p.created_at.timestamp())) for p in personas.list_personas()])
+    """Every persona, as an OpenAI model: the default persona first (a client that takes the first model talks to it),
+    then the others by name."""
+    listed = sorted(personas.list_personas(), key=lambda p: (p.name != DEFAULT_PERSONA, p.name))
+    return ModelList(data=[ModelCard(id=p.name, created=int(p.created_at.timestamp())) for p in listed])
 
 
 @router.post(

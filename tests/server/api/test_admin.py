@@ -102,6 +102,9 @@ def test_persona_create_read_update_delete(client: TestClient) -> None:
     assert (updated["temperature"], updated["decay"], updated["top_k"], updated["description"]) == (0.0, None, 20, "calm")
     assert ok(client.patch(f"{P}/mara.v2", json={})) | {"updated_at": None} == updated | {"updated_at": None}
     error(client.patch(f"{P}/nobody", json={"temperature": 1.0}), 404, "not_found")
+    assert (updated["repetition_penalty"], updated["no_repeat_ngram"]) == (1.0, 0)  # off unless set
+    controlled = ok(client.patch(f"{P}/mara.v2", json={"repetition_penalty": 1.25, "no_repeat_ngram": 3}))
+    assert (controlled["repetition_penalty"], controlled["no_repeat_ngram"], controlled["top_k"]) == (1.25, 3, 20)
     error(client.get(f"{P}/nobody"), 404, "not_found")
 
     # a persona's identities go with it
@@ -136,6 +139,10 @@ INVALID_BODIES: list[tuple[str, str, dict[str, object], str | None]] = [
     ("POST", P, {"name": "ok", "colour": "red"}, "colour"),
     ("PATCH", f"{P}/sia", {"temperature": None}, None),
     ("PATCH", f"{P}/sia", {"top_k": 0}, "top_k"),
+    ("POST", P, {"name": "ok", "repetition_penalty": 0.8}, "repetition_penalty"),
+    ("POST", P, {"name": "ok", "no_repeat_ngram": -1}, "no_repeat_ngram"),
+    ("PATCH", f"{P}/sia", {"repetition_penalty": None}, None),
+    ("PATCH", f"{P}/sia", {"no_repeat_ngram": 2.5}, "no_repeat_ngram"),
     ("POST", f"{ID}/u/reset", {"layers": []}, "layers"),
     ("POST", f"{ID}/u/reset", {"layers": [0], "self_only": True}, None),
     ("POST", f"{ID}/u/rollback", {}, None),
@@ -158,6 +165,12 @@ def test_invalid_bodies_are_422_with_the_error_shape(client: TestClient) -> None
             assert detail["param"] == param, (path, body, detail)
     json_headers = {"content-type": "application/json"}
     error(client.post(P, content=b'{"name": "ok", "alpha": NaN}', headers=json_headers), 422, "invalid_value", "alpha")
+    error(
+        client.post(P, content=b'{"name": "ok", "repetition_penalty": Infinity}', headers=json_headers),
+        422,
+        "invalid_value",
+        "repetition_penalty",
+    )
     error(client.post(P, content=b"{not json", headers=json_headers), 422, "invalid_value")
     assert ok(client.get(f"{P}/sia"))["temperature"] == 0.8  # the refused PATCH changed nothing
     assert "ok" not in [p["name"] for p in ok(client.get(P))["data"]]

@@ -65,6 +65,8 @@ def test_streaming_errors_before_the_first_token_keep_their_status(client: TestC
         ({"user": "u", "message": "x", "unknown": 1}, "unknown"),
         ({"user": "u", "message": 5}, "message"),
         ({"user": "u", "message": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"user": "u", "message": "x", "repetition_penalty": 0.9}, "repetition_penalty"),
+        ({"user": "u", "message": "x", "no_repeat_ngram": -2}, "no_repeat_ngram"),
     ],
 )
 def test_invalid_bodies_are_422_with_the_error_shape(client: TestClient, body: dict[str, object], param: str) -> None:

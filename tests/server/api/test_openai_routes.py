@@ -5,6 +5,7 @@ import math
 
 from fastapi.testclient import TestClient
 
+from sia.personas import DEFAULT_PERSONA
 from tests.server.api.conftest import Keys, bearer
 
 
@@ -83,11 +84,44 @@ def test_streaming_chunks_end_with_done(client: TestClient) -> None:
     assert text == replay["choices"][0]["message"]["content"]  # type: ignore[index]
 
 
-def test_models_list_personas(client: TestClient) -> None:
+def test_models_list_personas_the_default_first(client: TestClient) -> None:
+    assert client.post("/admin/personas", json={"name": "aaron"}).status_code == 201  # sorts before the default
     r = client.get("/v1/models")
     assert r.status_code == 200
     ids = [m["id"] for m in r.json()["data"]]
-    assert "sia" in ids and r.json()["object"] == "list"
+    assert ids[0] == DEFAULT_PERSONA == "sia" and r.json()["object"] == "list"
+    assert ids[1:] == sorted(ids[1:]) and "aaron" in ids
+
+
+def _token_ids(client: TestClient, user: str, **extra: object) -> list[tuple[int, ...]]:
+    """The reply's tokens, each as its bytes (a byte token's text may be the replacement character)."""
+    out = completion(client, user, "Hello there", max_tokens=24, temperature=0, logprobs=True, top_logprobs=1, **extra)
+    return [tuple(e["bytes"] or ()) for e in out["choices"][0]["logprobs"]["content"]]  # type: ignore[index]
+
+
+def test_repetition_controls_are_request_fields_and_persona_defaults(client: TestClient) -> None:
+    """no_repeat_ngram=1 bans every token already generated: a greedy reply that repeats tokens (the tiny model loops)
+    then holds each token once, whether the request or the persona asks for it."""
+    loose = _token_ids(client, "a")
+    assert len(set(loose)) < len(loose)
+    assert len(set(banned := _token_ids(client, "b", no_repeat_ngram=1))) == len(banned)
+    assert _token_ids(client, "c", repetition_penalty=1.0, no_repeat_ngram=0) == loose  # off is off
+    assert _token_ids(client, "d", repetition_penalty=3.0) != loose
+    assert client.patch("/admin/personas/sia", json={"no_repeat_ngram": 1}).status_code == 200
+    assert _token_ids(client, "e") == banned
+    assert _token_ids(client, "f", no_repeat_ngram=0) == loose  # the request overrides the persona
+
+
+def test_bad_repetition_controls_are_refused(client: TestClient) -> None:
+    body = {"model": "sia", "user": "u", "messages": [{"role": "user", "content": "x"}]}
+    for extra, param in (
+        ({"repetition_penalty": 0.5}, "repetition_penalty"),
+        ({"repetition_penalty": "lots"}, "repetition_penalty"),
+        ({"no_repeat_ngram": -1}, "no_repeat_ngram"),
+        ({"no_repeat_ngram": 1.5}, "no_repeat_ngram"),
+    ):
+        r = client.post("/v1/chat/completions", json={**body, **extra})
+        assert r.status_code == 422 and r.json()["error"]["param"] == param, (extra, r.text)
 
 
 def test_openai_errors(client: TestClient, keys: Keys) -> None:

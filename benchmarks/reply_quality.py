@@ -1,0 +1,202 @@
+"""Reply quality of the bundled model on easy questions: answered, looping, wrong-language and in-style rates per persona.
+
+Run: ``python -m benchmarks.reply_quality --part tune|heldout [--personas sia bolt] [--limit N] [--greedy]
+[--repetition-penalty R] [--no-repeat-ngram N] [--out PATH]``.
+
+Every question of ``benchmarks/data/easy_questions/<part>.jsonl`` is asked once of a fresh identity of each persona
+(so the base model reading the persona's system prompt), exactly as the service builds a turn
+(``sia.identity.turn.stream_turns`` with the persona's prompt as context), in batches of ``--batch`` questions (a
+batched row decodes as it would alone). Two decodings: the persona's default sampling (``sia.personas``: temperature
+0.4, top-p 0.9, 128 tokens; every row's generator seeded with 0, so a run is reproducible) and greedy (temperature 0); with
+``--greedy`` only greedy. ``--repetition-penalty`` and ``--no-repeat-ngram`` override the persona defaults for both.
+
+Reported per persona and decoding (``benchmarks.reply_metrics`` defines each): answered rate, loop rate,
+wrong-language rate, mean length in words, style rate, and the answered rate per question kind. The JSON (``--out``,
+default ``benchmarks/results/reply_quality.json``) holds these, the setup and every reply. The held-out part is for
+reporting only: defaults are chosen on the tune part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.machine import machine_info
+from benchmarks.reply_metrics import answered, loops, style_ok, words, wrong_language
+from sia.checkpoint import DEFAULT_CACHE, DEFAULT_CHECKPOINT, load_model
+from sia.identity.state import Dynamics, IdentityState
+from sia.identity.turn import TurnRequest, stream_turns
+from sia.model.generate import SamplingParams
+from sia.model.identity_model import IdentityModel
+from sia.personas import DEFAULT_PERSONA, PERSONAS, persona_defaults, persona_prompt
+
+log = logging.getLogger("benchmarks.reply_quality")
+
+QUESTIONS = Path(__file__).parent / "data" / "easy_questions"
+DEFAULT_OUT = Path(__file__).parent / "results" / "reply_quality.json"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", choices=("tune", "heldout"), required=True, help="which question file")
+    p.add_argument("--personas", nargs="+", default=None, help=f"default: all ({', '.join(PERSONAS)})")
+    p.add_argument("--limit", type=int, default=None, help="the first N questions only (a smoke check)")
+    p.add_argument("--greedy", action="store_true", help="greedy decoding only (default: the persona's and greedy)")
+    p.add_argument("--repetition-penalty", type=float, default=None, help="override the persona's (1: off)")
+    p.add_argument("--no-repeat-ngram", type=int, default=None, help="override the persona's (0: off)")
+    p.add_argument("--batch", type=int, default=8, help="questions decoded together")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
+    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    unknown = set(args.personas or ()) - set(PERSONAS)
+    if unknown:
+        p.error(f"unknown personas {sorted(unknown)}; expected some of {sorted(PERSONAS)}")
+    return args
+
+
+def read_questions(part: str, limit: int | None = None) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (QUESTIONS / f"{part}.jsonl").read_text().splitlines() if line.strip()]
+    return rows[:limit] if limit is not None else rows
+
+
+def default_params(model: IdentityModel, persona: str) -> SamplingParams:
+    """The persona's decoding defaults as a fresh service stores them (sia.personas.persona_defaults)."""
+    d = persona_defaults(model, persona)
+    return SamplingParams(
+        max_new_tokens=int(str(d.get("max_tokens", 64))),
+        temperature=float(str(d.get("temperature", 0.8))),
+        top_p=None if d.get("top_p") is None else float(str(d["top_p"])),
+        top_k=None if d.get("top_k") is None else int(str(d["top_k"])),
+    )
+
+
+def ask(
+    model: IdentityModel, persona: str, questions: Sequence[dict[str, Any]], params: SamplingParams, batch: int
+) -> list[dict[str, Any]]:
+    """Each question asked of a fresh identity of ``persona``: its reply and token ids. Sampled rows draw from
+    generators seeded alike (seed 0): every row's draw is its own, whichever rows share its batch."""
+    tok = model.tokenizer
+    context = tuple(tok.system_prompt(persona_prompt(model, persona)))
+    fresh = IdentityState.fresh(model.config)
+    dynamics = Dynamics.from_config(model.config)
+    params = params if params.greedy else replace(params, seed=0)
+    replies: list[dict[str, Any]] = []
+    for start in range(0, len(questions), batch):
+        chunk = questions[start : start + batch]
+        requests = [TurnRequest(state=fresh, message=q["question"], dynamics=dynamics, context=context) for q in chunk]
+        turns = stream_turns(model, requests, params)
+        tokens: list[list[int]] = [[] for _ in chunk]
+        for event in turns:
+            tokens[event.row].append(event.token)
+        for q, result, ids in zip(chunk, turns.result, tokens, strict=True):
+            replies.append({"id": q["id"], "reply": result.reply, "tokens": ids})
+    return replies
+
+
+def score(persona: str, questions: Sequence[dict[str, Any]], replies: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The rates over one persona's replies, and each reply with its verdicts."""
+    rows = []
+    for q, r in zip(questions, replies, strict=True):
+        text, tokens = r["reply"], r["tokens"]
+        rows.append(
+            {
+                "id": q["id"],
+                "kind": q["kind"],
+                "question": q["question"],
+                "reply": text,
+                "answered": answered(text, q["accept"]),
+                "loops": loops(text, tokens),
+                "wrong_language": wrong_language(text),
+                "style": style_ok(persona, text, tokens),
+                "words": len(words(text)),
+            }
+        )
+    n = len(rows)
+
+    def rate(key: str, subset: Sequence[dict[str, Any]] = rows) -> float:
+        return sum(bool(x[key]) for x in subset) / len(subset) if subset else float("nan")
+
+    kinds = sorted({x["kind"] for x in rows})
+    return {
+        "n": n,
+        "answered": rate("answered"),
+        "loops": rate("loops"),
+        "wrong_language": rate("wrong_language"),
+        "style": rate("style"),
+        "mean_words": statistics.fmean(x["words"] for x in rows) if rows else float("nan"),
+        "answered_by_kind": {k: rate("answered", [x for x in rows if x["kind"] == k]) for k in kinds},
+        "replies": rows,
+    }
+
+
+def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
+    lines = [
+        "| persona | decoding | n | answered | loops | wrong language | style | mean words |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for persona, modes in results.items():
+        for mode, s in modes.items():
+            lines.append(
+                f"| {persona} | {mode} | {s['n']} | {s['answered']:.0%} | {s['loops']:.0%} | {s['wrong_language']:.0%} "
+                f"| {s['style']:.0%} | {s['mean_words']:.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    torch.set_num_threads(args.threads)
+    info = machine_info(args.threads)
+    questions = read_questions(args.part, args.limit)
+    personas = args.personas or sorted(PERSONAS, key=lambda n: (n != DEFAULT_PERSONA, n))
+    model = load_model(args.checkpoint, cache_dir=args.cache)
+    overrides: dict[str, Any] = {}
+    if args.repetition_penalty is not None:
+        overrides["repetition_penalty"] = args.repetition_penalty
+    if args.no_repeat_ngram is not None:
+        overrides["no_repeat_ngram"] = args.no_repeat_ngram
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    setup: dict[str, Any] = {
+        "part": args.part,
+        "questions": len(questions),
+        "limit": args.limit,
+        "checkpoint": str(args.checkpoint),
+        "overrides": overrides,
+        "decodings": {},
+    }
+    began = time.perf_counter()
+    for persona in personas:
+        sampled = replace(default_params(model, persona), **overrides)
+        modes = {"greedy": replace(sampled, temperature=0.0)}
+        if not args.greedy:
+            modes = {"default": sampled, **modes}
+        results[persona] = {}
+        for mode, params in modes.items():
+            log.info("%s, %s: %d questions", persona, mode, len(questions))
+            replies = ask(model, persona, questions, params, args.batch)
+            results[persona][mode] = score(persona, questions, replies)
+            setup["decodings"][mode] = {k: v for k, v in asdict(params).items() if k not in ("seed", "stop", "top_logprobs")}
+    setup["seconds"] = round(time.perf_counter() - began, 1)
+    info["loadavg_end"] = os.getloadavg()
+    text = table(results)
+    sys.stdout.write(text + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"machine": info, "setup": setup, "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
