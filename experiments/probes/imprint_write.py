@@ -3,7 +3,7 @@ chosen into the imprint (its turn's spans), and whether it is still there after 
 unrelated turns; a lost value is counted as never chosen, cut (its clause chosen, the value's tokens outside the span)
 or gone (chosen, then replaced or evicted).
 
-The write as a turn does it (sia.learn.imprint_read.imprint_of: token NLL under a fresh identity, the kind tagger, the
+The write as a turn does it (sia.learn.imprint_read.imprint_turns: token NLL under a fresh identity, the kind tagger, the
 checkpoint's selection settings), with the text kept. Nothing is generated.
 
     python -m experiments.probes.imprint_write [--users 60] [--depth 4] [--tokens N] [--out PATH]
@@ -18,11 +18,9 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 from sia.checkpoint import DEFAULT_CACHE, DEFAULT_CHECKPOINT, load_llama_checkpoint
-from sia.identity.imprint import KINDS, Imprint, imprint_spans, message_spans
+from sia.identity.imprint import KINDS, Imprint
+from sia.learn.imprint_read import imprint_turns
 from sia.learn.natural import _mentions, load_fillers, load_users
 from sia.personas import PERSONAS
 
@@ -52,31 +50,11 @@ def main() -> None:
     for n, user in enumerate(users):
         messages = [*user.messages, *(fillers[(7 * n + j) % len(fillers)] for j in range(args.depth))]
         imprint, chosen = Imprint.empty(c), []
-        for turn, message in enumerate(messages):
-            tokens, (start, end) = tok.turn_prompt(message, system)
+        for turn, (after, choices) in enumerate(imprint_turns(model, system, messages, keep_text=True)):
+            imprint = after
+            tokens, (start, end) = tok.turn_prompt(messages[turn], system)
             body = tokens[start : end - 1]
-            words = model.read_words(torch.tensor([tokens[: end - 1]]), logits=True)
-            assert words.logits is not None
-            nll = -F.log_softmax(words.logits[start - 1 : end - 2].float(), -1).gather(-1, torch.tensor(body)[:, None])[:, 0]
-            kinds = None if words.kinds is None else words.kinds[start : end - 1]
-            choices = message_spans(
-                nll,
-                [tok.token_text(t) for t in body],
-                kinds,
-                budget=c.imprint_per_turn,
-                max_span=c.imprint_span,
-                min_score=c.imprint_min_shock,
-            )
-            for ch in choices:
-                chosen.append((turn, tok.decode(body[ch.start : ch.end]), KINDS[ch.kind], round(ch.score, 1)))
-            imprint = imprint_spans(
-                imprint,
-                words.keys[:, :, start : end - 1],
-                words.values[:, :, start : end - 1],
-                choices,
-                turn=turn,
-                tokens=torch.tensor(body, dtype=torch.int32),
-            )
+            chosen += [(turn, tok.decode(body[ch.start : ch.end]), KINDS[ch.kind], round(ch.score, 1)) for ch in choices]
         held = [tok.decode(s.tokens or ()) for s in imprint.spans()]
         for kind in {q.kind for q in user.questions}:
             fact = user.newest(kind)

@@ -13,17 +13,28 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from sia.identity.imprint import Imprint, imprint_spans, message_spans
+from sia.identity.imprint import Imprint, SpanChoice, imprint_spans, message_spans
 from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState, advance
 from sia.model.config import LlamaConfig
 from sia.model.generate import Generation, SamplingParams, Stream, StreamEvent, stream
-from sia.model.identity_model import IdentityModel
+from sia.model.identity_model import IdentityModel, WordsRead
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
-__all__ = ["TurnPrompt", "TurnReply", "TurnRequest", "TurnResult", "conclude_turns", "run_turn", "stream_turns", "turn_prompt"]
+__all__ = [
+    "TurnPrompt",
+    "TurnReply",
+    "TurnRequest",
+    "TurnResult",
+    "conclude_turns",
+    "run_turn",
+    "stream_turns",
+    "turn_prompt",
+    "write_imprint",
+]
 
 
 @dataclass(frozen=True)
@@ -152,23 +163,44 @@ def imprint_message(
     start, end = a + 1, b  # the message's own tokens: prompt.tokens[start:end]
     if end <= start:
         return imprint
-    message = prompt.tokens[start:end]
     surprisal = generation.prompt_nll[a : b - 1].float().cpu()  # (n,) each message token's NLL under the identity
     words = model.read_words(torch.tensor([prompt.tokens[:end]], device=model.device))
-    kinds = None if words.kinds is None else words.kinds[start:end].cpu()
+    imprint, _ = write_imprint(
+        c, tok, imprint, prompt.tokens, surprisal, words, slice(start, end), turn=request.state.turns, keep_text=request.keep_text
+    )
+    return imprint
+
+
+def write_imprint(
+    config: LlamaConfig,
+    tok: Tokenizer,
+    imprint: Imprint,
+    tokens: Sequence[int],
+    surprisal: Tensor,
+    words: WordsRead,
+    at: slice,
+    *,
+    turn: int,
+    keep_text: bool,
+) -> tuple[Imprint, list[SpanChoice]]:
+    """``imprint`` with the spans of one message chosen and added, and those spans: the message is ``tokens[at]``,
+    ``surprisal`` (n,) its tokens' NLL under the identity, ``words`` the base model's read of ``tokens`` (up to the
+    message's end at least). The one write a turn, the read's training and the probes share."""
+    message = list(tokens[at])
+    kinds = None if words.kinds is None else words.kinds[at].cpu()
     choices = message_spans(
         surprisal,
         [tok.token_text(t) for t in message],
         kinds,
-        budget=c.imprint_per_turn,
-        max_span=c.imprint_span,
-        min_score=c.imprint_min_shock,
+        budget=config.imprint_per_turn,
+        max_span=config.imprint_span,
+        min_score=config.imprint_min_shock,
     )
     if not choices:
-        return imprint
-    keys, values = words.keys[:, :, start:end].cpu(), words.values[:, :, start:end].cpu()
-    tokens = torch.tensor(message, dtype=torch.int32) if request.keep_text else None
-    return imprint_spans(imprint, keys, values, choices, turn=request.state.turns, tokens=tokens)
+        return imprint, []
+    keys, values = words.keys[:, :, at].cpu(), words.values[:, :, at].cpu()
+    ids = torch.tensor(message, dtype=torch.int32) if keep_text else None
+    return imprint_spans(imprint, keys, values, choices, turn=turn, tokens=ids), choices
 
 
 def run_turn(

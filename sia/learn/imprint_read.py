@@ -20,6 +20,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,23 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sia.backbones.llama import LlamaModel
-from sia.identity.imprint import KINDS, Imprint, imprint_spans, message_spans
+from sia.identity.imprint import KINDS, Imprint, SpanChoice
 from sia.identity.state import IdentityState
+from sia.identity.turn import write_imprint
 from sia.learn.adapter.facts import chitchat
 from sia.model.conditioning import Conditioning
 
-__all__ = ["ReadConfig", "ReadExample", "ReadPhrases", "make_example", "token_kinds", "train_kinds", "train_read"]
+__all__ = [
+    "ReadConfig",
+    "ReadExample",
+    "ReadPhrases",
+    "imprint_of",
+    "imprint_turns",
+    "make_example",
+    "token_kinds",
+    "train_kinds",
+    "train_read",
+]
 
 log = logging.getLogger("sia.learn.imprint_read")
 
@@ -138,9 +150,12 @@ def make_example(rng: random.Random, p: ReadPhrases, *, distractors: int, extra_
 
 
 @torch.no_grad()
-def imprint_of(model: LlamaModel, system: list[int], messages: tuple[str, ...]) -> Imprint:
-    """The imprint a fresh identity keeps after these messages, each turn imprinting as the service's does (the
-    fresh identity is the base model, so each message's token NLL is the base model's)."""
+def imprint_turns(
+    model: LlamaModel, system: list[int], messages: Sequence[str], *, keep_text: bool = False
+) -> Iterator[tuple[Imprint, list[SpanChoice]]]:
+    """After each of ``messages``, the imprint a fresh identity keeps and the spans that message added (token ids kept
+    with ``keep_text``), each turn imprinting as the service's does (sia.identity.turn.write_imprint; the fresh
+    identity is the base model, so each message's token NLL is the base model's)."""
     c, tok = model.config, model.tokenizer
     imprint = Imprint.empty(c)
     for turn, message in enumerate(messages):
@@ -150,20 +165,18 @@ def imprint_of(model: LlamaModel, system: list[int], messages: tuple[str, ...]) 
         assert words.logits is not None
         targets = torch.tensor(body, device=model.device)[:, None]
         nll = -F.log_softmax(words.logits[start - 1 : end - 2].float(), -1).gather(-1, targets)[:, 0].cpu()
-        kinds = None if words.kinds is None else words.kinds[start : end - 1].cpu()
-        choices = message_spans(
-            nll,
-            [tok.token_text(t) for t in body],
-            kinds,
-            budget=c.imprint_per_turn,
-            max_span=c.imprint_span,
-            min_score=c.imprint_min_shock,
+        imprint, choices = write_imprint(
+            c, tok, imprint, tokens, nll, words, slice(start, end - 1), turn=turn, keep_text=keep_text
         )
-        at = slice(start, end - 1)
-        imprint = imprint_spans(
-            imprint, words.keys[:, :, at].cpu(), words.values[:, :, at].cpu(), choices, turn=turn, tokens=None
-        )
-    return imprint
+        yield imprint, choices
+
+
+def imprint_of(model: LlamaModel, system: list[int], messages: Sequence[str]) -> Imprint:
+    """The imprint a fresh identity keeps after these messages (``imprint_turns``' last), without text."""
+    last = Imprint.empty(model.config)
+    for imprint, _ in imprint_turns(model, system, messages):
+        last = imprint
+    return last
 
 
 def token_kinds(tok: Any, message: str, clauses: tuple[tuple[int, int, str], ...]) -> list[int]:
