@@ -128,8 +128,15 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
         page.fill("#max_tokens", "48")
         page.fill("#temperature", "1")
         page.fill("#seed", "1")
+        page.fill("#repetition_penalty", "1.2")
+        page.fill("#no_repeat_ngram", "3")
 
-        say(page, "Hello, I am Ana and I like green.")
+        with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/chat")) as sent:
+            say(page, "Hello, I am Ana and I like green.")
+        body = sent.value.post_data_json
+        assert body["repetition_penalty"] == 1.2 and body["no_repeat_ngram"] == 3 and body["temperature"] == 1
+        page.fill("#repetition_penalty", "")  # the rest of the page's requests leave them to the persona
+        page.fill("#no_repeat_ngram", "")
         stored = api(url, "GET", "/admin/personas/sia/identities/ana/turns")["data"]
         assert page.locator("#transcript li.bot .text").last.text_content() == stored[-1]["reply"]
         expect(page.locator("#transcript li.bot").last).to_have_attribute("data-tokens", str(stored[-1]["completion_tokens"]))

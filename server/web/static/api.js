@@ -192,7 +192,11 @@ function identityPath(suffix = "", query = {}) {
 
 function samplingFields() {
   const out = {};
-  for (const [id, parse] of [["max_tokens", parseInt], ["temperature", parseFloat], ["top_p", parseFloat], ["top_k", parseInt], ["seed", parseInt]]) {
+  const fields = [
+    ["max_tokens", parseInt], ["temperature", parseFloat], ["top_p", parseFloat], ["top_k", parseInt],
+    ["repetition_penalty", parseFloat], ["no_repeat_ngram", parseInt], ["seed", parseInt],
+  ];
+  for (const [id, parse] of fields) {
     const raw = $(id).value.trim();
     if (raw !== "") out[id] = parse(raw, 10);
   }
