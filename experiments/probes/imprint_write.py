@@ -1,7 +1,8 @@
 """Where the imprint's write loses a fact: for every fact of the natural set's tuning users, whether its value was ever
 chosen into the imprint (its turn's spans), and whether it is still there after the user's messages and ``depth``
 unrelated turns; a lost value is counted as never chosen, cut (its clause chosen, the value's tokens outside the span)
-or gone (chosen, then replaced or evicted).
+or gone (chosen, then replaced or evicted). Also the kind tagger's share: the facts whose value's span was chosen
+under the fact's own kind, and the labelled spans whose message states no fact of that kind.
 
 The write as a turn does it (sia.learn.imprint_read.imprint_turns: token NLL under a fresh identity, the kind tagger, the
 checkpoint's selection settings), with the text kept. Nothing is generated.
@@ -47,6 +48,7 @@ def main() -> None:
     verdicts: Counter[str] = Counter()
     by_kind: dict[str, Counter[str]] = {}
     examples: list[dict[str, object]] = []
+    labels: Counter[str] = Counter()
     for n, user in enumerate(users):
         messages = [*user.messages, *(fillers[(7 * n + j) % len(fillers)] for j in range(args.depth))]
         imprint, chosen = Imprint.empty(c), []
@@ -56,6 +58,10 @@ def main() -> None:
             body = tokens[start : end - 1]
             chosen += [(turn, tok.decode(body[ch.start : ch.end]), KINDS[ch.kind], round(ch.score, 1)) for ch in choices]
         held = [tok.decode(s.tokens or ()) for s in imprint.spans()]
+        for t, _, k, _ in chosen:  # a span labelled with a kind its message does not state
+            stated = {f.kind for f in user.facts if f.message == t} if t < len(user.messages) else set()
+            labels["labelled"] += k != "unknown"
+            labels["false"] += k != "unknown" and k not in stated
         for kind in {q.kind for q in user.questions}:
             fact = user.newest(kind)
             accepts = fact.accept
@@ -73,6 +79,9 @@ def main() -> None:
                 verdict = "never"
             verdicts[verdict] += 1
             by_kind.setdefault(kind, Counter())[verdict] += 1
+            if kind in KINDS:  # the kind tagger's share: the value's span chosen under its own kind
+                labels["facts"] += 1
+                labels["right"] += any(t == fact.message and has(text) and k == kind for t, text, k, _ in chosen)
             if verdict != "kept" and len(examples) < 60:
                 examples.append(
                     {
@@ -91,6 +100,12 @@ def main() -> None:
         "facts": total,
         "verdicts": {k: v / total for k, v in verdicts.items()},
         "by_kind": {k: {v: n / sum(cs.values()) for v, n in cs.items()} for k, cs in sorted(by_kind.items())},
+        "tagger": {
+            "facts_labelled_right": labels["right"] / max(1, labels["facts"]),
+            "false_labels": labels["false"] / max(1, labels["labelled"]),
+            "facts": labels["facts"],
+            "labelled_spans": labels["labelled"],
+        },
         "examples": examples,
     }
     sys.stdout.write(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=1) + "\n")

@@ -83,6 +83,7 @@ class ReadPhrases:
     closers: tuple[str, ...]
     connectors: tuple[str, ...]
     chitchat: tuple[str, ...]
+    others: dict[str, tuple[str, ...]]  # by kind: clauses stating that kind of someone else's ("my husband {v}...")
 
     @classmethod
     def load(cls, data: Path = DATA) -> ReadPhrases:
@@ -98,9 +99,12 @@ class ReadPhrases:
             closers=tuple(t["closers"]),
             connectors=tuple(t["connectors"]),
             chitchat=tuple(t["chitchat"]),
+            others={k: tuple(v) for k, v in t["others"].items()},
         )
+        if not set(phrases.others) <= set(kinds):
+            raise ValueError(f"others' kinds must be among {kinds}; got {sorted(phrases.others)}")
         for kind in kinds:
-            for template in (*phrases.clauses[kind], *phrases.answers[kind]):
+            for template in (*phrases.clauses[kind], *phrases.answers[kind], *phrases.others.get(kind, ())):
                 if template.count("{v}") + template.count("{av}") != 1:
                     raise ValueError(f"the {kind} template {template!r} needs exactly one of {{v}}, {{av}}")
         return phrases
@@ -122,19 +126,28 @@ class ReadExample:
     clauses: tuple[tuple[int, int, str], ...] = ()  # (start, end, kind): the characters of that message stating each
 
 
-def make_example(rng: random.Random, p: ReadPhrases, *, distractors: int, extra_rate: float) -> ReadExample:
+def make_example(
+    rng: random.Random, p: ReadPhrases, *, distractors: int, extra_rate: float, others_rate: float = 0.0
+) -> ReadExample:
+    """One example; with chance ``others_rate`` the statement also tells a fact of someone else's ("my sister lives in
+    Oslo"), which is not the user's and is never asked."""
     kinds = rng.sample(MAIN, rng.randint(1, 4))
     if rng.random() < extra_rate:
         kinds.append(rng.choice(EXTRA))
     rng.shuffle(kinds)
     facts = {kind: rng.choice(p.values[kind]) for kind in kinds}
+    parts: list[tuple[str, str | None]] = [(_fill(rng.choice(p.clauses[kind]), facts[kind]), kind) for kind in kinds]
+    if others_rate and rng.random() < others_rate:
+        kind = rng.choice(sorted(p.others))
+        value = rng.choice([v for v in p.values[kind] if v != facts.get(kind)])
+        parts.insert(rng.randint(0, len(parts)), (_fill(rng.choice(p.others[kind]), value), None))
     message = rng.choice(p.openers) + " " if rng.random() < 0.5 else ""
     spans = []
-    for i, kind in enumerate(kinds):
+    for i, (clause, whose) in enumerate(parts):
         if i:
             message += rng.choice(p.connectors)
-        clause = _fill(rng.choice(p.clauses[kind]), facts[kind])
-        spans.append((len(message), len(message) + len(clause), kind))
+        if whose is not None:
+            spans.append((len(message), len(message) + len(clause), whose))
         message += clause
     if rng.random() < 0.3:
         message += " " + rng.choice(p.closers)
@@ -196,10 +209,18 @@ def token_kinds(tok: Any, message: str, clauses: tuple[tuple[int, int, str], ...
 
 
 def train_kinds(
-    model: LlamaModel, systems: list[list[int]], phrases: ReadPhrases, *, messages: int = 1200, steps: int = 300, seed: int = 0
+    model: LlamaModel,
+    systems: list[list[int]],
+    phrases: ReadPhrases,
+    *,
+    messages: int = 1200,
+    steps: int = 300,
+    seed: int = 0,
+    others_rate: float = 0.5,
 ) -> dict[str, float]:
     """Fit the kind tagger (``model.imprint_kind``, a linear map of one layer's normalised input) on generated
-    statements and unrelated messages, the base model frozen; returns its token accuracy on 200 more."""
+    statements (with chance ``others_rate`` one of them about someone else, labelled as no kind) and unrelated
+    messages, the base model frozen; returns its token accuracy on 200 more."""
     if model.imprint_kind is None or model.config.imprint_kinds_layer is None:
         raise ValueError("the model has no kind tagger: add_imprint(..., kinds_layer=L) first")
     layer, tok, rng = model.config.imprint_kinds_layer, model.tokenizer, random.Random(seed)
@@ -207,7 +228,7 @@ def train_kinds(
     def features(n: int) -> tuple[Tensor, Tensor]:
         xs, ys = [], []
         for _ in range(n):
-            ex = make_example(rng, phrases, distractors=1, extra_rate=0.3)
+            ex = make_example(rng, phrases, distractors=1, extra_rate=0.3, others_rate=others_rate)
             system = rng.choice(systems)
             for i, message in enumerate(ex.messages):
                 tokens, (start, end) = tok.turn_prompt(message, system)

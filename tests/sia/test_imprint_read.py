@@ -53,6 +53,7 @@ def phrases() -> ReadPhrases:
         closers=("bye",),
         connectors=(", ",),
         chitchat=("sky?", "rain."),
+        others={"name": ("my sister {v} waves",)},
     )
 
 
@@ -92,6 +93,19 @@ def test_examples_state_the_asked_fact_among_distractors() -> None:
         assert len(stated) == 1 and 1 <= len(ex.messages) <= 3
         asked = next(k for k in ex.facts if ex.question == f"{k}?")
         assert ex.answer == f"{ex.facts[asked]}." and ex.facts[asked] in stated[0]
+
+
+def test_someone_elses_fact_is_stated_but_never_labelled() -> None:
+    rng = random.Random(1)
+    p = phrases()
+    for _ in range(30):
+        ex = make_example(rng, p, distractors=0, extra_rate=0.0, others_rate=1.0)
+        (message,) = ex.messages
+        at = message.index("my sister ")
+        end = message.index(" waves", at) + len(" waves")
+        assert all(b <= at or a >= end for a, b, _ in ex.clauses)  # outside every clause of the user's
+        assert set(token_kinds(ByteTokenizer(), message, ex.clauses)[at:end]) == {0}
+    assert not any("my sister" in make_example(rng, p, distractors=0, extra_rate=0.0).messages[0] for _ in range(10))
 
 
 @pytest.mark.parametrize("distill", [0.0, 1.0])
