@@ -216,7 +216,7 @@ def train_kinds(
     messages: int = 1200,
     steps: int = 300,
     seed: int = 0,
-    others_rate: float = 0.5,
+    others_rate: float = 0.0,
 ) -> dict[str, float]:
     """Fit the kind tagger (``model.imprint_kind``, a linear map of one layer's normalised input) on generated
     statements (with chance ``others_rate`` one of them about someone else, labelled as no kind) and unrelated
