@@ -103,9 +103,25 @@ def test_someone_elses_fact_is_stated_but_never_labelled() -> None:
         (message,) = ex.messages
         at = message.index("my sister ")
         end = message.index(" waves", at) + len(" waves")
-        assert all(b <= at or a >= end for a, b, _ in ex.clauses)  # outside every clause of the user's
-        assert set(token_kinds(ByteTokenizer(), message, ex.clauses)[at:end]) == {0}
+        assert all(b <= at or a >= end for a, b, _ in ex.clauses[0])  # outside every clause of the user's
+        assert set(token_kinds(ByteTokenizer(), message, ex.clauses[0])[at:end]) == {0}
     assert not any("my sister" in make_example(rng, p, distractors=0, extra_rate=0.0).messages[0] for _ in range(10))
+
+
+def test_facts_told_over_two_messages_keep_their_order_and_labels() -> None:
+    rng = random.Random(2)
+    p = phrases()
+    split = 0
+    for _ in range(40):
+        ex = make_example(rng, p, distractors=2, extra_rate=0.0, split_rate=1.0)
+        stated = sorted(ex.clauses)
+        assert len(stated) == (2 if len(ex.facts) > 1 else 1)
+        split += len(stated) == 2
+        told = [ex.messages[i][a:b] for i in stated for a, b, _ in ex.clauses[i]]
+        kinds = [k for i in stated for _, _, k in ex.clauses[i]]
+        assert sorted(kinds) == sorted(ex.facts) and all(ex.facts[k] in t for k, t in zip(kinds, told, strict=True))
+        assert all(m in p.chitchat for i, m in enumerate(ex.messages) if i not in ex.clauses)
+    assert split >= 20
 
 
 @pytest.mark.parametrize("distill", [0.0, 1.0])
