@@ -1,14 +1,16 @@
 """Reply quality of the bundled model on easy questions: answered, looping, wrong-language and in-style rates per persona.
 
 Run: ``python -m benchmarks.reply_quality --part tune|heldout [--personas sia bolt] [--limit N] [--greedy]
-[--repetition-penalty R] [--no-repeat-ngram N] [--out PATH]``.
+[--repetition-penalty R] [--no-repeat-ngram N] [--temperature T] [--max-tokens N] [--prompts FILE] [--out PATH]``
+(``--prompts``: a JSON object of persona -> system prompt tried in place of the persona's, for tuning).
 
 Every question of ``benchmarks/data/easy_questions/<part>.jsonl`` is asked once of a fresh identity of each persona
 (so the base model reading the persona's system prompt), exactly as the service builds a turn
 (``sia.identity.turn.stream_turns`` with the persona's prompt as context), in batches of ``--batch`` questions (a
 batched row decodes as it would alone). Two decodings: the persona's default sampling (``sia.personas``: temperature
-0.4, top-p 0.9, 128 tokens; every row's generator seeded with 0, so a run is reproducible) and greedy (temperature 0); with
-``--greedy`` only greedy. ``--repetition-penalty`` and ``--no-repeat-ngram`` override the persona defaults for both.
+0.4, top-p 0.9, 128 tokens; every row's generator seeded with 0, so a run is reproducible) and greedy (temperature
+0); with ``--greedy`` only greedy, with ``--sampled`` only the persona's. ``--repetition-penalty``,
+``--no-repeat-ngram``, ``--temperature`` and ``--max-tokens`` override the persona's defaults.
 
 Reported per persona and decoding (``benchmarks.reply_metrics`` defines each): answered rate, loop rate,
 wrong-language rate, mean length in words, style rate, and the answered rate per question kind. The JSON (``--out``,
@@ -39,7 +41,7 @@ from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, stream_turns
 from sia.model.generate import SamplingParams
 from sia.model.identity_model import IdentityModel
-from sia.personas import DEFAULT_PERSONA, PERSONAS, persona_defaults, persona_prompt
+from sia.personas import DEFAULT_PERSONA, PERSONAS, persona_prompt, persona_sampling
 
 log = logging.getLogger("benchmarks.reply_quality")
 
@@ -52,9 +54,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--part", choices=("tune", "heldout"), required=True, help="which question file")
     p.add_argument("--personas", nargs="+", default=None, help=f"default: all ({', '.join(PERSONAS)})")
     p.add_argument("--limit", type=int, default=None, help="the first N questions only (a smoke check)")
-    p.add_argument("--greedy", action="store_true", help="greedy decoding only (default: the persona's and greedy)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--greedy", action="store_true", help="greedy decoding only (default: the persona's and greedy)")
+    which.add_argument("--sampled", action="store_true", help="the persona's sampled decoding only")
     p.add_argument("--repetition-penalty", type=float, default=None, help="override the persona's (1: off)")
     p.add_argument("--no-repeat-ngram", type=int, default=None, help="override the persona's (0: off)")
+    p.add_argument("--temperature", type=float, default=None, help="override the persona's sampled temperature")
+    p.add_argument("--max-tokens", type=int, default=None, help="override the persona's reply length limit")
+    p.add_argument(
+        "--prompts", type=Path, default=None, help="a JSON object of persona -> system prompt tried in place of the persona's"
+    )
     p.add_argument("--batch", type=int, default=8, help="questions decoded together")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
@@ -72,24 +81,19 @@ def read_questions(part: str, limit: int | None = None) -> list[dict[str, Any]]:
     return rows[:limit] if limit is not None else rows
 
 
-def default_params(model: IdentityModel, persona: str) -> SamplingParams:
-    """The persona's decoding defaults as a fresh service stores them (sia.personas.persona_defaults)."""
-    d = persona_defaults(model, persona)
-    return SamplingParams(
-        max_new_tokens=int(str(d.get("max_tokens", 64))),
-        temperature=float(str(d.get("temperature", 0.8))),
-        top_p=None if d.get("top_p") is None else float(str(d["top_p"])),
-        top_k=None if d.get("top_k") is None else int(str(d["top_k"])),
-    )
-
-
 def ask(
-    model: IdentityModel, persona: str, questions: Sequence[dict[str, Any]], params: SamplingParams, batch: int
+    model: IdentityModel,
+    persona: str,
+    questions: Sequence[dict[str, Any]],
+    params: SamplingParams,
+    batch: int,
+    prompt: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Each question asked of a fresh identity of ``persona``: its reply and token ids. Sampled rows draw from
-    generators seeded alike (seed 0): every row's draw is its own, whichever rows share its batch."""
+    """Each question asked of a fresh identity of ``persona`` (its system prompt, or ``prompt`` in its place): its reply
+    and token ids. Sampled rows draw from generators seeded alike (seed 0): every row's draw is its own, whichever rows
+    share its batch."""
     tok = model.tokenizer
-    context = tuple(tok.system_prompt(persona_prompt(model, persona)))
+    context = tuple(tok.system_prompt(persona_prompt(model, persona) if prompt is None else prompt))
     fresh = IdentityState.fresh(model.config)
     dynamics = Dynamics.from_config(model.config)
     params = params if params.greedy else replace(params, seed=0)
@@ -169,6 +173,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         overrides["repetition_penalty"] = args.repetition_penalty
     if args.no_repeat_ngram is not None:
         overrides["no_repeat_ngram"] = args.no_repeat_ngram
+    if args.temperature is not None:
+        overrides["temperature"] = args.temperature
+    if args.max_tokens is not None:
+        overrides["max_new_tokens"] = args.max_tokens
+    prompts: dict[str, str] = {}
+    if args.prompts is not None:
+        prompts = {str(k): str(v) for k, v in json.loads(args.prompts.read_text()).items()}
     results: dict[str, dict[str, dict[str, Any]]] = {}
     setup: dict[str, Any] = {
         "part": args.part,
@@ -176,18 +187,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         "limit": args.limit,
         "checkpoint": str(args.checkpoint),
         "overrides": overrides,
+        "prompts": {p: prompts.get(p, persona_prompt(model, p)) for p in personas},
         "decodings": {},
     }
     began = time.perf_counter()
     for persona in personas:
-        sampled = replace(default_params(model, persona), **overrides)
-        modes = {"greedy": replace(sampled, temperature=0.0)}
-        if not args.greedy:
-            modes = {"default": sampled, **modes}
+        sampled = replace(persona_sampling(model, persona), **overrides)
+        modes = {"default": sampled, "greedy": replace(sampled, temperature=0.0)}
+        if args.greedy or args.sampled:
+            modes = {k: v for k, v in modes.items() if (k == "greedy") == args.greedy}
         results[persona] = {}
         for mode, params in modes.items():
             log.info("%s, %s: %d questions", persona, mode, len(questions))
-            replies = ask(model, persona, questions, params, args.batch)
+            replies = ask(model, persona, questions, params, args.batch, prompts.get(persona))
             results[persona][mode] = score(persona, questions, replies)
             setup["decodings"][mode] = {k: v for k, v in asdict(params).items() if k not in ("seed", "stop", "top_logprobs")}
     setup["seconds"] = round(time.perf_counter() - began, 1)

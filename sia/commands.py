@@ -16,7 +16,7 @@ from sia.identity.turn import TurnRequest, TurnResult, stream_turns
 from sia.model.config import LlamaConfig, read_json_object
 from sia.model.generate import Sampling, SamplingParams
 from sia.model.identity_model import IdentityModel
-from sia.personas import PERSONAS, persona_defaults, persona_prompt
+from sia.personas import PERSONAS, persona_prompt, persona_sampling
 
 log = logging.getLogger("sia")
 
@@ -37,14 +37,7 @@ def sampling_choices(args: argparse.Namespace) -> Sampling:
 
 def _sampling(args: argparse.Namespace, model: IdentityModel) -> SamplingParams:
     """The options given, the rest from the persona defaults of this kind of model (sia.personas)."""
-    defaults = persona_defaults(model, args.persona)
-    return sampling_choices(args).over(
-        SamplingParams(
-            max_new_tokens=int(str(defaults.get("max_tokens", 64))),
-            temperature=float(str(defaults.get("temperature", 0.8))),
-            top_p=float(str(defaults.get("top_p", 0.95))),
-        )
-    )
+    return sampling_choices(args).over(persona_sampling(model, args.persona))
 
 
 def _load_state(path: Path | None, model: IdentityModel) -> IdentityState:

@@ -6,12 +6,23 @@ native model was trained on a short bracketed preamble ("[sia]") from the corpus
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sia.model.config import ModelConfig
+from sia.model.generate import SamplingParams
 from sia.model.identity_model import IdentityModel
 
-__all__ = ["DEFAULT_PERSONA", "PERSONAS", "Persona", "persona_defaults", "persona_preamble", "persona_prompt"]
+__all__ = [
+    "DEFAULT_PERSONA",
+    "PERSONAS",
+    "Persona",
+    "outdated_defaults",
+    "persona_defaults",
+    "persona_preamble",
+    "persona_prompt",
+    "persona_sampling",
+]
 
 DEFAULT_PERSONA = "sia"
 
@@ -60,8 +71,24 @@ def persona_prompt(model: IdentityModel, name: str) -> str:
 
 
 # Decoding defaults for a small chat backbone: cooler than 1 with a nucleus cut, which keeps a 135M model on topic
-# and out of repetition loops far better than greedy decoding or temperature 0.8 (measured: experiments/LOG.md).
-CHAT_SAMPLING: dict[str, object] = {"temperature": 0.4, "top_p": 0.9, "max_tokens": 128}
+# far better than greedy decoding or temperature 0.8, and repetition control over the reply (a 1.15 penalty on every
+# token it already holds, no 4-gram twice), which took the replies that loop from 9-63 % to none on the easy questions'
+# tuning part without costing answers (measured: experiments/LOG.md, benchmarks/results/reply_quality.json).
+CHAT_SAMPLING: dict[str, object] = {
+    "temperature": 0.4,
+    "top_p": 0.9,
+    "max_tokens": 128,
+    "repetition_penalty": 1.15,
+    "no_repeat_ngram": 4,
+}
+
+
+# the decoding defaults earlier releases stored for a chat backbone's personas, field by field
+EARLIER_CHAT_SAMPLING: dict[str, tuple[object, ...]] = {
+    "max_tokens": (128,),
+    "repetition_penalty": (1.0,),
+    "no_repeat_ngram": (0,),
+}
 
 
 def persona_defaults(model: IdentityModel, name: str) -> dict[str, object]:
@@ -70,3 +97,29 @@ def persona_defaults(model: IdentityModel, name: str) -> dict[str, object]:
     if not isinstance(model.config, ModelConfig):
         values.update(CHAT_SAMPLING)
     return values
+
+
+def persona_sampling(model: IdentityModel, name: str) -> SamplingParams:
+    """Default persona ``name``'s decoding for ``model``, as a fresh service stores it (the native model: 64 tokens at
+    temperature 0.8, top-p 0.95)."""
+    d = persona_defaults(model, name)
+    return SamplingParams(
+        max_new_tokens=int(str(d.get("max_tokens", 64))),
+        temperature=float(str(d.get("temperature", 0.8))),
+        top_p=float(str(d.get("top_p", 0.95))),
+        repetition_penalty=float(str(d.get("repetition_penalty", 1.0))),
+        no_repeat_ngram=int(str(d.get("no_repeat_ngram", 0))),
+    )
+
+
+def outdated_defaults(model: IdentityModel, name: str, stored: Mapping[str, object]) -> dict[str, object]:
+    """The fields of a stored default persona ``name`` that still hold an earlier release's default, each with the
+    current one: a service brings them up to date and leaves every field an admin changed as it is."""
+    if name not in PERSONAS or isinstance(model.config, ModelConfig):
+        return {}
+    current = persona_defaults(model, name)
+    return {
+        field: current[field]
+        for field, values in EARLIER_CHAT_SAMPLING.items()
+        if field in current and stored.get(field) != current[field] and stored.get(field) in values
+    }

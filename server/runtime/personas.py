@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from server.errors import CorruptStateError
@@ -12,9 +13,11 @@ from server.store import Store
 from sia.identity.state import Dynamics, IdentityState, StateFormatError, state_from_bytes
 from sia.model.generate import Sampling, SamplingParams
 from sia.model.identity_model import IdentityModel
-from sia.personas import DEFAULT_PERSONA, PERSONAS, persona_defaults
+from sia.personas import DEFAULT_PERSONA, PERSONAS, outdated_defaults, persona_defaults
 
 __all__ = ["Personas"]
+
+log = logging.getLogger("sia.personas")
 
 
 class Personas:
@@ -28,13 +31,21 @@ class Personas:
     # --- administration --------------------------------------------------------------------------------
 
     def ensure_defaults(self) -> list[str]:
-        """Create the default personas (``sia`` first) if they are missing, each with the prompt this model reads."""
-        existing = {p.name for p in self.store.list_personas()}
+        """Create the default personas (``sia`` first) if they are missing, each with the prompt this model reads; a
+        default persona stored by an earlier release gets today's prompt and decoding defaults in the fields that
+        still hold that release's (sia.personas.outdated_defaults). Returns the personas created."""
+        existing = {p.name: p for p in self.store.list_personas()}
         created = []
         for name in sorted(PERSONAS, key=lambda n: (n != DEFAULT_PERSONA, n)):
             if name not in existing:
                 self.store.create_persona(name, **persona_defaults(self.model, name))
                 created.append(name)
+                continue
+            stored = existing[name]
+            changes = outdated_defaults(self.model, name, {f: getattr(stored, f) for f in PERSONA_FIELDS})
+            if changes:
+                self.store.update_persona(name, **changes)
+                log.info("persona %s: %s brought to this release's defaults", name, ", ".join(sorted(changes)))
         return created
 
     def validate_values(self, values: dict[str, object]) -> None:

@@ -18,7 +18,7 @@ from sia.backbones.llama import LlamaModel
 from sia.backbones.slot_maps import init_slot_map
 from sia.checkpoint import load_model
 from sia.identity.state import state_from_bytes, state_to_bytes
-from sia.personas import PERSONAS
+from sia.personas import CHAT_SAMPLING, PERSONAS
 from tests.server.api.test_admin import ID, ok
 from tests.sia.conftest import build_tiny_vocab, write_tiny_gguf
 
@@ -58,6 +58,28 @@ def test_personas_read_their_system_prompt_and_turns_change_the_state(client: Te
     blob = client.get(f"{ID}/ana/state").content
     state = state_from_bytes(blob, tiny_llama.config)
     assert state.turns == 2 and state.trace.dtype == torch.float16 and float(state.trace.float().abs().sum()) > 0
+
+
+def test_a_restart_brings_default_personas_to_this_releases_decoding_unless_an_admin_changed_them(
+    settings: Settings, tiny_llama: LlamaModel
+) -> None:
+    """A persona stored by an earlier release (128 tokens, no repetition control) takes today's decoding defaults when
+    the service starts; a field an admin set to something else stays as it is."""
+    migrate.upgrade(settings)
+    earlier = {"max_tokens": 128, "repetition_penalty": 1.0, "no_repeat_ngram": 0}
+    with TestClient(create_app(settings, model=tiny_llama)) as c:
+        ok(c.patch("/admin/personas/sia", json=earlier))
+        ok(c.patch("/admin/personas/bolt", json={**earlier, "max_tokens": 40, "preamble": "You are terse."}))
+    with TestClient(create_app(settings, model=tiny_llama)) as c:
+        sia, bolt = ok(c.get("/admin/personas/sia")), ok(c.get("/admin/personas/bolt"))
+    for field in earlier:
+        assert sia[field] == CHAT_SAMPLING[field]
+    assert bolt["max_tokens"] == 40 and bolt["preamble"] == "You are terse."  # the admin's own choices
+    assert (bolt["repetition_penalty"], bolt["no_repeat_ngram"]) == (
+        CHAT_SAMPLING["repetition_penalty"],
+        CHAT_SAMPLING["no_repeat_ngram"],
+    )
+    assert sia["preamble"] == PERSONAS["sia"].system_prompt and sia["temperature"] == CHAT_SAMPLING["temperature"]
 
 
 def test_openai_logprobs_report_each_tokens_bytes(client: TestClient, tiny_llama: LlamaModel) -> None:
