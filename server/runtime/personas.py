@@ -17,7 +17,7 @@ from sia.personas import DEFAULT_PERSONA, PERSONAS, outdated_defaults, persona_d
 
 __all__ = ["Personas"]
 
-log = logging.getLogger("sia.personas")
+log = logging.getLogger("sia.runtime")
 
 
 class Personas:
@@ -32,8 +32,8 @@ class Personas:
 
     def ensure_defaults(self) -> list[str]:
         """Create the default personas (``sia`` first) if they are missing, each with the prompt this model reads; a
-        default persona stored by an earlier release gets today's prompt and decoding defaults in the fields that
-        still hold that release's (sia.personas.outdated_defaults). Returns the personas created."""
+        default persona stored by an earlier release gets today's decoding defaults in the fields that still hold that
+        release's (sia.personas.outdated_defaults). Returns the personas created."""
         existing = {p.name: p for p in self.store.list_personas()}
         created = []
         for name in sorted(PERSONAS, key=lambda n: (n != DEFAULT_PERSONA, n)):

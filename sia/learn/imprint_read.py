@@ -172,7 +172,7 @@ def make_example(
         cut = rng.randint(1, len(parts) - 1)
     statements = [_statement(rng, p, part, opener=i == 0) for i, part in enumerate((parts[:cut], parts[cut:])) if part]
     others = rng.sample(p.chitchat, rng.randint(0, distractors))
-    if len(statements) == 1:
+    if len(statements) == 1:  # drawn as before split_rate existed: with it 0, the same seed gives the same data
         slots = [rng.randint(0, len(others))]
     else:
         slots = sorted(rng.sample(range(len(others) + len(statements)), len(statements)))
@@ -242,7 +242,6 @@ def train_kinds(
     steps: int = 300,
     seed: int = 0,
     others_rate: float = 0.0,
-    split_rate: float = 0.0,
 ) -> dict[str, float]:
     """Fit the kind tagger (``model.imprint_kind``, a linear map of one layer's normalised input) on generated
     statements (with chance ``others_rate`` one of them about someone else, labelled as no kind) and unrelated
@@ -254,7 +253,7 @@ def train_kinds(
     def features(n: int) -> tuple[Tensor, Tensor]:
         xs, ys = [], []
         for _ in range(n):
-            ex = make_example(rng, phrases, distractors=1, extra_rate=0.3, others_rate=others_rate, split_rate=split_rate)
+            ex = make_example(rng, phrases, distractors=1, extra_rate=0.3, others_rate=others_rate)
             system = rng.choice(systems)
             for i, message in enumerate(ex.messages):
                 tokens, (start, end) = tok.turn_prompt(message, system)
