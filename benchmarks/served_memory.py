@@ -11,8 +11,14 @@ the checkpoint (default: the bundled one) with a fresh SQLite database.
 wordings: a greeting and three facts in one informal message (colour, pet, hobby), ``--between`` everyday requests,
 then a plain question about each fact in turn; the stranger asks the same three questions.
 
-    python -m benchmarks.served_memory [--set heldout|natural] [--episodes 8] [--between 2] [--route chat|openai]
-                                       [--checkpoint PATH] [--out FILE]
+``--set users`` plays the hand-written natural-conversation set (sia.learn.natural, ``--part`` tune or heldout, the
+first ``--episodes`` users): each user's own messages (introductions, asides, corrections; names, cities, jobs and
+more), ``--between`` of the part's unrelated turns (user n's j-th is filler 7n + j, as `sia eval --natural` plays
+them), then one question per kind the user stated, scored as `sia eval --natural` scores them (the newest value
+given, none it replaced). The figures of `sia eval --natural`, served: through the store, the batcher and the API.
+
+    python -m benchmarks.served_memory [--set heldout|natural|users] [--part heldout|tune] [--episodes 8]
+                                       [--between 2] [--route chat|openai] [--checkpoint PATH] [--out FILE]
 
 The service's settings come from the environment as in a deployment (e.g. ``SIA_READ_SHIFT=1`` for a weaker read than
 the checkpoint's own; the result records the shift served). Writes benchmarks/results/served_memory.json and prints a
@@ -28,6 +34,7 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +44,7 @@ from server.core.config import Settings
 from server.db import migrate
 from server.main import create_app
 from sia.checkpoint import DEFAULT_CACHE, load_model
+from sia.learn import natural as natural_set
 from sia.learn.adapter import facts
 
 log = logging.getLogger("benchmarks.served_memory")
@@ -99,9 +107,40 @@ def natural(n: int, between: int) -> list[tuple[list[str], list[tuple[str, str, 
     return conversations
 
 
+Asked = tuple[str, str, str, Callable[[str], bool]]  # kind, value, question, whether a reply gives the value
+
+
+def named(value: str) -> Callable[[str], bool]:
+    return lambda reply: mentions(reply, value)
+
+
+def natural_users(part: str, n: int, between: int) -> list[tuple[list[str], list[Asked]]]:
+    """The first ``n`` users of the natural set's ``part``: their messages and ``between`` unrelated turns, then a
+    question per kind, each scored by ``sia.learn.natural.answered``."""
+    users, fillers = natural_set.load_users(part)[:n], natural_set.load_fillers(part)
+    conversations = []
+    for i, user in enumerate(users):
+        said = [*user.messages, *(fillers[(7 * i + j) % len(fillers)] for j in range(between))]
+
+        def check(kind: str, user: natural_set.NaturalUser = user) -> Callable[[str], bool]:
+            return lambda reply: natural_set.answered(reply, user, kind)
+
+        asked = [(q.kind, user.newest(q.kind).value, q.text, check(q.kind)) for q in user.questions]
+        conversations.append((said, asked))
+    return conversations
+
+
+def by_kind(rows: list[dict[str, Any]], field: str) -> dict[str, float]:
+    kinds: dict[str, list[bool]] = {}
+    for r in rows:
+        kinds.setdefault(r["kind"], []).append(r[field])
+    return {k: sum(v) / len(v) for k, v in sorted(kinds.items())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", choices=("heldout", "natural"), default="heldout", dest="wordings")
+    parser.add_argument("--set", choices=("heldout", "natural", "users"), default="heldout", dest="wordings")
+    parser.add_argument("--part", choices=natural_set.SPLITS, default="heldout", help="with --set users: which part")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--between", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=40)
@@ -111,12 +150,17 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     model = load_model(args.checkpoint, cache_dir=DEFAULT_CACHE)
-    if args.wordings == "natural":
-        conversations = natural(args.episodes, args.between)
+    conversations: list[tuple[list[str], list[Asked]]]
+    if args.wordings == "users":
+        conversations = natural_users(args.part, args.episodes, args.between)
+    elif args.wordings == "natural":
+        conversations = [
+            (said, [(k, v, q, named(v)) for k, v, q in asked]) for said, asked in natural(args.episodes, args.between)
+        ]
     else:  # the corpus's held-out episodes, the first probe of each
         episodes = facts.episodes("heldout", args.episodes, 7, between=args.between, kinds=("colour", "pet", "hobby"))
         conversations = [
-            ([t.user for t in e.turns], [(e.probes[0].kind, e.probes[0].value, e.probes[0].question)]) for e in episodes
+            ([t.user for t in e.turns], [(p.kind, p.value, p.question, named(p.value)) for p in e.probes[:1]]) for e in episodes
         ]
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -140,7 +184,7 @@ def main() -> None:
                 user, stranger = f"served-{i}", f"stranger-{i}"
                 for message in said:
                     say(user, message)
-                for kind, value, question in asked:
+                for kind, value, question, gives in asked:
                     own, other = say(user, question), say(stranger, question)
                     rows.append(
                         {
@@ -149,9 +193,9 @@ def main() -> None:
                             "value": value,
                             "question": question,
                             "reply": own,
-                            "right": mentions(own, value),
+                            "right": gives(own),
                             "stranger_reply": other,
-                            "stranger_right": mentions(other, value),
+                            "stranger_right": gives(other),
                         }
                     )
                     log.warning("%s: %r -> %r (stranger: %r)", value, question, own, other)
@@ -160,6 +204,7 @@ def main() -> None:
     result = {
         "checkpoint": str(args.checkpoint or "bundled"),
         "set": args.wordings,
+        "part": args.part if args.wordings == "users" else None,
         "episodes": len(conversations),
         "questions": len(rows),
         "between": args.between,
@@ -167,6 +212,10 @@ def main() -> None:
         "read_shift": getattr(model, "read_shift", None),  # as served: SIA_READ_SHIFT where set, else the checkpoint's
         "right": right,
         "stranger_right": stranger,
+        "right_by_kind": by_kind(rows, "right"),
+        "stranger_by_kind": by_kind(rows, "stranger_right"),
+        "all_facts": sum(all(r["right"] for r in rows if r["conversation"] == i) for i in range(len(conversations)))
+        / len(conversations),
         "seconds": time.perf_counter() - started,
         "rows": rows,
     }
