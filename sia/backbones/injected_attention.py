@@ -10,15 +10,21 @@ The pretrained logits stay; the identity adds to them (docs/attention.md, "Injec
     e_is = (R_i q_i)·k_s / sqrt(d) - u_i^T M u_i + log(|s|^2/d_s) + b (+ g_h·x_i)
                                                     the self slots: k_s = W_ks s at positions 0..S-1, at the metric's origin;
                                                     g_h·x_i the per-token read gate (config.slot_gate), x_i the layer's input
+    e_in = (R_i q_i)·(R_n k_n) / sqrt(d) - ... - shift (+ a_h·x_i + c_h)
+                                                    the imprint's entries (§10), rotated to their fixed positions; a·x + c
+                                                    the imprint's per-token read gate (config.imprint_gate), which also
+                                                    scales the token's read adapter by 2·sigmoid(a_H·x_i + c_H)
 
 M is the injected metric of the stored trace (sia.identity.state.stabilised_metric with offset 0, so M = 0 for a zero
 trace). Expanding the square drops the row constant u_i^T M u_i, so each layer is one fused kernel call over
 
-    q~_i = [R_i q_i / sqrt(d), 2 M u_i, 1, g·x_i]      k~_j = [R_j k_j, w_j, -w_j^T M w_j, 0]      k~_s = [k_s, 0, gate(s), 1]
+    q~_i = [R_i q_i / sqrt(d), 2 M u_i, 1, g·x_i, a·x_i + c]      k~_j = [R_j k_j, w_j, -w_j^T M w_j, 0, 0]
+    k~_s = [k_s, 0, gate(s), 1, 0]      k~_n = [R_n k_n, w_n, -w_n^T M w_n - shift, 0, 1]
 
-(the middle block only in trace layers, the last column only with the read gate; zero-padded to a multiple of 8).
-A fresh identity has M = 0 and the slot's gate at -1e4, whose softmax weight is exactly 0: the logits are the base
-model's, whatever the read gate adds.
+(the middle block only in trace layers, the g·x column only with the read gate, the last column a·x_i + c with the
+imprint's gate, plus the closed gate on the persona prompt's tokens; zero-padded to a multiple of 8). A fresh
+identity has M = 0, the slot's gate at -1e4, whose softmax weight is exactly 0, and no entries: the logits are the
+base model's, whatever the gates add.
 """
 
 from __future__ import annotations
@@ -98,6 +104,9 @@ class InjectedAttention(nn.Module):
         if self.gated:
             self.slot_gate = nn.Linear(C, self.H, bias=False)  # per query head, a token's shift of the slots' logits
         self.read_rank = config.imprint_read_rank if self.stateful else 0
+        self.imprint_gated = self.stateful and config.imprint_gate
+        if self.imprint_gated:  # per query head a token's shift of the entries' logits, then its read adapter's scale
+            self.imprint_gate = nn.Linear(C, self.H + 1)
         if self.read_rank:  # the imprint's read adapter (LoRA; ``up`` starts at zero: no change until trained)
             r = self.read_rank
             self.imprint_read_q = LowRank(C, self.H * d, r)
@@ -179,11 +188,17 @@ class InjectedAttention(nn.Module):
         H, H_kv, d, w = self.H, self.H_kv, self.d, self.w
         cos, sin = rope
         reading = lc is not None and lc.imprinted is not None and bool(lc.imprinted.any())
+        gate = None  # (B, L, H + 1): the imprint's read gate, where entries are present
+        if self.imprint_gated and lc is not None and lc.slot_key.shape[2] > self.S:
+            gate = self.imprint_gate(x)
         q, v = self.q_proj(x), self.v_proj(x)
         if reading:  # the read adapter, in the rows that hold an imprint
             assert lc is not None and lc.imprinted is not None
-            q = q + lc.imprinted.to(x.dtype) * self.imprint_read_q(x)
-            v = v + lc.imprinted.to(x.dtype) * self.imprint_read_v(x)
+            adapted = lc.imprinted.to(x.dtype)  # (B, 1, 1), or per token (B, L, 1): 2·sigmoid(gate), 1 at zero
+            if gate is not None:
+                adapted = adapted * 2.0 * torch.sigmoid(gate[..., self.H :])
+            q = q + adapted * self.imprint_read_q(x)
+            v = v + adapted * self.imprint_read_v(x)
         q = q.view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
         k = self.k_proj(x).view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
         v = v.view(B, L, H_kv, d).transpose(1, 2)
@@ -208,10 +223,15 @@ class InjectedAttention(nn.Module):
             q_parts.append(q.new_ones(B, H, L, 1))
             if self.gated:
                 q_parts.append(self.slot_gate(x).transpose(1, 2).unsqueeze(-1))  # (B, H, L, 1) g_h·x_i
-            if unread is not None:  # (B, H, L, 1): the closed gate on the imprint's column where a token does not read it
-                at = self.unread_at - sum(p.shape[-1] for p in q_parts)
+            column = None  # (B, H, L, 1): the query's value in the imprint's column, added to every entry's logit
+            if gate is not None:  # entries present: the token's read gate
+                column = gate[..., : self.H].transpose(1, 2).unsqueeze(-1)
+            if unread is not None:  # the closed gate where a token does not read the imprint
                 shut = (unread.to(q.dtype) * CLOSED_GATE).view(B, 1, L, 1).expand(B, H, L, 1)
-                q_parts.append(F.pad(shut, (at, 0)))
+                column = shut if column is None else column + shut
+            if column is not None:
+                at = self.unread_at - sum(p.shape[-1] for p in q_parts)
+                q_parts.append(F.pad(column, (at, 0)))
             k_parts.append(k_bias)
             q_aug = F.pad(torch.cat(q_parts, dim=-1), (0, w - sum(p.shape[-1] for p in q_parts)))  # (B, H, L, w)
             k_aug = F.pad(torch.cat(k_parts, dim=-1), (0, w - sum(p.shape[-1] for p in k_parts)))  # (B, H_kv, L, w)
@@ -229,8 +249,7 @@ class InjectedAttention(nn.Module):
         y = y[..., :d].transpose(1, 2).reshape(B, L, H * d)
         out: Tensor = self.o_proj(y)
         if reading:
-            assert lc is not None and lc.imprinted is not None
-            out = out + lc.imprinted.to(y.dtype) * self.imprint_read_o(y)
+            out = out + adapted * self.imprint_read_o(y)
         return out
 
     def _attend_rows(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int], prefix: int) -> Tensor:

@@ -37,7 +37,8 @@ __all__ = ["IDENTITY_PARAMETERS", "LlamaModel", "hf_name"]
 UNTRAINED_SLOT_BIAS = CLOSED_GATE
 # names SIA adds
 IDENTITY_PARAMETERS = (
-    "self_key", "self_value", "slot_bias", "slot_gate", "self_update", "pool", "memory", "imprint_read", "imprint_kind"
+    "self_key", "self_value", "slot_bias", "slot_gate", "self_update", "pool", "memory", "imprint_read", "imprint_kind",
+    "imprint_gate",
 )  # fmt: skip
 
 
@@ -145,6 +146,9 @@ class LlamaModel(IdentityModel):
                     attn.slot_gate.weight.zero_()  # every token reads as the bias says: the gate adds nothing yet
                 for name in ("imprint_read_q", "imprint_read_v", "imprint_read_o") if attn.read_rank else ():
                     init_slot_map(getattr(attn, name), 0.0, generator)  # LoRA: down random, up zero
+                if attn.imprint_gated:  # every token reads the imprint as the untrained model does
+                    attn.imprint_gate.weight.zero_()
+                    attn.imprint_gate.bias.zero_()
             bound = 1.0 / math.sqrt(self.self_update.proj.in_features)
             for p in self.self_update.parameters():
                 p.copy_((torch.rand(p.shape, generator=generator) * 2 - 1) * bound)
@@ -251,6 +255,20 @@ class LlamaModel(IdentityModel):
                         init_slot_map(getattr(attn, name), 0.0, generator)  # LoRA: down random, up zero
                     elif hasattr(attn, name):
                         delattr(attn, name)
+
+    def add_imprint_gate(self) -> None:
+        """Give every stateful layer a fresh per-token read gate on the imprint (config.imprint_gate), in place; it
+        starts at zero: the model reads exactly as before until it is trained."""
+        if not self.config.imprint_tokens:
+            raise ValueError("the model has no imprint: call add_imprint(tokens, read_rank) first")
+        self.config = replace(self.config, imprint_gate=True)
+        for attn in self.attentions:
+            if attn.stateful:
+                attn.imprint_gated = True
+                attn.imprint_gate = nn.Linear(self.config.n_embd, attn.H + 1).to(self.wte.weight.device)
+                with torch.no_grad():
+                    attn.imprint_gate.weight.zero_()
+                    attn.imprint_gate.bias.zero_()
 
     def add_kind_tagger(self, layer: int | None) -> None:
         """A fresh kind tagger reading ``layer``'s input (untrained: every kind equally likely, nothing labelled), or

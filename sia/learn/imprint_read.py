@@ -68,6 +68,9 @@ class ReadConfig:
     others_rate: float = 0.0  # chance that a statement also tells someone else's fact (the read learns to pass it)
     split_rate: float = 0.0  # chance that the facts are told over two messages, apart
     kinds: bool = True  # train a kind tagger too
+    gate: bool = False  # add the imprint's per-token read gate (config.imprint_gate) and train it with the adapter
+    adapter: bool = True  # train the read adapter (False: only the gate, over a checkpoint's trained adapter)
+    resume: bool = False  # train on over the checkpoint's imprint and read (its tagger kept), not a fresh one
     read_shift: float | None = None  # the self slots' read shift the checkpoint is written with (None: the one before's)
     imprint_shift: float = 0.0  # the imprint's shift the checkpoint is written with (docs/attention.md §10)
     kinds_layer: int | None = None  # the layer it reads; None: the middle one (15 of SmolLM2's 30)
@@ -312,7 +315,11 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
     tok = model.tokenizer
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
-    trainable = [p for n, p in model.named_parameters() if "imprint_read" in n]
+    if config.gate and not model.config.imprint_gate:
+        model.add_imprint_gate()
+    trainable = [p for n, p in model.named_parameters() if ("imprint_read" in n and config.adapter) or "imprint_gate" in n]
+    if not trainable:
+        raise ValueError("nothing to train: the read adapter is off (adapter=False) and the model has no imprint gate")
     for p in model.parameters():
         p.requires_grad_(False)
     for p in trainable:
@@ -371,6 +378,10 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
             "imprinted": imprinted,
             "seconds": round(time.perf_counter() - started, 1),
         }
+        if model.config.imprint_gate:  # where the gate has moved: its mean bias and weight norm over the layers
+            gates = [a.imprint_gate for a in model.attentions if a.imprint_gated]
+            record["gate_bias"] = float(torch.stack([g.bias.detach().float().mean() for g in gates]).mean())
+            record["gate_weight"] = float(torch.stack([g.weight.detach().float().norm() for g in gates]).mean())
         history.append(record)
         if step % config.log_every == 0 or step == 1:
             log.info("step %d: answer %.3f, kl %.4f (%.0f s)", step, record["answer"], record["kl"], record["seconds"])
@@ -380,12 +391,21 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
 
 
 def train_checkpoint(
-    checkpoint: Path, out: Path, config: ReadConfig, *, kinds_only: bool = False, cache_dir: Path | None = None
+    checkpoint: Path,
+    out: Path,
+    config: ReadConfig,
+    *,
+    kinds_only: bool = False,
+    cache_dir: Path | None = None,
 ) -> Path:
     """A SIA checkpoint of a pretrained backbone given an imprint, a read adapter and a kind tagger trained here, in
     that order (the read learns from spans chosen by token shock alone), written to ``out`` (config.json, base.json,
     identity.safetensors; ``read_history.json`` the training log). With ``kinds_only`` the checkpoint already has its
-    imprint and read adapter, and only the kind tagger is added and trained."""
+    imprint and read adapter, and only the kind tagger is added and trained; with ``config.resume`` it has its tagger
+    too, which stays as it is, and the read trains on from where it is (``config.adapter``: the adapter;
+    ``config.gate``: the imprint's read gate, added at zero if the checkpoint has none)."""
+    if kinds_only and config.resume:
+        raise ValueError("kinds_only and resume train different parts: choose one")
     from sia.checkpoint import BASE_FILE, DEFAULT_CACHE, BaseRef, load_llama_checkpoint, save_llama_checkpoint
     from sia.personas import PERSONAS, persona_prompt
 
@@ -396,14 +416,20 @@ def train_checkpoint(
     systems = [model.tokenizer.system_prompt(persona_prompt(model, name)) for name in sorted(PERSONAS)]
     phrases = ReadPhrases.load()
     history: list[dict[str, float]] = []
-    if not kinds_only:
-        model.add_imprint(config.tokens, config.rank, seed=config.seed)
+    tagger: dict[str, float] = {}
+    if config.resume:
+        if not model.config.imprint_read_rank:
+            raise ValueError(f"{checkpoint} has no read adapter to train on: train the read first")
         history = train_read(model, systems, config, phrases)
-    model.add_kind_tagger(layer)
-    # the tagger learns from single statements of the user's own facts: someone else's facts in its data lowered the
-    # share of natural facts it labels (experiments/LOG.md, 2026-11-28)
-    tagger = train_kinds(model, systems, phrases, seed=config.seed) if layer is not None else {}
-    log.info("kind tagger: %s", tagger)
+    else:
+        if not kinds_only:
+            model.add_imprint(config.tokens, config.rank, seed=config.seed)
+            history = train_read(model, systems, config, phrases)
+        model.add_kind_tagger(layer)
+        # the tagger learns from single statements of the user's own facts: someone else's facts in its data lowered
+        # the share of natural facts it labels (experiments/LOG.md, 2026-11-28)
+        tagger = train_kinds(model, systems, phrases, seed=config.seed) if layer is not None else {}
+        log.info("kind tagger: %s", tagger)
     shift = model.config.read_shift if config.read_shift is None else config.read_shift
     model.config = replace(model.config, read_shift=shift, imprint_shift=config.imprint_shift)
     ref = BaseRef.read(checkpoint / BASE_FILE)
@@ -436,6 +462,13 @@ def main() -> None:
         "--kinds-layer", type=int, default=None, help="the layer the kind tagger reads (default: the middle); -1: none"
     )
     parser.add_argument("--kinds-only", action="store_true", help="add and train only the kind tagger")
+    parser.add_argument("--gate", action="store_true", help="add the imprint's per-token read gate, trained with the read")
+    parser.add_argument(
+        "--resume", action="store_true", help="train the checkpoint's read on (its tagger kept); with --gate, the gate too"
+    )
+    parser.add_argument(
+        "--gate-only", action="store_true", help="with --resume: train only the imprint's read gate, the adapter as it is"
+    )
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -451,7 +484,12 @@ def main() -> None:
         seed=args.seed,
         others_rate=args.others_rate,
         split_rate=args.split_rate,
+        gate=args.gate or args.gate_only,
+        adapter=not args.gate_only,
+        resume=args.resume,
     )
+    if args.gate_only and not args.resume:
+        parser.error("--gate-only trains over a checkpoint's read: add --resume")
     train_checkpoint(args.checkpoint, args.out, config, kinds_only=args.kinds_only)
 
 

@@ -215,6 +215,10 @@ class LlamaConfig(IdentityConfig):
     # the imprint's read adapter: a low-rank change of every layer's query, value and output maps, applied only in rows
     # whose imprint holds something (so a fresh identity stays the base model), trained to answer from the user's words
     imprint_read_rank: int = 0  # 0: none
+    # the imprint's per-token read gate: every layer adds g_h·x_i + b_h (x_i the reading token's normalised input, one
+    # per query head, zero at start) to the imprinted entries' logits, so ordinary tokens can shut the imprint and
+    # answers about the user open it; applied only where entries are present (a fresh identity stays the base model)
+    imprint_gate: bool = False
     imprint_kinds_layer: int | None = None  # the layer whose input the kind tagger reads; None: no tagger (kinds unknown)
     # the imprint's strength, as read_shift is the slots': every imprinted entry's logit lowered by it (memory against
     # language; measured in docs/model.md)
@@ -262,6 +266,8 @@ class LlamaConfig(IdentityConfig):
             value, least = getattr(self, name), 1 if name in ("imprint_span", "imprint_per_turn") else 0
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}; got {value!r}")
+        if not isinstance(self.imprint_gate, bool):
+            raise ValueError(f"imprint_gate must be true or false; got {self.imprint_gate!r}")
         imprint_shift = self.imprint_shift
         if isinstance(imprint_shift, bool) or not isinstance(imprint_shift, (int, float)) or not math.isfinite(imprint_shift):
             raise ValueError(f"imprint_shift must be a finite number; got {imprint_shift!r}")

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
@@ -137,6 +139,84 @@ def test_training_the_read_lowers_the_answer_loss(distill: float) -> None:
     assert changed and all("imprint_read" in n for n in changed)  # only the read adapter learns
     assert all(h["kl"] >= 0 for h in history)
     assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_the_imprint_gate_starts_at_the_model_as_it_was_and_shut_is_the_base_model() -> None:
+    model = tiny()
+    plain = tiny()
+    model.add_imprint(24, 4)
+    with torch.no_grad():  # a trained-like adapter: up maps no longer zero
+        for name, p in model.named_parameters():
+            if "imprint_read" in name and name.endswith("up.weight"):
+                p.normal_(0, 0.5)
+    fresh = IdentityState.fresh(model.config)
+    idx = torch.tensor([list(b"hello there")])
+    imprint = imprint_of(model, list(b"sys"), ("I am Ox",))
+    assert imprint.used > 0
+    held, empty = replace(fresh, imprint=imprint), fresh
+    with torch.no_grad():
+        base = plain(idx, plain.condition_states([IdentityState.fresh(plain.config)])).logits
+        before = [model(idx, model.condition_states([s], [3])).logits for s in (held, empty)]
+        model.add_imprint_gate()
+        assert model.config.imprint_gate and any("imprint_gate" in k for k in model.identity_state_dict())
+        at_zero = [model(idx, model.condition_states([s], [3])).logits for s in (held, empty)]
+        torch.testing.assert_close(at_zero, before, atol=0, rtol=0)  # a zero gate: the model as it was, bit for bit
+        for attn in model.attentions:
+            attn.imprint_gate.bias.fill_(-1e3)  # every token shuts the entries and its read adapter
+        shut = [model(idx, model.condition_states([s], [3])).logits for s in (held, empty)]
+        for attn in model.attentions:
+            attn.imprint_gate.bias.fill_(3.0)  # every token leans on the imprint
+        opened = model(idx, model.condition_states([held], [3])).logits
+    assert (before[0] - base).abs().max() > 1e-2  # the imprint and its adapter change the reading ...
+    torch.testing.assert_close(shut[0], base, atol=1e-5, rtol=0)  # ... shut, the row reads as the base model
+    torch.testing.assert_close(shut[1], before[1], atol=0, rtol=0)  # a state with no entries never changes
+    assert (opened - before[0]).abs().max() > 1e-3
+
+
+def _distillation(model: LlamaModel, examples: list[Any]) -> float:
+    """KL from the base model (no imprint) to the model (the example's imprint) over the examples' ordinary replies."""
+    tok, system = model.tokenizer, list(b"Hi. ")
+    total = 0.0
+    with torch.no_grad():
+        for ex in examples:
+            imprint = imprint_of(model, system, ex.messages)
+            prompt = tok.turn_prompt(ex.exchange[0], system)[0]
+            idx = torch.tensor([prompt + tok.reply_tokens(ex.exchange[1])])
+            fresh = IdentityState.fresh(model.config)
+            states = [[fresh], [replace(fresh, imprint=imprint)]]
+            teacher, student = (
+                model(idx, model.condition_states(s, [len(system)])).logits[0, len(prompt) - 1 : -1] for s in states
+            )
+            kl = F.kl_div(F.log_softmax(student, -1), F.log_softmax(teacher, -1), log_target=True, reduction="batchmean")
+            total += float(kl)
+    return total / len(examples)
+
+
+def test_training_only_the_gate_moves_only_the_gate_and_lowers_the_distillation() -> None:
+    model = tiny()
+    model.add_imprint(32, 4)
+    config = ReadConfig(steps=30, batch=4, lr=3e-2, rank=4, tokens=32, distractors=1, distill_weight=1.0, log_every=100)
+    train_read(model, [list(b"You are kind. "), list(b"Hi. ")], config, phrases())  # a trained read, then its gate
+    rng = random.Random(7)
+    held_out = [make_example(rng, phrases(), distractors=1, extra_rate=0.0) for _ in range(8)]
+    cost = _distillation(model, held_out)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    gated = replace(config, gate=True, adapter=False, distill_weight=1000.0, lr=5e-2, seed=1)
+    history = train_read(model, [list(b"You are kind. "), list(b"Hi. ")], gated, phrases())
+    changed = {n for n, p in model.named_parameters() if n not in before or not torch.equal(p, before[n])}
+    assert changed and all("imprint_gate" in n for n in changed)
+    assert all("gate_bias" in h and "gate_weight" in h for h in history)
+    # the distillation outweighing the answer: ordinary replies learn to shut the entries and the adapter
+    assert cost > 0 and _distillation(model, held_out) < 0.5 * cost
+
+
+def test_gate_training_needs_something_to_train() -> None:
+    model = tiny()
+    model.add_imprint(24, 4)
+    with pytest.raises(ValueError, match="nothing to train"):
+        train_read(model, [], ReadConfig(steps=1, adapter=False), phrases())
+    with pytest.raises(ValueError, match="no imprint"):
+        tiny().add_imprint_gate()
 
 
 def test_a_model_without_adapter_refuses_read_training() -> None:
