@@ -54,7 +54,7 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
     final = run_recipe(recipe, out, progress=False, cache_dir=base.parent / "models")
     assert final == out / "final"
     names = [stage.name for stage in shipped.stages if stage.imprint is None]
-    assert len(names) == 4 and [s.name for s in shipped.stages] == [*names, "imprint"]
+    assert len(names) == 4 and [s.name for s in shipped.stages] == [*names, "imprint", "imprint-gate"]
     exports = [out / f"{i + 1}-{name}" / "export" for i, name in enumerate(names)]
     for i, name in enumerate(names):
         ran = json.loads((out / f"{i + 1}-{name}" / "train.json").read_text())
@@ -69,7 +69,7 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
         assert exported["read_shift"] == (shipped.stages[i].export.read_shift or 0.0)
         assert {t.dtype for t in load_file(str(exports[i] / "identity.safetensors")).values()} == {torch.float16}
         assert not (exports[i].parent / (exports[i].name + ".partial")).exists()
-    assert [s.export.read_shift for s in shipped.stages] == [None, None, 0.5, 0.5, None]
+    assert [s.export.read_shift for s in shipped.stages] == [None, None, 0.5, 0.5, None, None]
     last = load_model(exports[3], cache_dir=base.parent / "models")
     assert isinstance(last, LlamaModel) and last.config.read_shift == 0.5 and last.config.slot_rank == 2
     before = load_model(exports[2], cache_dir=base.parent / "models")
@@ -79,11 +79,21 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
     # the imprint stage: the fourth's export with an imprint, a read adapter and a kind tagger, its shifts as stated
     stated = shipped.stages[4].imprint
     assert stated is not None
-    model = load_model(final, cache_dir=base.parent / "models")
+    model = load_model(out / "5-imprint" / "export", cache_dir=base.parent / "models")
     assert isinstance(model, LlamaModel) and model.config.imprint_tokens == stated["tokens"]
     assert model.config.read_shift == stated["read_shift"] and model.config.imprint_shift == stated["imprint_shift"]
+    assert not model.config.imprint_gate
     for name, tensor in last.identity_state_dict().items():
         assert torch.equal(model.identity_state_dict()[name], tensor), name  # the adapter before it is kept as it was
+    # the gate stage: the imprint stage's export with the imprint's read gate trained, everything else as it was
+    gated = load_model(final, cache_dir=base.parent / "models")
+    assert isinstance(gated, LlamaModel) and gated.config.imprint_gate
+    kept = model.identity_state_dict()
+    trained = gated.identity_state_dict()
+    assert set(trained) - set(kept) and all("imprint_gate" in n for n in set(trained) - set(kept))
+    for name, tensor in kept.items():
+        assert torch.equal(trained[name], tensor), name
+    assert any(bool(trained[n].abs().sum() > 0) for n in set(trained) - set(kept))  # the gate moved from zero
     assert json.loads((out / "recipe.json").read_text()) == recipe.to_dict()
 
 
