@@ -1,0 +1,159 @@
+"""The imprint's read cost per decoded token: the bundled SmolLM2 model decoding with a full imprint against the same
+weights without state.
+
+Run: ``python -m benchmarks.imprint_read [--quick] [--threads 2] [--tokens 32] [--repeats 7] [--out PATH]``.
+
+Decoders, one set of weights (the bundled GGUF dequantised into a temporary cache), greedy, ``--tokens`` new tokens
+per row (the end tokens banned, ``benchmarks.fixed_length.endless``), the chat prompts of ``benchmarks.backbone``
+(batch 1, and 8 different prompts left-padded into one batch), CPU float32:
+
+* ``dot``: the same code with ``attention="dot"``: no state, no slots, no imprint (the stateless model);
+* ``fresh``: the shipped checkpoint with a fresh identity (the base model's logits; the slots and the N entries are
+  still in every layer's keys, all closed);
+* ``imprint``: the shipped checkpoint with a full imprint (every entry filled: natural-set users' messages imprinted
+  one after another, as turns imprint them), so the entries are read and the read adapter (and the imprint's read
+  gate, where the checkpoint has one) acts on every token.
+
+Timing as ``benchmarks.backbone``'s decode: one untimed warm-up call each, then ``--repeats`` rounds in which the
+decoders run round-robin; decode rate = tokens after the first ones / time from the first token event to the last;
+medians. Reported: tokens/s, ms per step, and each decoder over ``dot``. Target (the open-memory issue): ``imprint``
+>= 0.9x ``dot`` at 1 and 8 rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.backbone import MESSAGES, SYSTEM, Decode, dot_twin, median_ms, sia_decode
+from benchmarks.fixed_length import endless
+from benchmarks.machine import machine_info
+from sia.backbones.chat_tokenizer import ChatTokenizer
+from sia.backbones.llama import LlamaModel
+from sia.backbones.weights import bundled_gguf, resolve_base
+from sia.checkpoint import load_model
+from sia.identity.imprint import Imprint
+from sia.identity.state import IdentityState
+from sia.learn.imprint_read import imprint_turns
+from sia.learn.natural import load_users
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "imprint_read.json"
+TARGET = 0.9
+
+
+def full_imprint(model: LlamaModel, system: list[int]) -> Imprint:
+    """An imprint with every entry filled: the tuning part's users' messages, one after another, until it is full."""
+    messages = [m for u in load_users("tune") for m in u.messages]
+    last = Imprint.empty(model.config)
+    for imprint, _ in imprint_turns(model, system, messages):
+        last = imprint
+        if imprint.used == imprint.capacity:
+            return imprint
+    raise AssertionError(f"the messages filled {last.used} of {last.capacity} entries")
+
+
+def measure(calls: dict[str, Callable[[], Decode]], repeats: int, n: int) -> dict[str, Any]:
+    for call in calls.values():  # warm-up
+        call()
+    samples: dict[str, list[Decode]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            samples[name].append(call())
+    out: dict[str, Any] = {}
+    for name, runs in samples.items():
+        if any(len(t) != n for run in runs for t in run.tokens):
+            raise AssertionError(f"{name}: a row did not generate exactly {n} tokens")
+        rates = [r.decode_tokens / r.decode_s for r in runs]
+        out[name] = {
+            "decode_tokens_per_s": statistics.median(rates),
+            "decode_ms_per_step": median_ms([r.decode_s / r.steps for r in runs]),
+            "decode_tokens_per_s_samples": rates,
+        }
+    for name in calls:
+        out[name]["over_dot"] = out[name]["decode_tokens_per_s"] / out["dot"]["decode_tokens_per_s"]
+    return out
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="8 tokens, 2 rounds: a sanity run")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=32, help="new tokens per row")
+    p.add_argument("--repeats", type=int, default=7, help="timed rounds (each calls every decoder once)")
+    p.add_argument("--checkpoint", type=Path, default=None, help="default: the bundled one")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.tokens, args.repeats = 8, 2
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    info = machine_info(args.threads)
+    result: dict[str, Any] = {"machine": info}
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "models"
+        hf_dir = resolve_base(bundled_gguf(), cache)
+        model = load_model(args.checkpoint, cache_dir=cache)
+        if not isinstance(model, LlamaModel) or not model.config.imprint_tokens:
+            raise SystemExit("the checkpoint keeps no imprint")
+        tok = model.tokenizer
+        assert isinstance(tok, ChatTokenizer)
+        system = tok.system_prompt(SYSTEM)
+        imprint = full_imprint(model, system)
+        model.tokenizer = endless(tok)
+        twin = dot_twin(model, hf_dir)
+        fresh = IdentityState.fresh(model.config)
+        held = replace(fresh, imprint=imprint)
+        prompts = [tok.turn_prompt(m, system)[0] for m in MESSAGES]
+        result["decode"] = {}
+        for rows in (1, 8):
+            sys.stdout.write(f"decoding, {rows} rows...\n")
+            batch = prompts[:rows]
+            calls: dict[str, Callable[[], Decode]] = {
+                "dot": partial(sia_decode, twin, batch, [fresh] * rows, args.tokens),
+                "fresh": partial(sia_decode, model, batch, [fresh] * rows, args.tokens),
+                "imprint": partial(sia_decode, model, batch, [held] * rows, args.tokens),
+            }
+            result["decode"][str(rows)] = measure(calls, args.repeats, args.tokens)
+    info["loadavg_end"] = list(os.getloadavg())
+    result["setup"] = {
+        "checkpoint": str(args.checkpoint or "bundled"),
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "entries": imprint.capacity,
+        "read_rank": model.config.imprint_read_rank,
+        "imprint_gate": model.config.imprint_gate,
+        "dtype": "float32",
+    }
+    result["target"] = {"imprint_over_dot": TARGET}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    sys.stdout.write(table(result))
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = ["| rows | decoder | tokens/s | ms/step | over dot |", "|---|---|---|---|---|"]
+    for rows, decoders in result["decode"].items():
+        for name, r in decoders.items():
+            lines.append(
+                f"| {rows} | {name} | {r['decode_tokens_per_s']:.1f} | {r['decode_ms_per_step']:.1f} | {r['over_dot']:.2f}× |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
