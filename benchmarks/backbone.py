@@ -232,17 +232,25 @@ def hf_decode(hf: Any, prompts: list[list[int]], pad_id: int, n: int) -> Decode:
     return Decode(clock.times[1] - t0, clock.times[-1] - clock.times[1], steps * len(prompts), steps, new.tolist())
 
 
-def run_decode(calls: dict[str, Callable[[], Decode]], repeats: int, n: int, rows: int) -> dict[str, Any]:
+def timed_rounds(calls: dict[str, Callable[[], Decode]], repeats: int, n: int) -> dict[str, list[Decode]]:
+    """One untimed warm-up call of each decoder, then ``repeats`` rounds calling them round-robin; every row of every
+    call must have generated exactly ``n`` tokens."""
     for call in calls.values():  # warm-up
         call()
     samples: dict[str, list[Decode]] = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
             samples[name].append(call())
-    out: dict[str, Any] = {}
     for name, runs in samples.items():
         if any(len(t) != n for run in runs for t in run.tokens):
             raise AssertionError(f"{name}: a row did not generate exactly {n} tokens")
+    return samples
+
+
+def run_decode(calls: dict[str, Callable[[], Decode]], repeats: int, n: int, rows: int) -> dict[str, Any]:
+    samples = timed_rounds(calls, repeats, n)
+    out: dict[str, Any] = {}
+    for name, runs in samples.items():
         rates = [r.decode_tokens / r.decode_s for r in runs]
         out[name] = {
             "decode_tokens_per_s": statistics.median(rates),

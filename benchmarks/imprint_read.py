@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.backbone import MESSAGES, SYSTEM, Decode, dot_twin, median_ms, sia_decode
+from benchmarks.backbone import MESSAGES, SYSTEM, Decode, dot_twin, median_ms, sia_decode, timed_rounds
 from benchmarks.fixed_length import endless
 from benchmarks.machine import machine_info
 from sia.backbones.chat_tokenizer import ChatTokenizer
@@ -64,16 +64,8 @@ def full_imprint(model: LlamaModel, system: list[int]) -> Imprint:
 
 
 def measure(calls: dict[str, Callable[[], Decode]], repeats: int, n: int) -> dict[str, Any]:
-    for call in calls.values():  # warm-up
-        call()
-    samples: dict[str, list[Decode]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            samples[name].append(call())
     out: dict[str, Any] = {}
-    for name, runs in samples.items():
-        if any(len(t) != n for run in runs for t in run.tokens):
-            raise AssertionError(f"{name}: a row did not generate exactly {n} tokens")
+    for name, runs in timed_rounds(calls, repeats, n).items():
         rates = [r.decode_tokens / r.decode_s for r in runs]
         out[name] = {
             "decode_tokens_per_s": statistics.median(rates),

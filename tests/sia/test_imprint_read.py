@@ -59,14 +59,19 @@ def phrases() -> ReadPhrases:
     )
 
 
-def test_the_read_adapter_acts_only_where_an_imprint_is() -> None:
+def with_trained_like_read() -> LlamaModel:
+    """The tiny model with an imprint of 24 entries and a rank-4 read adapter whose up maps are no longer zero."""
     model = tiny()
-    plain = tiny()
     model.add_imprint(24, 4)
-    with torch.no_grad():  # a trained-like adapter: up maps no longer zero
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "imprint_read" in name and name.endswith("up.weight"):
                 p.normal_(0, 0.5)
+    return model
+
+
+def test_the_read_adapter_acts_only_where_an_imprint_is() -> None:
+    model, plain = with_trained_like_read(), tiny()
     assert any("imprint_read" in k for k in model.identity_state_dict())
     idx = torch.tensor([list(b"hello there")])
     fresh = IdentityState.fresh(model.config)
@@ -142,13 +147,7 @@ def test_training_the_read_lowers_the_answer_loss(distill: float) -> None:
 
 
 def test_the_imprint_gate_starts_at_the_model_as_it_was_and_shut_is_the_base_model() -> None:
-    model = tiny()
-    plain = tiny()
-    model.add_imprint(24, 4)
-    with torch.no_grad():  # a trained-like adapter: up maps no longer zero
-        for name, p in model.named_parameters():
-            if "imprint_read" in name and name.endswith("up.weight"):
-                p.normal_(0, 0.5)
+    model, plain = with_trained_like_read(), tiny()
     fresh = IdentityState.fresh(model.config)
     idx = torch.tensor([list(b"hello there")])
     imprint = imprint_of(model, list(b"sys"), ("I am Ox",))
