@@ -9,9 +9,10 @@ chosen by token-level shock: the surprisal of each token of the message under th
 local. Spans are never averaged: a span that does not fit replaces the lowest-scored ones (only when it scores
 higher), a span of a known kind replaces the older span of that kind, and ``forget`` drops one on request.
 
-Keys and values are stored in int8 with one float16 scale per vector (absmax): 2·(d + 2) bytes per entry, layer and
-head, half of float16's 4·d. Read, entry j sits at position j - N, just before the conversation's first token, rotated
-there (sia.backbones.injected_attention); an empty entry's logit is closed, so an empty imprint is the base model.
+Keys and values are stored in int8 (``imprint_bits`` 8) or in 4 bits, two a byte (``imprint_bits`` 4), with one float16
+scale per vector (absmax): 2·(d + 2) or 2·(d/2 + 2) bytes per entry, layer and head, against float16's 4·d. Read,
+entry j sits at position j - N, just before the conversation's first token, rotated there
+(sia.backbones.injected_attention); an empty entry's logit is closed, so an empty imprint is the base model.
 
 Nothing here mutates an Imprint: every function returns a new one.
 """
@@ -19,12 +20,12 @@ Nothing here mutates an Imprint: every function returns a new one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
-from sia.model.config import AnyConfig
+from sia.model.config import AnyConfig, LlamaConfig
 
 __all__ = [
     "KINDS",
@@ -34,6 +35,7 @@ __all__ = [
     "SpanChoice",
     "clause_breaks",
     "dequantise",
+    "fitted",
     "forget_span",
     "imprint_spans",
     "message_spans",
@@ -45,18 +47,39 @@ __all__ = [
 # what a span says, when something labels it (0: not known); a span of a known kind replaces the older one of its kind
 KINDS = ("unknown", "name", "city", "job", "colour", "pet", "hobby", "food", "instrument", "language", "origin")
 
-_INT8_MAX = 127.0
+_LEVELS = {8: 127.0, 4: 7.0}  # the largest magnitude of a stored number: int8, and 4 bits stored as q + 8 in a nibble
+_DTYPES = {8: torch.int8, 4: torch.uint8}
 
 
-def quantise(x: Tensor) -> tuple[Tensor, Tensor]:
-    """x (..., d) float -> (int8 (..., d), float16 scale (...,)): x ≈ q · scale, scale = max|x| / 127 per vector."""
-    scale = x.float().abs().amax(-1) / _INT8_MAX  # (...,)
+def _stored(d: int, bits: int) -> int:
+    """The stored width of an entry of width d."""
+    if bits not in _DTYPES:
+        raise ValueError(f"an imprint stores 8 or 4 bits a number; got {bits!r}")
+    return d if bits == 8 else d // 2
+
+
+def quantise(x: Tensor, bits: int = 8) -> tuple[Tensor, Tensor]:
+    """x (..., d) float -> (stored numbers, float16 scale (...,)), x ≈ q · scale with scale = max|x| / L per vector:
+    ``bits`` 8 gives int8 (..., d), L = 127; ``bits`` 4 gives uint8 (..., d / 2), two numbers a byte (q + 8, the even
+    index in the low nibble), L = 7. ``dequantise`` reads either."""
+    if bits not in _LEVELS:
+        raise ValueError(f"an imprint stores 8 or 4 bits a number; got {bits!r}")
+    if bits == 4 and x.shape[-1] % 2:
+        raise ValueError(f"4 bits pack two numbers a byte: the last dimension must be even; got {x.shape[-1]}")
+    top = _LEVELS[bits]
+    scale = x.float().abs().amax(-1) / top  # (...,)
     scale = scale.to(torch.float16).float().clamp_min(torch.finfo(torch.float16).tiny)  # the scale as it is stored
-    q = torch.round(x.float() / scale.unsqueeze(-1)).clamp(-_INT8_MAX, _INT8_MAX).to(torch.int8)
-    return q, scale.to(torch.float16)
+    q = torch.round(x.float() / scale.unsqueeze(-1)).clamp(-top, top)
+    if bits == 8:
+        return q.to(torch.int8), scale.to(torch.float16)
+    nibbles = (q + 8).to(torch.uint8)  # 1..15
+    return nibbles[..., 0::2] | (nibbles[..., 1::2] << 4), scale.to(torch.float16)
 
 
 def dequantise(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``quantise``'s inverse: int8 (..., d) or 4-bit pairs uint8 (..., d / 2), and the scales (...,) -> (..., d)."""
+    if q.dtype == torch.uint8:
+        q = torch.stack(((q & 15).float() - 8, (q >> 4).float() - 8), -1).flatten(-2)
     return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
 
 
@@ -78,9 +101,9 @@ class ImprintSpan:
 class Imprint:
     """N entries per layer and key/value head; entries 0..used-1 are filled, in spans of consecutive entries."""
 
-    keys: Tensor  # (n_layer, H_kv, N, d) int8, pre-rotation
+    keys: Tensor  # (n_layer, H_kv, N, d) int8, or (n_layer, H_kv, N, d / 2) uint8 in 4 bits; pre-rotation
     key_scale: Tensor  # (n_layer, H_kv, N) float16
-    values: Tensor  # (n_layer, H_kv, N, d) int8
+    values: Tensor  # as keys
     value_scale: Tensor  # (n_layer, H_kv, N) float16
     span: Tensor  # (N,) int32: the span an entry belongs to (0, 1, ... in entry order); -1 empty
     token: Tensor  # (N,) int32: its token id; -1 where the text is not kept (and for empty entries)
@@ -91,16 +114,17 @@ class Imprint:
 
     @classmethod
     def empty(cls, config: AnyConfig) -> Imprint:
-        return cls.blank(*config.imprint_shape)
+        return cls.blank(*config.imprint_shape, bits=config.imprint_bits)
 
     @classmethod
-    def blank(cls, n_layer: int, heads: int, N: int, d: int) -> Imprint:
-        """No entry filled, room for N of width d in n_layer layers of ``heads`` key/value heads."""
+    def blank(cls, n_layer: int, heads: int, N: int, d: int, *, bits: int = 8) -> Imprint:
+        """No entry filled, room for N of width d in n_layer layers of ``heads`` key/value heads, ``bits`` a number."""
         minus = torch.full((N,), -1, dtype=torch.int32)
+        stored = _stored(d, bits)
         return cls(
-            keys=torch.zeros(n_layer, heads, N, d, dtype=torch.int8),
+            keys=torch.zeros(n_layer, heads, N, stored, dtype=_DTYPES[bits]),
             key_scale=torch.zeros(n_layer, heads, N, dtype=torch.float16),
-            values=torch.zeros(n_layer, heads, N, d, dtype=torch.int8),
+            values=torch.zeros(n_layer, heads, N, stored, dtype=_DTYPES[bits]),
             value_scale=torch.zeros(n_layer, heads, N, dtype=torch.float16),
             span=minus,
             token=minus.clone(),
@@ -113,6 +137,16 @@ class Imprint:
     @property
     def capacity(self) -> int:
         return int(self.span.shape[0])
+
+    @property
+    def bits(self) -> int:
+        """8 (int8 entries) or 4 (two a byte)."""
+        return 4 if self.keys.dtype == torch.uint8 else 8
+
+    @property
+    def width(self) -> int:
+        """d: an entry's width once read."""
+        return int(self.keys.shape[-1]) * (2 if self.bits == 4 else 1)
 
     @property
     def used(self) -> int:
@@ -151,9 +185,10 @@ class Imprint:
         from sia.identity.state import StateFormatError, _check_tensor  # the state's own checks; it imports this module
 
         n_layer, heads, N, d = config.imprint_shape
+        stored, numbers = _stored(d, config.imprint_bits), _DTYPES[config.imprint_bits]
         for name, shape, dtype in (
-            ("keys", (n_layer, heads, N, d), torch.int8),
-            ("values", (n_layer, heads, N, d), torch.int8),
+            ("keys", (n_layer, heads, N, stored), numbers),
+            ("values", (n_layer, heads, N, stored), numbers),
             ("key_scale", (n_layer, heads, N), torch.float16),
             ("value_scale", (n_layer, heads, N), torch.float16),
             ("span", (N,), torch.int32),
@@ -332,7 +367,7 @@ def message_spans(
 class _Held:
     """One span's entries while an imprint is rebuilt."""
 
-    keys: Tensor  # (n_layer, H_kv, n, d) int8
+    keys: Tensor  # (n_layer, H_kv, n, d) int8, or d / 2 uint8 in 4 bits
     key_scale: Tensor  # (n_layer, H_kv, n) float16
     values: Tensor
     value_scale: Tensor
@@ -363,7 +398,7 @@ def imprint_spans(
     fit, the weakest span goes (a span of unknown kind before any known one, then the lowest score), as long as it is
     weaker than the new one (otherwise the new span is dropped)."""
     n = keys.shape[2]
-    if values.shape != keys.shape or keys.shape[:2] != imprint.keys.shape[:2] or keys.shape[3] != imprint.keys.shape[3]:
+    if values.shape != keys.shape or keys.shape[:2] != imprint.keys.shape[:2] or keys.shape[3] != imprint.width:
         raise ValueError(f"keys and values must be (n_layer, H_kv, n, d) for this imprint; got {tuple(keys.shape)}")
     if tokens is not None and tokens.shape != (n,):
         raise ValueError(f"tokens must be ({n},); got {tuple(tokens.shape)}")
@@ -385,8 +420,8 @@ def imprint_spans(
         if sum(s.length for s in spans) + length > imprint.capacity:
             continue
         at = slice(choice.start, choice.end)
-        k, ks = quantise(keys[:, :, at])
-        v, vs = quantise(values[:, :, at])
+        k, ks = quantise(keys[:, :, at], imprint.bits)
+        v, vs = quantise(values[:, :, at], imprint.bits)
         ids = None if tokens is None else tokens[at].to(torch.int32)
         spans.append(_Held(k, ks, v, vs, ids, turn, choice.start, choice.kind, choice.score))
     return _pack(imprint, spans)
@@ -399,6 +434,31 @@ def forget_span(imprint: Imprint, index: int) -> Imprint:
         raise ValueError(f"the imprint has {len(spans)} spans (0 to {len(spans) - 1}); there is no span {index}")
     del spans[index]
     return _pack(imprint, spans)
+
+
+def fitted(imprint: Imprint, config: AnyConfig) -> Imprint:
+    """``imprint`` in ``config``'s layout: itself where it has the config's entries and bits (or another backbone's
+    shape, which ``Imprint.validate`` then refuses); an identity stored under another imprint size or precision of
+    the same backbone is checked in its own layout, then its spans are requantised to the config's bits and packed,
+    in order, the weakest dropped while they do not fit (a span of unknown kind before a known one, then the lowest
+    score), as a turn's write would drop them."""
+    n_layer, heads, N, d = config.imprint_shape
+    stored = imprint.keys
+    if not N or not isinstance(config, LlamaConfig) or imprint.span.dim() != 1 or stored.dim() != 4 or tuple(stored.shape[:2]) != (n_layer, heads):
+        return imprint
+    if imprint.width != d or (imprint.capacity, imprint.bits) == (N, config.imprint_bits):
+        return imprint
+    imprint.validate(replace(config, imprint_tokens=imprint.capacity, imprint_bits=imprint.bits))
+    spans = _unpack(imprint)
+    while sum(s.length for s in spans) > N:
+        spans.pop(min(range(len(spans)), key=lambda i: (spans[i].kind > 0, spans[i].score)))
+    bits = config.imprint_bits
+    requantised = []
+    for s in spans:
+        k, ks = quantise(dequantise(s.keys, s.key_scale), bits)
+        v, vs = quantise(dequantise(s.values, s.value_scale), bits)
+        requantised.append(replace(s, keys=k, key_scale=ks, values=v, value_scale=vs))
+    return _pack(Imprint.empty(config), requantised)
 
 
 def _unpack(imprint: Imprint) -> list[_Held]:
@@ -414,7 +474,8 @@ def _unpack(imprint: Imprint) -> list[_Held]:
 
 def _pack(like: Imprint, spans: list[_Held]) -> Imprint:
     """An imprint of ``like``'s size holding ``spans`` in order from entry 0."""
-    fresh = Imprint.blank(*like.keys.shape).tensors()
+    n_layer, heads, N, _ = like.keys.shape
+    fresh = Imprint.blank(n_layer, heads, N, like.width, bits=like.bits).tensors()
     at = 0
     for index, s in enumerate(spans):
         n = s.length

@@ -22,7 +22,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
-from sia.identity.imprint import Imprint
+from sia.identity.imprint import Imprint, fitted
 from sia.model.config import STATE_DTYPES, AnyConfig
 
 __all__ = [
@@ -345,7 +345,9 @@ def state_to_bytes(state: IdentityState) -> bytes:
 
 
 def state_from_bytes(blob: bytes, config: AnyConfig, *, max_bytes: int = MAX_STATE_BYTES) -> IdentityState:
-    """Parse and validate a blob from ``state_to_bytes``; raise StateFormatError naming what is wrong."""
+    """Parse and validate a blob from ``state_to_bytes``; raise StateFormatError naming what is wrong. An imprint
+    stored under another imprint size or precision of the same backbone is checked, then refitted to ``config``'s
+    (sia.identity.imprint.fitted)."""
     if not isinstance(blob, bytes | bytearray | memoryview):
         raise StateFormatError(f"state blob must be bytes; got {type(blob).__name__}")
     if len(blob) > max_bytes:
@@ -372,12 +374,13 @@ def state_from_bytes(blob: bytes, config: AnyConfig, *, max_bytes: int = MAX_STA
         raise StateFormatError(f"format version {version} is not supported (expected one of {READABLE_VERSIONS})")
     turns, count = (int(x) for x in tensors["counters"])
     mean, m2 = (float(x) for x in tensors["shock"])
+    imprint = Imprint(**{name[len("imprint.") :]: tensors[name] for name in _IMPRINT_KEYS}) if imprinted else None
     state = IdentityState(
         trace=tensors["trace"],
         self_state=tensors["self_state"],
         turns=turns,
         shock=ShockStats(count=count, mean=mean, m2=m2),
-        imprint=Imprint(**{name[len("imprint.") :]: tensors[name] for name in _IMPRINT_KEYS}) if imprinted else None,
+        imprint=None if imprint is None else fitted(imprint, config),
     )
     state.validate(config)
     return state

@@ -51,6 +51,7 @@ __all__ = [
 log = logging.getLogger("sia.learn.imprint_read")
 
 DATA = Path(__file__).parent / "data"
+NEW_TOKENS = 62  # a new imprint's entries unless told
 MAIN = ("name", "city", "job", "colour", "pet", "hobby")
 EXTRA = ("food", "instrument", "language", "origin")
 
@@ -61,7 +62,10 @@ class ReadConfig:
     batch: int = 8
     lr: float = 2e-3
     rank: int = 8  # the read adapter's rank
-    tokens: int = 62  # imprint entries (62 keep a stored SmolLM2 identity under 1 MB)
+    # imprint entries and their precision (config.imprint_bits): 62 in int8 or 120 in 4 bits keep a stored SmolLM2
+    # identity under 1 MB; None: 62 and 8 for a new imprint, the checkpoint's own with resume (else it is resized)
+    tokens: int | None = None
+    bits: int | None = None
     distractors: int = 3  # at most this many unrelated messages imprinted beside the statement
     distill_weight: float = 1.0
     extra_rate: float = 0.25  # chance that a statement also states a kind beyond the main six
@@ -420,10 +424,14 @@ def train_checkpoint(
     if config.resume:
         if not model.config.imprint_read_rank:
             raise ValueError(f"{checkpoint} has no read adapter to train on: train the read first")
+        tokens = model.config.imprint_tokens if config.tokens is None else config.tokens
+        bits = model.config.imprint_bits if config.bits is None else config.bits
+        model.config = replace(model.config, imprint_tokens=tokens, imprint_bits=bits)
         history = train_read(model, systems, config, phrases)
     else:
         if not kinds_only:
-            model.add_imprint(config.tokens, config.rank, seed=config.seed)
+            model.add_imprint(NEW_TOKENS if config.tokens is None else config.tokens, config.rank, seed=config.seed)
+            model.config = replace(model.config, imprint_bits=8 if config.bits is None else config.bits)
             history = train_read(model, systems, config, phrases)
         model.add_kind_tagger(layer)
         # the tagger learns from single statements of the user's own facts: someone else's facts in its data lowered
@@ -453,7 +461,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=ReadConfig.batch)
     parser.add_argument("--lr", type=float, default=ReadConfig.lr)
     parser.add_argument("--rank", type=int, default=ReadConfig.rank)
-    parser.add_argument("--tokens", type=int, default=ReadConfig.tokens)
+    parser.add_argument(
+        "--tokens", type=int, default=None, help=f"imprint entries (default {NEW_TOKENS}; with --resume the checkpoint's)"
+    )
+    parser.add_argument(
+        "--bits", type=int, choices=(8, 4), default=None, help="entries' precision (default 8; with --resume the checkpoint's)"
+    )
+    parser.add_argument(
+        "--distractors", type=int, default=ReadConfig.distractors, help="at most this many unrelated messages an example"
+    )
     parser.add_argument("--distill", type=float, default=ReadConfig.distill_weight)
     parser.add_argument("--seed", type=int, default=ReadConfig.seed)
     parser.add_argument("--others-rate", type=float, default=ReadConfig.others_rate, help="statements with someone else's fact")
@@ -480,6 +496,8 @@ def main() -> None:
         lr=args.lr,
         rank=args.rank,
         tokens=args.tokens,
+        bits=args.bits,
+        distractors=args.distractors,
         distill_weight=args.distill,
         seed=args.seed,
         others_rate=args.others_rate,

@@ -167,6 +167,10 @@ class ModelConfig(IdentityConfig):
         return (self.n_layer, self.n_head, 0, self.head_dim)
 
     @property
+    def imprint_bits(self) -> int:
+        return 8
+
+    @property
     def state_dtype(self) -> str:
         return "float32"
 
@@ -209,6 +213,7 @@ class LlamaConfig(IdentityConfig):
     metric_scale: float = 2.0  # c: the metric's eigenvalues stay in c·rho·(-1, 1); logits move by at most 4·c·rho
     # --- the imprint (sia.identity.imprint): the user's own words as key/value entries, read beside the self slots ---
     imprint_tokens: int = 0  # N: entries (tokens) per layer and key/value head; 0: no imprint
+    imprint_bits: int = 8  # an entry's key and value: 8 (int8) or 4 (two a byte), one float16 scale per vector
     imprint_span: int = 16  # the longest span one clause imprints, in tokens
     imprint_per_turn: int = 40  # the most tokens one message imprints
     imprint_min_shock: float = 4.0  # a clause is imprinted only if a token of it surprises the identity this much (nats)
@@ -268,6 +273,10 @@ class LlamaConfig(IdentityConfig):
                 raise ValueError(f"{name} must be an integer >= {least}; got {value!r}")
         if not isinstance(self.imprint_gate, bool):
             raise ValueError(f"imprint_gate must be true or false; got {self.imprint_gate!r}")
+        if self.imprint_bits not in (4, 8) or isinstance(self.imprint_bits, bool):
+            raise ValueError(f"imprint_bits must be 8 or 4; got {self.imprint_bits!r}")
+        if self.imprint_bits == 4 and self.head_dim % 2:
+            raise ValueError(f"imprint_bits 4 packs two values a byte: head_dim must be even; got {self.head_dim}")
         imprint_shift = self.imprint_shift
         if isinstance(imprint_shift, bool) or not isinstance(imprint_shift, (int, float)) or not math.isfinite(imprint_shift):
             raise ValueError(f"imprint_shift must be a finite number; got {imprint_shift!r}")
@@ -316,10 +325,12 @@ class LlamaConfig(IdentityConfig):
     @property
     def state_bytes(self) -> int:
         """Bytes of the trace, the self state and the imprint in a stored identity (the container adds a few hundred):
-        an imprint entry costs, per layer and key/value head, an int8 key and value and their float16 scales, plus
-        24 bytes of bookkeeping (float16 would cost 4·d bytes a layer and head instead of 2·(d + 2))."""
+        an imprint entry costs, per layer and key/value head, a key and a value of ``imprint_bits`` a number and their
+        float16 scales, plus 24 bytes of bookkeeping: 2·(d + 2) bytes in int8, 2·(d/2 + 2) in 4 bits (float16 would
+        cost 4·d)."""
         n = self.trace_shape[0] * self.trace_shape[1] * self.trace_shape[2] * self.trace_shape[3]
-        imprint = self.imprint_tokens * (self.n_layer * self.n_kv_head * 2 * (self.head_dim + 2) + 24)
+        per_head = 2 * (self.head_dim * self.imprint_bits // 8 + 2)
+        imprint = self.imprint_tokens * (self.n_layer * self.n_kv_head * per_head + 24)
         return n * STATE_DTYPES[self.state_dtype].itemsize + 4 * self.d_self + imprint
 
     # --- from a base checkpoint ---

@@ -74,3 +74,16 @@ def test_a_removed_option_given_over_a_base_config_is_refused_unless_it_asks_for
     assert LlamaConfig.from_hf(hf, d_self=8, fresh_write=False) == LlamaConfig.from_hf(hf, d_self=8)
     with pytest.raises(ValueError, match="the fresh_write option was removed"):
         LlamaConfig.from_hf(hf, d_self=8, fresh_write=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"imprint_tokens": 8, "imprint_bits": 2}, "imprint_bits must be 8 or 4"),
+        ({"imprint_tokens": 8, "imprint_bits": True}, "imprint_bits must be 8 or 4"),
+        ({"imprint_tokens": -1}, "imprint_tokens must be an integer >= 0"),
+    ],
+)
+def test_bad_imprint_settings_raise(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LlamaConfig(**kwargs)  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ from sia.identity.imprint import (
     SpanChoice,
     clause_breaks,
     dequantise,
+    fitted,
     forget_span,
     imprint_spans,
     message_spans,
@@ -270,6 +271,39 @@ def test_int8_entries_round_trip_within_half_a_step() -> None:
     assert bool((err <= scale.float().unsqueeze(-1) * 0.5 + 1e-3 * x.abs()).all())
 
 
+def test_four_bit_entries_pack_two_a_byte_and_round_trip_within_half_a_step() -> None:
+    x = torch.randn(3, 2, 5, 16) * 4
+    q, scale = quantise(x, 4)
+    assert q.dtype == torch.uint8 and q.shape == (3, 2, 5, 8) and scale.dtype == torch.float16
+    back = dequantise(q, scale)
+    assert back.shape == x.shape
+    assert bool((back.abs() <= scale.float().unsqueeze(-1) * 7 + 1e-6).all())  # at most 7 steps either way
+    err = (back - x).abs()
+    assert bool((err <= scale.float().unsqueeze(-1) * 0.5 + 1e-3 * x.abs()).all())
+    assert float(err.mean()) > float((dequantise(*quantise(x)) - x).abs().mean())  # coarser than int8, as it must be
+    with pytest.raises(ValueError, match="8 or 4"):
+        quantise(x, 2)
+    with pytest.raises(ValueError, match="even"):
+        quantise(torch.randn(3, 5), 4)
+
+
+def test_a_four_bit_imprint_is_read_as_the_int8_one_within_its_rounding(hf_model: LlamaForCausalLM) -> None:
+    """The same words imprinted in 4 bits and in int8: half the bytes, the same entries to within 4 bits' step, and
+    logits that differ by the rounding only (far less than an imprint's own effect)."""
+    eight, four = build(hf_model), build(hf_model, imprint_bits=4)
+    a, b = planted(eight, "Marisol"), planted(four, "Marisol")
+    assert b.keys.dtype == torch.uint8 and b.keys.nbytes * 2 == a.keys.nbytes and b.spans() == a.spans()
+    for x, y in zip(a.entries()[:2], b.entries()[:2], strict=True):
+        assert float((x - y).abs().max()) <= float(x.abs().max()) / 7
+    idx = torch.tensor([four.tokenizer.encode("what is my name?")])
+    fresh = IdentityState.fresh(four.config)
+    with torch.no_grad():
+        base = four(idx, four.condition_states([fresh])).logits
+        got = {m: m(idx, m.condition_states([replace(fresh, imprint=i)])).logits for m, i in ((eight, a), (four, b))}
+    effect = float((got[eight] - base).abs().max())
+    assert effect > 0.05 and float((got[four] - got[eight]).abs().max()) < effect / 2
+
+
 # --- the file ---
 
 
@@ -281,6 +315,47 @@ def test_the_imprint_survives_serialisation(hf_model: LlamaForCausalLM) -> None:
     for name, tensor in state.imprint.tensors().items():  # type: ignore[union-attr]
         assert torch.equal(getattr(loaded.imprint, name), tensor), name
     assert len(state_to_bytes(state)) - model.config.state_bytes < 2048  # the container's header
+
+
+def test_a_four_bit_imprint_survives_serialisation(hf_model: LlamaForCausalLM) -> None:
+    model = build(hf_model, imprint_bits=4)
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, "Marisol"))
+    loaded = state_from_bytes(state_to_bytes(state), model.config)
+    assert loaded.imprint is not None and loaded.imprint.bits == 4
+    for name, tensor in state.imprint.tensors().items():  # type: ignore[union-attr]
+        assert torch.equal(getattr(loaded.imprint, name), tensor), name
+    assert len(state_to_bytes(state)) - model.config.state_bytes < 2048
+
+
+def test_a_state_stored_under_another_imprint_size_or_precision_is_refitted(hf_model: LlamaForCausalLM) -> None:
+    """An identity written before the model's imprint setting changed (int8, N entries) loads under the new one:
+    its spans in order, requantised, and where fewer entries are kept the weakest spans dropped first."""
+    old = build(hf_model)
+    imprint = Imprint.empty(old.config)
+    for seed, (words, score, kind) in enumerate((("Marisol", 9.0, 1), ("it rains", 3.0, 0), ("in Lyon", 6.0, 2))):
+        ids = old.tokenizer.encode(words)
+        read = old.read_words(torch.tensor([ids]))
+        choice = SpanChoice(0, len(ids), score, kind)
+        imprint = imprint_spans(imprint, read.keys, read.values, [choice], turn=seed, tokens=torch.tensor(ids))
+    assert fitted(imprint, old.config) is imprint  # in the model's own layout: as it is
+    blob = state_to_bytes(replace(IdentityState.fresh(old.config), imprint=imprint))
+    roomy = build(hf_model, imprint_bits=4, imprint_tokens=2 * N)
+    loaded = state_from_bytes(blob, roomy.config).imprint
+    assert loaded is not None and loaded.bits == 4 and loaded.capacity == 2 * N
+    assert [(s.tokens, s.kind, s.score, s.turn) for s in loaded.spans()] == [
+        (s.tokens, s.kind, s.score, s.turn) for s in imprint.spans()
+    ]
+    used = imprint.used
+    for x, y in zip(imprint.entries()[:2], loaded.entries()[:2], strict=True):
+        assert float((x[:, :, :used] - y[:, :, :used]).abs().max()) <= float(x.abs().max()) / 7
+    tight = build(hf_model, imprint_tokens=len("Marisol") + len("in Lyon"))  # "it rains" (unknown kind) must go
+    kept = state_from_bytes(blob, tight.config).imprint
+    assert kept is not None and [s.kind for s in kept.spans()] == ["name", "city"]
+    assert torch.equal(kept.keys[:, :, : len("Marisol")], imprint.keys[:, :, : len("Marisol")])  # int8 kept as it was
+    hostile = st_load(blob)
+    hostile["imprint.kind"] = torch.full((N,), 99, dtype=torch.int32)
+    with pytest.raises(StateFormatError, match="must index"):  # checked in its own layout before it is refitted
+        state_from_bytes(st_save(hostile), roomy.config)
 
 
 def test_an_old_state_without_imprint_loads_empty(hf_model: LlamaForCausalLM) -> None:
@@ -315,11 +390,14 @@ def test_hostile_imprint_blobs_are_refused(hf_model: LlamaForCausalLM, name: str
 
 
 def test_state_size_in_the_shipped_shape() -> None:
-    """What the entries cost: int8 with float16 scales, against float16."""
+    """What the entries cost: int8 or 4 bits with float16 scales, against float16's 4·d bytes a layer and head."""
     config = LlamaConfig(imprint_tokens=62, d_self=256, self_slots=4)
     per_entry = 30 * 3 * 2 * (64 + 2) + 24
     assert config.state_bytes == LlamaConfig(d_self=256, self_slots=4).state_bytes + 62 * per_entry
     assert config.state_bytes + 2048 < 1_000_000  # with the file's header: a stored identity under 1 MB
+    four = LlamaConfig(imprint_tokens=120, imprint_bits=4, d_self=256, self_slots=4)
+    assert four.state_bytes == LlamaConfig(d_self=256, self_slots=4).state_bytes + 120 * (30 * 3 * 2 * (32 + 2) + 24)
+    assert four.state_bytes + 2048 < 1_000_000
 
 
 def test_labelled_clauses_come_first_and_carry_their_kind() -> None:
