@@ -444,7 +444,9 @@ def fitted(imprint: Imprint, config: AnyConfig) -> Imprint:
     score), as a turn's write would drop them."""
     n_layer, heads, N, d = config.imprint_shape
     stored = imprint.keys
-    if not N or not isinstance(config, LlamaConfig) or imprint.span.dim() != 1 or stored.dim() != 4 or tuple(stored.shape[:2]) != (n_layer, heads):
+    if not N or not isinstance(config, LlamaConfig) or imprint.span.dim() != 1 or stored.dim() != 4:
+        return imprint
+    if tuple(stored.shape[:2]) != (n_layer, heads):
         return imprint
     if imprint.width != d or (imprint.capacity, imprint.bits) == (N, config.imprint_bits):
         return imprint

@@ -14,6 +14,7 @@ from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
 from sia.backbones.llama import LlamaModel
+from sia.checkpoint import DEFAULT_CHECKPOINT
 from sia.identity.imprint import (
     KINDS,
     Imprint,
@@ -397,7 +398,10 @@ def test_state_size_in_the_shipped_shape() -> None:
     assert config.state_bytes + 2048 < 1_000_000  # with the file's header: a stored identity under 1 MB
     four = LlamaConfig(imprint_tokens=120, imprint_bits=4, d_self=256, self_slots=4)
     assert four.state_bytes == LlamaConfig(d_self=256, self_slots=4).state_bytes + 120 * (30 * 3 * 2 * (32 + 2) + 24)
-    assert four.state_bytes + 2048 < 1_000_000
+    assert four.state_bytes + 2048 < 1_000_000  # 4 bits: the same bytes hold 120 entries
+    shipped = LlamaConfig.from_file(DEFAULT_CHECKPOINT / "config.json")  # the bundled model, as it is stored
+    blob = state_to_bytes(replace(IdentityState.fresh(shipped), imprint=Imprint.empty(shipped)))
+    assert shipped.imprint_tokens and len(blob) < 1_000_000 and len(blob) - shipped.state_bytes < 2048
 
 
 def test_labelled_clauses_come_first_and_carry_their_kind() -> None:
