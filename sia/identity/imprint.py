@@ -52,9 +52,11 @@ _DTYPES = {8: torch.int8, 4: torch.uint8}
 
 
 def _stored(d: int, bits: int) -> int:
-    """The stored width of an entry of width d."""
+    """The stored width of an entry of width d (ValueError for bits other than 8 or 4, or an odd d in 4 bits)."""
     if bits not in _DTYPES:
         raise ValueError(f"an imprint stores 8 or 4 bits a number; got {bits!r}")
+    if bits == 4 and d % 2:
+        raise ValueError(f"4 bits pack two numbers a byte: the last dimension must be even; got {d}")
     return d if bits == 8 else d // 2
 
 
@@ -62,10 +64,7 @@ def quantise(x: Tensor, bits: int = 8) -> tuple[Tensor, Tensor]:
     """x (..., d) float -> (stored numbers, float16 scale (...,)), x ≈ q · scale with scale = max|x| / L per vector:
     ``bits`` 8 gives int8 (..., d), L = 127; ``bits`` 4 gives uint8 (..., d / 2), two numbers a byte (q + 8, the even
     index in the low nibble), L = 7. ``dequantise`` reads either."""
-    if bits not in _LEVELS:
-        raise ValueError(f"an imprint stores 8 or 4 bits a number; got {bits!r}")
-    if bits == 4 and x.shape[-1] % 2:
-        raise ValueError(f"4 bits pack two numbers a byte: the last dimension must be even; got {x.shape[-1]}")
+    _stored(x.shape[-1], bits)  # checks bits and, in 4 bits, an even width
     top = _LEVELS[bits]
     scale = x.float().abs().amax(-1) / top  # (...,)
     scale = scale.to(torch.float16).float().clamp_min(torch.finfo(torch.float16).tiny)  # the scale as it is stored
@@ -413,7 +412,7 @@ def imprint_spans(
             spans = [s for s in spans if s.kind != choice.kind or s.turn == turn]
         strength = (choice.kind > 0, choice.score)
         while sum(s.length for s in spans) + length > imprint.capacity:
-            weakest = min(range(len(spans)), key=lambda i: (spans[i].kind > 0, spans[i].score))
+            weakest = _weakest(spans)
             if (spans[weakest].kind > 0, spans[weakest].score) >= strength:
                 break
             spans.pop(weakest)
@@ -425,6 +424,11 @@ def imprint_spans(
         ids = None if tokens is None else tokens[at].to(torch.int32)
         spans.append(_Held(k, ks, v, vs, ids, turn, choice.start, choice.kind, choice.score))
     return _pack(imprint, spans)
+
+
+def _weakest(spans: list[_Held]) -> int:
+    """The span to drop first: one of unknown kind before any known one, then the lowest score."""
+    return min(range(len(spans)), key=lambda i: (spans[i].kind > 0, spans[i].score))
 
 
 def forget_span(imprint: Imprint, index: int) -> Imprint:
@@ -453,7 +457,7 @@ def fitted(imprint: Imprint, config: AnyConfig) -> Imprint:
     imprint.validate(replace(config, imprint_tokens=imprint.capacity, imprint_bits=imprint.bits))
     spans = _unpack(imprint)
     while sum(s.length for s in spans) > N:
-        spans.pop(min(range(len(spans)), key=lambda i: (spans[i].kind > 0, spans[i].score)))
+        spans.pop(_weakest(spans))
     bits = config.imprint_bits
     requantised = []
     for s in spans:
