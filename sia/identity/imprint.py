@@ -19,6 +19,7 @@ Nothing here mutates an Imprint: every function returns a new one.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -33,6 +34,7 @@ __all__ = [
     "ImprintEntries",
     "ImprintSpan",
     "SpanChoice",
+    "asking",
     "clause_breaks",
     "dequantise",
     "fitted",
@@ -40,7 +42,6 @@ __all__ = [
     "imprint_spans",
     "message_spans",
     "quantise",
-    "question_ends",
     "select_spans",
 ]
 
@@ -273,9 +274,36 @@ def clause_breaks(pieces: Sequence[str], *, min_tokens: int = 4) -> Tensor:
     return breaks
 
 
-def question_ends(pieces: Sequence[str]) -> Tensor:
-    """(n,) bool: the token holds a question mark (a clause ending there asks; it states nothing about the user)."""
-    return torch.tensor([("?" in piece) for piece in pieces], dtype=torch.bool)
+# a sentence opening with one of these asks the persona something or asks it to do something ("what's 18% of 250",
+# "tell me a joke about penguins"), with or without a question mark: it states nothing about the user
+_ASKING = frozenset({
+    "what", "what's", "whats", "why", "how", "how's", "which", "who", "who's", "whom", "whose", "where's", "when's", "can",
+    "could", "would", "should", "is", "are", "do", "does", "did", "tell", "explain", "give", "recommend", "suggest",
+    "describe", "list", "show", "teach", "write", "any",
+})  # fmt: skip
+# "when" and "where" ask only before a verb that asks ("when was the first email sent"; not "when I'm off work, I paint")
+_ASKING_THEN = frozenset({"was", "is", "are", "were", "do", "does", "did", "can", "should", "will", "would"})
+_OPENING = re.compile(r"[^a-z]*([a-z]+(?:'[a-z]+)?)(?:[^a-z]+([a-z]+))?")
+
+
+def asking(pieces: Sequence[str]) -> Tensor:
+    """(n,) bool for a message's token texts: True on a token holding a question mark, and on every token of a
+    sentence (or of a part of one up to a colon) that opens with a question word or a request, with or without a
+    question mark ("what's 18% of 250", "Quick question: which is heavier", "tell me a joke"). A clause holding such a
+    token asks the persona something; it states nothing about the user and is never imprinted."""
+    n = len(pieces)
+    out = torch.tensor([("?" in piece) for piece in pieces], dtype=torch.bool)
+    start = 0
+    for i, piece in enumerate(pieces):
+        if i + 1 < n and not any(ch in _SENTENCE_ENDS or ch == ":" for ch in piece):
+            continue
+        opening = _OPENING.match("".join(pieces[start : i + 1]).lower().replace("\u2019", "'"))
+        if opening is not None:
+            first, then = opening.groups()
+            if first in _ASKING or (first in ("when", "where") and then in _ASKING_THEN):
+                out[start : i + 1] = True
+        start = i + 1
+    return out
 
 
 def _peak_window(surprisal: Tensor, start: int, end: int, width: int) -> tuple[int, int]:
@@ -307,7 +335,7 @@ def select_spans(
 
     surprisal (n,) each token's NLL under the identity; breaks (n,) bool, the token ends a clause (``clause_breaks``);
     kinds (n, len(KINDS)) each token's probabilities of stating each kind (the model's kind tagger), or None;
-    questions (n,) bool, the token ends a question (``question_ends``): a clause ending in one is never imprinted."""
+    questions (n,) bool, the token is part of a question (``asking``): a clause holding one is never imprinted."""
     n = surprisal.shape[0]
     if breaks.shape != (n,):
         raise ValueError(f"breaks must be ({n},) like the surprisal; got {tuple(breaks.shape)}")
@@ -350,7 +378,7 @@ def message_spans(
     surprisal: Tensor, pieces: Sequence[str], kinds: Tensor | None, *, budget: int, max_span: int, min_score: float
 ) -> list[SpanChoice]:
     """``select_spans`` for a message's token texts ``pieces``: cut into clauses (``clause_breaks``), its questions
-    left out (``question_ends``)."""
+    and requests left out (``asking``)."""
     return select_spans(
         surprisal,
         clause_breaks(pieces),
@@ -358,7 +386,7 @@ def message_spans(
         max_span=max_span,
         min_score=min_score,
         kinds=kinds,
-        questions=question_ends(pieces),
+        questions=asking(pieces),
     )
 
 

@@ -71,6 +71,8 @@ class ReadConfig:
     extra_rate: float = 0.25  # chance that a statement also states a kind beyond the main six
     others_rate: float = 0.0  # chance that a statement also tells someone else's fact (the read learns to pass it)
     split_rate: float = 0.0  # chance that the facts are told over two messages, apart
+    aside_rate: float = 0.0  # chance that a statement also says something of the user's that is no fact (and of each
+    # unrelated message that it is such an aside, not a question): "my colleague Brigitte brought cake today"
     kinds: bool = True  # train a kind tagger too
     gate: bool = False  # add the imprint's per-token read gate (config.imprint_gate) and train it with the adapter
     adapter: bool = True  # train the read adapter (False: only the gate, over a checkpoint's trained adapter)
@@ -93,6 +95,7 @@ class ReadPhrases:
     connectors: tuple[str, ...]
     chitchat: tuple[str, ...]
     others: dict[str, tuple[str, ...]]  # by kind: clauses stating that kind of someone else's ("my husband {v}...")
+    asides: tuple[str, ...]  # what a user says of themself that states none of the kinds ("the bakery on Calle Mayor closed")
 
     @classmethod
     def load(cls, data: Path = DATA) -> ReadPhrases:
@@ -109,6 +112,7 @@ class ReadPhrases:
             connectors=tuple(t["connectors"]),
             chitchat=tuple(t["chitchat"]),
             others={k: tuple(v) for k, v in t["others"].items()},
+            asides=tuple(t["asides"]),
         )
         if not set(phrases.others) <= set(kinds):
             raise ValueError(f"others' kinds must be among {kinds}; got {sorted(phrases.others)}")
@@ -160,10 +164,13 @@ def make_example(
     extra_rate: float,
     others_rate: float = 0.0,
     split_rate: float = 0.0,
+    aside_rate: float = 0.0,
 ) -> ReadExample:
     """One example; with chance ``others_rate`` the statement also tells a fact of someone else's ("my sister lives in
-    Oslo"), which is not the user's and is never asked; with chance ``split_rate`` (two facts or more) the facts are
-    told over two messages, in order, with the unrelated ones anywhere around them."""
+    Oslo"), which is not the user's and is never asked; with chance ``aside_rate`` it also holds one or two asides
+    (the user's words that state no fact: "got stuck at Frankfurt airport once"), and each unrelated message is an
+    aside rather than a question with that chance; with chance ``split_rate`` (two facts or more) the facts are told
+    over two messages, in order, with the unrelated ones anywhere around them."""
     kinds = rng.sample(MAIN, rng.randint(1, 4))
     if rng.random() < extra_rate:
         kinds.append(rng.choice(EXTRA))
@@ -174,11 +181,16 @@ def make_example(
         kind = rng.choice(sorted(p.others))
         value = rng.choice([v for v in p.values[kind] if v != facts.get(kind)])
         parts.insert(rng.randint(0, len(parts)), (_fill(rng.choice(p.others[kind]), value), None))
+    if aside_rate and rng.random() < aside_rate:  # no draw at rate 0: the same seed gives the data it gave before
+        for _ in range(rng.randint(1, 2)):
+            parts.insert(rng.randint(0, len(parts)), (rng.choice(p.asides), None))
     cut = len(parts)
     if split_rate and len(parts) > 1 and rng.random() < split_rate:
         cut = rng.randint(1, len(parts) - 1)
     statements = [_statement(rng, p, part, opener=i == 0) for i, part in enumerate((parts[:cut], parts[cut:])) if part]
     others = rng.sample(p.chitchat, rng.randint(0, distractors))
+    if aside_rate:
+        others = [rng.choice(p.asides) if rng.random() < aside_rate else m for m in others]
     if len(statements) == 1:  # drawn as before split_rate existed: with it 0, the same seed gives the same data
         slots = [rng.randint(0, len(others))]
     else:
@@ -343,6 +355,7 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
                 extra_rate=config.extra_rate,
                 others_rate=config.others_rate,
                 split_rate=config.split_rate,
+                aside_rate=config.aside_rate,
             )
             for _ in range(config.batch)
         ]
@@ -475,6 +488,9 @@ def main() -> None:
     parser.add_argument("--others-rate", type=float, default=ReadConfig.others_rate, help="statements with someone else's fact")
     parser.add_argument("--split-rate", type=float, default=ReadConfig.split_rate, help="facts told over two messages")
     parser.add_argument(
+        "--aside-rate", type=float, default=ReadConfig.aside_rate, help="statements and unrelated messages with asides"
+    )
+    parser.add_argument(
         "--kinds-layer", type=int, default=None, help="the layer the kind tagger reads (default: the middle); -1: none"
     )
     parser.add_argument("--kinds-only", action="store_true", help="add and train only the kind tagger")
@@ -502,6 +518,7 @@ def main() -> None:
         seed=args.seed,
         others_rate=args.others_rate,
         split_rate=args.split_rate,
+        aside_rate=args.aside_rate,
         gate=args.gate or args.gate_only,
         adapter=not args.gate_only,
         resume=args.resume,

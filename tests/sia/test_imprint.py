@@ -19,6 +19,7 @@ from sia.identity.imprint import (
     KINDS,
     Imprint,
     SpanChoice,
+    asking,
     clause_breaks,
     dequantise,
     fitted,
@@ -26,7 +27,6 @@ from sia.identity.imprint import (
     imprint_spans,
     message_spans,
     quantise,
-    question_ends,
     select_spans,
 )
 from sia.identity.state import Dynamics, IdentityState, StateFormatError, state_from_bytes, state_to_bytes
@@ -199,12 +199,33 @@ def test_clause_breaks_at_punctuation_and_conjunctions() -> None:
 
 def test_questions_to_the_persona_are_not_imprinted() -> None:
     pieces = ["I", "'m", " Ana", " Kowalski", ".", " What", "'s", " a", " good", " book", "?"]
-    assert question_ends(pieces).tolist() == [False] * 10 + [True]
+    assert asking(pieces).tolist() == [False] * 5 + [True] * 6
     surprisal = torch.full((len(pieces),), 9.0)
     chosen = message_spans(surprisal, pieces, None, budget=20, max_span=16, min_score=4.0)
     assert [(c.start, c.end) for c in chosen] == [(0, 5)]
     with pytest.raises(ValueError, match="questions must be"):
         select_spans(surprisal, clause_breaks(pieces), budget=4, max_span=2, min_score=0, questions=torch.zeros(3).bool())
+
+
+def test_questions_and_requests_without_a_question_mark_are_not_imprinted() -> None:
+    def asked(text: list[str]) -> list[str]:
+        return ["".join(p for p, a in zip(text, asking(text).tolist(), strict=True) if a)]
+
+    # a question word or a request opens the sentence: all of it asks, with or without a question mark
+    assert asked(["what", "'s", " 18", "%", " of", " 250"]) == ["what's 18% of 250"]
+    assert asked(["Tell", " me", " a", " joke", ".", " I", "'m", " a", " nurse", "."]) == ["Tell me a joke."]
+    assert asked(["Quick", " one", ":", " which", " is", " heavier"]) == [" which is heavier"]
+    assert asked(["When", " was", " the", " first", " email", " sent"]) == ["When was the first email sent"]
+    # a fact told beside a question keeps its clause; "when" before a statement and "can't" do not ask
+    assert asked(["I", " have", " a", " cat", ",", " is", " that", " weird", "?"]) == ["?"]  # its clause is left out
+    assert asked(["When", " I", "'m", " off", ",", " I", " paint", "."]) == [""]
+    assert asked(["Can", "’t", " wait", " to", " see", " my", " cat", "."]) == [""]
+    for pieces, kept in (
+        (["Tell", " me", " a", " joke", ".", " I", "'m", " a", " nurse", "."], [(5, 10)]),
+        (["I", " have", " a", " cat", ",", " is", " that", " weird", "?"], [(0, 5)]),
+    ):
+        chosen = message_spans(torch.full((len(pieces),), 9.0), pieces, None, budget=20, max_span=16, min_score=4.0)
+        assert [(c.start, c.end) for c in chosen] == kept
 
 
 def test_selection_refuses_bad_input() -> None:

@@ -56,6 +56,7 @@ def phrases() -> ReadPhrases:
         connectors=(", ",),
         chitchat=("sky?", "rain."),
         others={"name": ("my sister {v} waves",)},
+        asides=("the hall is beige", "Zed from upstairs drills"),
     )
 
 
@@ -113,6 +114,28 @@ def test_someone_elses_fact_is_stated_but_never_labelled() -> None:
         assert all(b <= at or a >= end for a, b, _ in ex.clauses[0])  # outside every clause of the user's
         assert set(token_kinds(ByteTokenizer(), message, ex.clauses[0])[at:end]) == {0}
     assert not any("my sister" in make_example(rng, p, distractors=0, extra_rate=0.0).messages[0] for _ in range(10))
+
+
+def test_asides_are_said_beside_the_facts_and_as_unrelated_messages_but_never_labelled() -> None:
+    rng, p = random.Random(3), phrases()
+    beside = unrelated = 0
+    for _ in range(40):
+        ex = make_example(rng, p, distractors=2, extra_rate=0.0, aside_rate=1.0)
+        ((at, clauses),) = ex.clauses.items()
+        message = ex.messages[at]
+        said = [a for a in p.asides if a in message]
+        assert said  # one or two, beside the facts, outside every clause of the user's
+        for aside in said:
+            start = message.index(aside)
+            assert all(b <= start or a >= start + len(aside) for a, b, _ in clauses)
+        assert sorted(k for _, _, k in clauses) == sorted(ex.facts)
+        beside += len(said)
+        unrelated += sum(m in p.asides for i, m in enumerate(ex.messages) if i != at)
+        assert all(m in p.asides for i, m in enumerate(ex.messages) if i != at)  # rate 1: no question among them
+    assert beside > 40 and unrelated > 20
+    rng = random.Random(4)
+    plain = [make_example(rng, p, distractors=2, extra_rate=0.2) for _ in range(20)]
+    assert not any(a in m for ex in plain for m in ex.messages for a in p.asides)
 
 
 def test_facts_told_over_two_messages_keep_their_order_and_labels() -> None:
