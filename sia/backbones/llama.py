@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -468,20 +469,36 @@ class LlamaModel(IdentityModel):
         words as the pretrained model reads them."""
         if idx.dim() != 2 or idx.shape[0] != 1:
             raise ValueError(f"read_words takes one row of tokens (1, L); got {tuple(idx.shape)}")
+        return self.read_rows(idx, [idx.shape[1]], logits=logits)[0]
+
+    def read_rows(self, idx: Tensor, lengths: Sequence[int], *, logits: bool = False) -> list[WordsRead]:
+        """``read_words`` of B rows in one pass: row b is idx[b, :lengths[b]] of the right-padded idx (B, L) (the
+        padding after a row plays no part in it: attention is causal); each row's read is cut to its length."""
+        if idx.dim() != 2 or len(lengths) != idx.shape[0] or not all(0 < n <= idx.shape[1] for n in lengths):
+            raise ValueError(f"read_rows takes (B, L) tokens and B lengths in 1..L; got {tuple(idx.shape)}, {list(lengths)}")
         L = idx.shape[1]
         if self.config.block_size < L:
             raise ValueError(f"{L} tokens exceed the context of {self.config.block_size}")
-        x = self.wte(idx)  # (1, L, C)
+        x = self.wte(idx)  # (B, L, C)
         rope = self.rope(torch.arange(L, device=idx.device).view(1, L))
         capture: list[tuple[Tensor, Tensor]] = []
         kinds = None
         for i, block in enumerate(self.blocks):
             x, h = block(x, None, rope, None, 0, None, None, capture)
             if self.imprint_kind is not None and i == self.config.imprint_kinds_layer:
-                kinds = torch.softmax(self.imprint_kind(h[0].float().to(self.imprint_kind.weight.dtype)).float(), -1)
-        keys = torch.stack([k[0] for k, _ in capture]).float()  # (n_layer, H_kv, L, d)
-        values = torch.stack([v[0] for _, v in capture]).float()
-        return WordsRead(keys, values, self.lm_head(self.norm_f(x))[0] if logits else None, kinds)
+                kinds = torch.softmax(self.imprint_kind(h.float().to(self.imprint_kind.weight.dtype)).float(), -1)
+        keys = torch.stack([k for k, _ in capture], 1).float()  # (B, n_layer, H_kv, L, d)
+        values = torch.stack([v for _, v in capture], 1).float()
+        out = self.lm_head(self.norm_f(x)) if logits else None  # (B, L, V)
+        return [
+            WordsRead(
+                keys[b, :, :, :n],
+                values[b, :, :, :n],
+                None if out is None else out[b, :n],
+                None if kinds is None else kinds[b, :n],
+            )
+            for b, n in enumerate(lengths)
+        ]
 
     def layer_input(self, idx: Tensor, layer: int) -> Tensor:
         """The normalised input (L, C) of ``layer``'s attention for the tokens idx (1, L), base model: what the kind

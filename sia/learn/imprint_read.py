@@ -35,6 +35,7 @@ from sia.identity.state import IdentityState
 from sia.identity.turn import write_imprint
 from sia.learn.adapter.facts import chitchat
 from sia.model.conditioning import Conditioning
+from sia.model.identity_model import WordsRead
 
 __all__ = [
     "ReadConfig",
@@ -42,7 +43,9 @@ __all__ = [
     "ReadPhrases",
     "imprint_of",
     "imprint_turns",
+    "imprints_of",
     "make_example",
+    "message_reads",
     "token_kinds",
     "train_kinds",
     "train_read",
@@ -207,33 +210,70 @@ def make_example(
 
 
 @torch.no_grad()
+def message_reads(
+    model: LlamaModel, prompts: Sequence[tuple[list[int], tuple[int, int]]], *, rows: int = 16
+) -> list[tuple[Tensor, WordsRead]]:
+    """Each turn prompt (``tok.turn_prompt``'s tokens and message bounds) read by the base model up to its message's
+    end: its message tokens' NLL (n,) and ``read_words``, ``rows`` prompts a padded pass."""
+    out: list[tuple[Tensor, WordsRead]] = []
+    for at in range(0, len(prompts), rows):
+        chunk = prompts[at : at + rows]
+        lengths = [end - 1 for _, (_, end) in chunk]
+        idx = torch.full((len(chunk), max(lengths)), model.tokenizer.pad_id, dtype=torch.long)
+        for b, (tokens, _) in enumerate(chunk):
+            idx[b, : lengths[b]] = torch.tensor(tokens[: lengths[b]])
+        for (tokens, (start, end)), words in zip(chunk, model.read_rows(idx.to(model.device), lengths, logits=True), strict=True):
+            assert words.logits is not None
+            targets = torch.tensor(tokens[start : end - 1], device=model.device)[:, None]
+            nll = -F.log_softmax(words.logits[start - 1 : end - 2].float(), -1).gather(-1, targets)[:, 0].cpu()
+            out.append((nll, replace(words, logits=None)))
+    return out
+
+
 def imprint_turns(
     model: LlamaModel, system: list[int], messages: Sequence[str], *, keep_text: bool = False
 ) -> Iterator[tuple[Imprint, list[SpanChoice]]]:
     """After each of ``messages``, the imprint a fresh identity keeps and the spans that message added (token ids kept
     with ``keep_text``), each turn imprinting as the service's does (sia.identity.turn.write_imprint; the fresh
     identity is the base model, so each message's token NLL is the base model's)."""
-    c, tok = model.config, model.tokenizer
-    imprint = Imprint.empty(c)
-    for turn, message in enumerate(messages):
-        tokens, (start, end) = tok.turn_prompt(message, system)
-        body = tokens[start : end - 1]
-        words = model.read_words(torch.tensor([tokens[: end - 1]], device=model.device), logits=True)
-        assert words.logits is not None
-        targets = torch.tensor(body, device=model.device)[:, None]
-        nll = -F.log_softmax(words.logits[start - 1 : end - 2].float(), -1).gather(-1, targets)[:, 0].cpu()
+    prompts = [model.tokenizer.turn_prompt(message, system) for message in messages]
+    return _written(model, prompts, message_reads(model, prompts), keep_text=keep_text)
+
+
+def _written(
+    model: LlamaModel,
+    prompts: Sequence[tuple[list[int], tuple[int, int]]],
+    reads: Sequence[tuple[Tensor, WordsRead]],
+    *,
+    keep_text: bool = False,
+) -> Iterator[tuple[Imprint, list[SpanChoice]]]:
+    """One conversation's turns written in order from their prompts and reads (``imprint_turns``)."""
+    imprint = Imprint.empty(model.config)
+    for turn, ((tokens, (start, end)), (nll, words)) in enumerate(zip(prompts, reads, strict=True)):
         imprint, choices = write_imprint(
-            c, tok, imprint, tokens, nll, words, slice(start, end - 1), turn=turn, keep_text=keep_text
+            model.config, model.tokenizer, imprint, tokens, nll, words, slice(start, end - 1), turn=turn, keep_text=keep_text
         )
         yield imprint, choices
 
 
+def imprints_of(model: LlamaModel, systems: Sequence[list[int]], conversations: Sequence[Sequence[str]]) -> list[Imprint]:
+    """The imprint a fresh identity keeps after each conversation's messages under its persona prompt (``imprint_turns``'
+    last, without text), every message of them all read in shared padded passes."""
+    prompts = [
+        [model.tokenizer.turn_prompt(message, system) for message in messages]
+        for system, messages in zip(systems, conversations, strict=True)
+    ]
+    reads = iter(message_reads(model, [p for conversation in prompts for p in conversation]))
+    out = []
+    for conversation in prompts:
+        written = [imprint for imprint, _ in _written(model, conversation, [next(reads) for _ in conversation])]
+        out.append(written[-1] if written else Imprint.empty(model.config))
+    return out
+
+
 def imprint_of(model: LlamaModel, system: list[int], messages: Sequence[str]) -> Imprint:
     """The imprint a fresh identity keeps after these messages (``imprint_turns``' last), without text."""
-    last = Imprint.empty(model.config)
-    for imprint, _ in imprint_turns(model, system, messages):
-        last = imprint
-    return last
+    return imprints_of(model, [system], [messages])[0]
 
 
 def token_kinds(tok: Any, message: str, clauses: tuple[tuple[int, int, str], ...]) -> list[int]:
@@ -362,7 +402,7 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
         model.eval()
         system = [rng.choice(systems) for _ in examples]
         starts = [len(s) for s in system]
-        imprints: list[Imprint | None] = [imprint_of(model, s, ex.messages) for s, ex in zip(system, examples, strict=True)]
+        imprints: list[Imprint | None] = list(imprints_of(model, system, [ex.messages for ex in examples]))
         asked = [(tok.turn_prompt(ex.question, s)[0], ex.answer) for s, ex in zip(system, examples, strict=True)]
         rows = [(prompt + tok.reply_tokens(answer), len(prompt)) for prompt, answer in asked]
         idx, counted = _batch(rows, tok.pad_id, model.device)

@@ -22,7 +22,10 @@ from sia.learn.imprint_read import (
     ReadConfig,
     ReadPhrases,
     imprint_of,
+    imprint_turns,
+    imprints_of,
     make_example,
+    message_reads,
     token_kinds,
     train_kinds,
     train_read,
@@ -252,6 +255,36 @@ def test_imprint_of_keeps_no_text() -> None:
     imprint = imprint_of(model, [], ("I am Ox, hi", "sky?"))
     assert isinstance(imprint, Imprint) and imprint.used > 0 and bool((imprint.token == -1).all())
     assert {s.turn for s in imprint.spans()} <= {0, 1}
+
+
+def test_messages_read_in_padded_passes_as_each_alone() -> None:
+    model = tiny()
+    model.add_imprint(24, 0, kinds_layer=1)
+    tok = model.tokenizer
+    systems = [list(b"sys "), list(b"a longer persona prompt ")]
+    conversations = [("I am Ox, hi", "sky?", "my pet is a Yak"), ("rain.",), ("hello there, my city is Emu town",)]
+    prompts = [tok.turn_prompt(m, systems[i % 2]) for i, c in enumerate(conversations) for m in c]
+    with torch.no_grad():
+        for (tokens, (start, end)), (nll, words) in zip(prompts, message_reads(model, prompts, rows=4), strict=True):
+            one = model.read_words(torch.tensor([tokens[: end - 1]]), logits=True)
+            assert one.logits is not None and one.kinds is not None and words.kinds is not None
+            assert words.keys.shape == one.keys.shape and nll.shape == (end - 1 - start,)
+            torch.testing.assert_close(words.keys, one.keys, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(words.values, one.values, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(words.kinds, one.kinds, atol=1e-4, rtol=1e-4)
+            said = torch.tensor(tokens[start : end - 1])[:, None]
+            expected = -F.log_softmax(one.logits[start - 1 : end - 2], -1).gather(-1, said)[:, 0]
+            torch.testing.assert_close(nll, expected, atol=1e-4, rtol=1e-4)
+    # a conversation imprinted among others keeps what it keeps alone, span for span
+    together = imprints_of(model, [systems[i % 2] for i in range(3)], conversations)
+    for i, (conversation, imprint) in enumerate(zip(conversations, together, strict=True)):
+        alone = [after for after, _ in imprint_turns(model, systems[i % 2], conversation)][-1]
+        assert imprint.used == alone.used > 0
+        assert [(s.turn, s.offset, s.length, s.kind) for s in imprint.spans()] == [
+            (s.turn, s.offset, s.length, s.kind) for s in alone.spans()
+        ]
+    with pytest.raises(ValueError, match="lengths"):
+        model.read_rows(torch.zeros(2, 5, dtype=torch.long), [5, 6])
 
 
 def test_token_kinds_label_the_clauses_characters() -> None:
