@@ -20,6 +20,7 @@ import logging
 import math
 import random
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -219,10 +220,9 @@ def message_reads(
     for at in range(0, len(prompts), rows):
         chunk = prompts[at : at + rows]
         lengths = [end - 1 for _, (_, end) in chunk]
-        idx = torch.full((len(chunk), max(lengths)), model.tokenizer.pad_id, dtype=torch.long)
-        for b, (tokens, _) in enumerate(chunk):
-            idx[b, : lengths[b]] = torch.tensor(tokens[: lengths[b]])
-        for (tokens, (start, end)), words in zip(chunk, model.read_rows(idx.to(model.device), lengths, logits=True), strict=True):
+        cut = [(tokens[:n], 1) for (tokens, _), n in zip(chunk, lengths, strict=True)]
+        idx, _ = _batch(cut, model.tokenizer.pad_id, model.device)  # right-padded
+        for (tokens, (start, end)), words in zip(chunk, model.read_rows(idx, lengths, logits=True), strict=True):
             assert words.logits is not None
             targets = torch.tensor(tokens[start : end - 1], device=model.device)[:, None]
             nll = -F.log_softmax(words.logits[start - 1 : end - 2].float(), -1).gather(-1, targets)[:, 0].cpu()
@@ -266,8 +266,8 @@ def imprints_of(model: LlamaModel, systems: Sequence[list[int]], conversations: 
     reads = iter(message_reads(model, [p for conversation in prompts for p in conversation]))
     out = []
     for conversation in prompts:
-        written = [imprint for imprint, _ in _written(model, conversation, [next(reads) for _ in conversation])]
-        out.append(written[-1] if written else Imprint.empty(model.config))
+        last = deque(_written(model, conversation, [next(reads) for _ in conversation]), maxlen=1)  # only the final imprint
+        out.append(last[0][0] if last else Imprint.empty(model.config))
     return out
 
 
