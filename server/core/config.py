@@ -78,11 +78,18 @@ class Settings(BaseSettings):
     )
     cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS (JSON list); none by default")
     torch_threads: int = Field(1, ge=1, description="torch threads per process (turns already run in parallel)")
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32",
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
+        description="where the model computes: cpu; cuda (or cuda:N) a GPU, which must be present; auto: the first GPU"
+        " where torch sees one, else the CPU. Identity state is stored and handed over on the CPU, moved to the device"
+        " once per turn",
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
         description="the weights the model decodes in: bfloat16 halves them and decodes faster on GPUs and CPUs with"
         " bfloat16 instructions, but batched replies are then not always token for token the solo ones; the identity"
-        " state's update stays float32",
+        " state's update stays float32. auto: bfloat16 on a GPU, float32 on the CPU",
     )
     packed_weights: Literal["auto", "float32", "bfloat16", "off"] = Field(
         "float32",

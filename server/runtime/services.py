@@ -7,6 +7,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from server.core.config import Settings
 from server.runtime.health import Health
 from server.runtime.identities import Identities
@@ -20,24 +22,29 @@ from sia.checkpoint import load_model
 from sia.model.config import STATE_DTYPES
 from sia.model.identity_model import IdentityModel
 
-__all__ = ["Services", "served_model"]
+__all__ = ["Services", "served_model", "serving_device"]
 
 log = logging.getLogger("sia.runtime")
 
 
 def served_model(settings: Settings, model: IdentityModel | None = None, checkpoint: Path | None = None) -> IdentityModel:
-    """The model the service computes with: ``model``, or the one at ``checkpoint`` (default: the settings'),
-    decoding in ``settings.dtype``, its read shifted by ``settings.read_shift`` where set (else by the checkpoint's
-    own), its float32 matrices packed for faster products (a float32 or bfloat16 copy) where
-    ``settings.packed_weights`` asks for it and the build can."""
+    """The model the service computes with: ``model``, or the one at ``checkpoint`` (default: the settings'), on
+    ``settings.device``, decoding in ``settings.dtype``, its read shifted by ``settings.read_shift`` where set (else by
+    the checkpoint's own), its float32 matrices packed for faster products (a float32 or bfloat16 copy) where
+    ``settings.packed_weights`` asks for it, the model is on the CPU and the build can."""
+    device = serving_device(settings.device)  # before loading: a missing GPU is said at once
     loaded = model or load_model(checkpoint or settings.checkpoint, cache_dir=settings.model_cache)
     if settings.read_shift is not None:
         if not isinstance(loaded, LlamaModel):
             raise ValueError("SIA_READ_SHIFT applies to a pretrained backbone's adapter; the native model has none")
         loaded.set_read_shift(settings.read_shift)
-    if settings.dtype != "float32":
-        loaded.decode_in(STATE_DTYPES[settings.dtype])
-    elif settings.packed_weights != "off" and isinstance(loaded, LlamaModel) and loaded.packable:
+    dtype = settings.dtype if settings.dtype != "auto" else "float32" if device.type == "cpu" else "bfloat16"
+    if device.type != "cpu":
+        loaded.to(device)
+        log.info("serving on %s (%s)", device, torch.cuda.get_device_name(device))
+    if dtype != "float32":
+        loaded.decode_in(STATE_DTYPES[dtype])
+    elif device.type == "cpu" and settings.packed_weights != "off" and isinstance(loaded, LlamaModel) and loaded.packable:
         packing = settings.packed_weights
         if packing == "auto":
             packing = "bfloat16" if bfloat16_products_fast() and bfloat16_packing_available() else "float32"
@@ -47,6 +54,24 @@ def served_model(settings: Settings, model: IdentityModel | None = None, checkpo
         size = loaded.pack_weights(STATE_DTYPES[packing])
         log.info("packed the backbone's matrices (%s) for faster products: %.0f MB", packing, size / 2**20)
     return loaded
+
+
+def serving_device(setting: str) -> torch.device:
+    """The device ``SIA_DEVICE`` names: cpu, cuda[:N] (which must be present: ValueError otherwise), or auto (the
+    first GPU torch sees, else the CPU)."""
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(setting)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"SIA_DEVICE={setting}: torch sees no CUDA GPU here (a CPU-only build or no driver); use cpu or auto"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"SIA_DEVICE={setting}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
+    elif device.type != "cpu":
+        raise ValueError(f"SIA_DEVICE={setting}: the service computes on cpu or cuda")
+    return device
 
 
 @dataclass(frozen=True)

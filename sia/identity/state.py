@@ -182,7 +182,7 @@ def update_trace(state: IdentityState, summary: TurnSummary, shock: float, *, al
         state.trace.unsqueeze(0),
         summary.keys.unsqueeze(0),
         summary.queries.unsqueeze(0),
-        torch.tensor([shock], dtype=torch.float32),
+        torch.tensor([shock], dtype=torch.float32, device=state.trace.device),
         alpha=alpha,
         decay=decay,
     )

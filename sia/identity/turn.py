@@ -17,7 +17,7 @@ from torch import Tensor
 
 from sia.identity.imprint import Imprint, SpanChoice, imprint_spans, message_spans
 from sia.identity.shock import standardised_shock
-from sia.identity.state import Dynamics, IdentityState, advance
+from sia.identity.state import Dynamics, IdentityState, TurnSummary, advance
 from sia.model.config import LlamaConfig
 from sia.model.generate import Generation, SamplingParams, Stream, StreamEvent, stream
 from sia.model.identity_model import IdentityModel, WordsRead
@@ -110,7 +110,7 @@ def conclude_turns(
         a, b = prompt.scored
         nll = float(gen.prompt_nll[a:b].mean())
         shock = standardised_shock(nll, req.state.shock, model.config)
-        new_state = advance(req.state, summaries.row(row), shock=shock, nll=nll, g=model.self_update, dynamics=req.dynamics)
+        new_state = _advanced(model, req.state, summaries.row(row), shock=shock, nll=nll, dynamics=req.dynamics)
         if model.config.imprint_tokens:
             new_state = replace(new_state, imprint=imprint_message(model, tok, req, prompt, gen))
         results.append(
@@ -125,6 +125,17 @@ def conclude_turns(
             )
         )
     return results
+
+
+def _advanced(
+    model: IdentityModel, state: IdentityState, summary: TurnSummary, *, shock: float, nll: float, dynamics: Dynamics
+) -> IdentityState:
+    """``advance`` computed where the model is (its self update's weights are there), the new state on the CPU, where
+    states are stored and passed around: on a CPU model, plain ``advance``."""
+    device = model.device
+    on_device = replace(state, trace=state.trace.to(device), self_state=state.self_state.to(device))
+    new_state = advance(on_device, summary, shock=shock, nll=nll, g=model.self_update, dynamics=dynamics)
+    return replace(new_state, trace=new_state.trace.cpu(), self_state=new_state.self_state.cpu())
 
 
 def _turns(

@@ -171,6 +171,71 @@ def test_sia_dtype_bfloat16_decodes_in_bfloat16_and_keeps_the_write_in_float32(s
         Settings(dtype="float16")
 
 
+def test_sia_device_chooses_where_the_model_computes_and_a_missing_gpu_is_refused_at_once(
+    settings: Settings, tmp_path: Any
+) -> None:
+    """SIA_DEVICE: cpu (the default), or auto where torch sees no GPU, serves on the CPU in float32 (SIA_DTYPE=auto);
+    cuda where torch sees none is refused before any model is loaded, saying what to set instead; anything but cpu,
+    auto or cuda[:N] is refused as a setting."""
+    from server.runtime.services import served_model, serving_device
+
+    assert settings.device == "cpu" and settings.dtype == "auto"
+    for bad in ("gpu", "cuda:x", "mps", "", "cuda0"):
+        with pytest.raises(ValueError, match="device"):
+            Settings(device=bad)
+    assert serving_device("cpu") == torch.device("cpu")
+    assert serving_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab())
+    model = load_model(tiny.path, cache_dir=tmp_path / "models")
+    served = served_model(settings.model_copy(update={"device": "auto" if not torch.cuda.is_available() else "cpu"}), model=model)
+    assert served.device.type == "cpu" and served.wte.weight.dtype == torch.float32
+    if not torch.cuda.is_available():
+        for setting in ("cuda", "cuda:1"):
+            with pytest.raises(ValueError, match=r"no CUDA GPU.*use cpu or auto"):  # not the absent checkpoint's error
+                served_model(settings.model_copy(update={"device": setting, "checkpoint": tmp_path / "absent"}))
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="torch sees no CUDA GPU here: the service on a GPU is checked where it sees one"
+)
+def test_the_service_on_a_gpu_decodes_there_and_keeps_state_on_the_cpu(settings: Settings, tmp_path: Any) -> None:
+    """SIA_DEVICE=cuda: the model moves to the GPU and decodes in bfloat16 (SIA_DTYPE=auto), the self update in float32;
+    concurrent users' turns go through the batcher and store finite states. A turn of the library on the GPU in
+    float32 answers and updates the state as on the CPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sia.identity.state import Dynamics, IdentityState
+    from sia.identity.turn import TurnRequest, run_turn
+    from sia.model.generate import SamplingParams
+
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab())
+    cpu = load_model(tiny.path, cache_dir=tmp_path / "models")
+    gpu = load_model(tiny.path, cache_dir=tmp_path / "models").to("cuda")
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    state = IdentityState.fresh(cpu.config)
+    for message in ("My favourite colour is green.", "What is my favourite colour?"):
+        request = TurnRequest(state=state, message=message, dynamics=Dynamics.from_config(cpu.config))
+        on_cpu, on_gpu = run_turn(cpu, request, params), run_turn(gpu, request, params)
+        assert on_gpu.reply == on_cpu.reply and on_gpu.state.trace.device.type == "cpu"
+        assert torch.allclose(on_gpu.state.trace.float(), on_cpu.state.trace.float(), atol=1e-3)
+        assert torch.allclose(on_gpu.state.self_state, on_cpu.state.self_state, atol=1e-3)
+        state = on_cpu.state
+
+    model = load_model(tiny.path, cache_dir=tmp_path / "models")
+    migrate.upgrade(settings)
+    with TestClient(create_app(settings.model_copy(update={"device": "cuda"}), model=model)) as client:
+        users = [f"gpu{i}" for i in range(4)]
+        with ThreadPoolExecutor(len(users)) as pool:
+            for message in ("My favourite colour is green.", "What is my favourite colour?"):
+                replies = pool.map(chat, [client] * len(users), users, [message] * len(users))
+                assert all(isinstance(r["reply"], str) for r in replies)
+        states = [state_from_bytes(client.get(f"{ID}/{u}/state").content, model.config) for u in users]
+    assert model.wte.weight.device.type == "cuda" and model.wte.weight.dtype == torch.bfloat16
+    assert model.self_update.proj.weight.dtype == torch.float32
+    for stored in states:
+        assert stored.turns == 2 and bool(torch.isfinite(stored.self_state).all()) and float(stored.self_state.abs().sum()) > 0
+
+
 def test_the_served_model_packs_its_matrices_unless_told_not_to(settings: Settings, tmp_path: Any) -> None:
     """SIA_PACKED_WEIGHTS (default float32): a float32 backbone on a CPU is served with its matrices packed, in
     float32, in bfloat16 (float32 where the CPU cannot pack bfloat16), or (auto) in bfloat16 where the CPU multiplies
