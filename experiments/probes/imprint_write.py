@@ -22,7 +22,7 @@ from pathlib import Path
 from sia.checkpoint import DEFAULT_CACHE, DEFAULT_CHECKPOINT, load_llama_checkpoint
 from sia.identity.imprint import KINDS, Imprint
 from sia.learn.imprint_read import imprint_turns
-from sia.learn.natural import _mentions, load_fillers, load_users
+from sia.learn.natural import load_fillers, load_users, mentions
 from sia.personas import PERSONAS
 
 
@@ -67,7 +67,7 @@ def main() -> None:
             accepts = fact.accept
 
             def has(text: str, accepts: tuple[str, ...] = accepts) -> bool:
-                return any(_mentions(text, a) for a in accepts)
+                return any(mentions(text, a) for a in accepts)
 
             if any(has(text) for text in held):
                 verdict = "kept"

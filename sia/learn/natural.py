@@ -39,6 +39,7 @@ __all__ = [
     "kept",
     "load_fillers",
     "load_users",
+    "mentions",
     "play_user",
     "recall_by_depth",
 ]
@@ -130,17 +131,17 @@ def load_fillers(split: str, data: Path = DATA) -> list[str]:
     return [str(json.loads(line)["text"]) for line in path.read_text().splitlines() if line]
 
 
-def _mentions(reply: str, accept: str) -> bool:
+def mentions(reply: str, accept: str) -> bool:
     """``accept`` at the start of a word of ``reply`` (so "cat" matches "cats", not "education"), case-insensitive."""
     return re.search(r"(?<![\w])" + re.escape(accept.lower()), reply.lower()) is not None
 
 
 def answered(reply: str, user: NaturalUser, kind: str) -> bool:
     """The reply gives the newest value of ``kind`` and none of the values it replaced."""
-    if not any(_mentions(reply, a) for a in user.newest(kind).accept):
+    if not any(mentions(reply, a) for a in user.newest(kind).accept):
         return False
     newest = {a.lower() for a in user.newest(kind).accept}
-    return not any(_mentions(reply, a) for f in user.older(kind) for a in f.accept if a.lower() not in newest)
+    return not any(mentions(reply, a) for f in user.older(kind) for a in f.accept if a.lower() not in newest)
 
 
 def kept(state: IdentityState, tok: Tokenizer, user: NaturalUser, kind: str) -> bool | None:
@@ -153,7 +154,7 @@ def kept(state: IdentityState, tok: Tokenizer, user: NaturalUser, kind: str) -> 
     if any(s.tokens is None for s in spans):
         return None
     text = " | ".join(tok.decode(s.tokens or ()) for s in spans)
-    return any(_mentions(text, a) for a in user.newest(kind).accept)
+    return any(mentions(text, a) for a in user.newest(kind).accept)
 
 
 @dataclass(frozen=True)
