@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +61,11 @@ class InjectedLayer:
     slot_value: Tensor  # (B, H_kv, S [+ N], w)
     reads_from: Tensor | None = None  # (B,) the first position that reads the imprint (the persona's prompt does not)
     imprinted: Tensor | None = None  # (B, 1, 1): 1 in a row whose imprint holds something (its read adapter acts), else 0
+
+    @cached_property
+    def reading(self) -> bool:
+        """Whether any row's imprint holds something: asked once per conditioning, not at every decoding step."""
+        return self.imprinted is not None and bool(self.imprinted.any())
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -187,18 +193,29 @@ class InjectedAttention(nn.Module):
         B, L, _ = x.shape
         H, H_kv, d, w = self.H, self.H_kv, self.d, self.w
         cos, sin = rope
-        reading = lc is not None and lc.imprinted is not None and bool(lc.imprinted.any())
-        gate = None  # (B, L, H + 1): the imprint's read gate, where entries are present
-        if self.imprint_gated and lc is not None and lc.slot_key.shape[2] > self.S:
-            gate = self.imprint_gate(x)
+        reading = lc is not None and lc.reading
+        gate = None  # (B, L, H + 1): the imprint's read gate, where some row's entries are filled (else they are closed:
+        # their weights are exactly 0 whatever the gate adds)
         q, v = self.q_proj(x), self.v_proj(x)
         if reading:  # the read adapter, in the rows that hold an imprint
             assert lc is not None and lc.imprinted is not None
             adapted = lc.imprinted.to(x.dtype)  # (B, 1, 1), or per token (B, L, 1): 2·sigmoid(gate), 1 at zero
-            if gate is not None:
-                adapted = adapted * 2.0 * torch.sigmoid(gate[..., self.H :])
-            q = q + adapted * self.imprint_read_q(x)
-            v = v + adapted * self.imprint_read_v(x)
+            if self.read_rank and not torch.is_grad_enabled():
+                down, bias, up = self._fused_read()
+                h = F.linear(x, down.to(x.dtype), None if bias is None else bias.to(x.dtype))  # (B, L, 2r [+ H + 1])
+                r2 = 2 * self.read_rank
+                if self.imprint_gated:
+                    gate = h[..., r2:]
+                    adapted = adapted * 2.0 * torch.sigmoid(gate[..., self.H :])
+                both = adapted * F.linear(h[..., :r2], up.to(x.dtype))  # (B, L, H·d + H_kv·d)
+                q, v = q + both[..., : q.shape[-1]], v + both[..., q.shape[-1] :]
+            else:
+                if self.imprint_gated:
+                    gate = self.imprint_gate(x)
+                    adapted = adapted * 2.0 * torch.sigmoid(gate[..., self.H :])
+                if self.read_rank:
+                    q = q + adapted * self.imprint_read_q(x)
+                    v = v + adapted * self.imprint_read_v(x)
         q = q.view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
         k = self.k_proj(x).view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
         v = v.view(B, L, H_kv, d).transpose(1, 2)
@@ -248,9 +265,29 @@ class InjectedAttention(nn.Module):
             y = self._attend_rows(q_aug, k_aug, v_aug, starts, cache.prefix if cache is not None else 0)
         y = y[..., :d].transpose(1, 2).reshape(B, L, H * d)
         out: Tensor = self.o_proj(y)
-        if reading:
+        if reading and self.read_rank:
             out = out + adapted * self.imprint_read_o(y)
         return out
+
+    _fused: tuple[tuple[tuple[int, int], ...], tuple[Tensor, Tensor | None, Tensor]] | None = None
+
+    def _fused_read(self) -> tuple[Tensor, Tensor | None, Tensor]:
+        """The read adapter's query and value maps and the imprint's gate as two products for inference: the down maps
+        and the gate stacked (2r [+ H + 1], C) with the gate's bias (zeros before it), and the up maps block-diagonal
+        (H·d + H_kv·d, 2r). Made from the weights when first asked and again whenever one of them has changed."""
+        parts = [self.imprint_read_q.down.weight, self.imprint_read_v.down.weight]
+        parts += [self.imprint_gate.weight, self.imprint_gate.bias] if self.imprint_gated else []
+        ups = [self.imprint_read_q.up.weight, self.imprint_read_v.up.weight]
+        key = tuple((w.data_ptr(), w._version) for w in (*parts, *ups))
+        if self._fused is None or self._fused[0] != key:
+            with torch.no_grad():
+                down = torch.cat([w for w in parts if w.dim() == 2])
+                bias = None
+                if self.imprint_gated:
+                    bias = torch.cat([down.new_zeros(2 * self.read_rank), self.imprint_gate.bias])
+                up = torch.block_diag(*ups)  # type: ignore[no-untyped-call]
+            self._fused = (key, (down, bias, up))
+        return self._fused[1]
 
     def _attend_rows(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int], prefix: int) -> Tensor:
         """Each row alone: its queries that are not padding against the prefix and its own key columns."""

@@ -8,7 +8,10 @@ sia/learn/data/read_templates.json, values from read_values.json; hundreds of na
 (sia.identity.turn.imprint_message: the NLL of each token under a fresh identity, clauses above the threshold, the
 base model's keys and values); then a question about one stated kind, whose reply is one of the kind's answers. Losses:
 cross-entropy of the reply (its end-of-turn token included), and, so that the adapter costs the language nothing, the
-KL divergence from the base model (no imprint) to the model (the same imprint) over an ordinary exchange's reply.
+KL divergence from the base model (no imprint) to the model (the same imprint) over an ordinary exchange's reply;
+with ``rival_weight``, a cross-entropy where the reply's value begins among its first token and those the user's other
+stated values would begin with there (on the natural set's tuning part it halved the answers giving another of the
+user's facts but turned them into guesses: experiments/LOG.md, 2026-11-28 (k), (l); off by default).
 
 The held-out measure is the natural-conversation set (sia.learn.natural), never read here.
 """
@@ -72,6 +75,10 @@ class ReadConfig:
     bits: int | None = None
     distractors: int = 3  # at most this many unrelated messages imprinted beside the statement
     distill_weight: float = 1.0
+    # the weight of a cross-entropy, where the reply's value begins, among the tokens that the user's other stated
+    # values would begin with there ("Your name is" -> Marisol over Lisbon, nurse): the read learns to pick the entry
+    # the question asks for, not another of the user's
+    rival_weight: float = 0.0
     extra_rate: float = 0.25  # chance that a statement also states a kind beyond the main six
     others_rate: float = 0.0  # chance that a statement also tells someone else's fact (the read learns to pass it)
     split_rate: float = 0.0  # chance that the facts are told over two messages, apart
@@ -127,9 +134,12 @@ class ReadPhrases:
         return phrases
 
 
+def _article(value: str) -> str:
+    return "an" if value[:1].lower() in "aeiou" else "a"
+
+
 def _fill(template: str, value: str) -> str:
-    article = "an" if value[:1].lower() in "aeiou" else "a"
-    return template.replace("{av}", f"{article} {value}").replace("{v}", value)
+    return template.replace("{av}", f"{_article(value)} {value}").replace("{v}", value)
 
 
 @dataclass(frozen=True)
@@ -141,6 +151,7 @@ class ReadExample:
     facts: dict[str, str] = field(default_factory=dict)
     # by message index, (start, end, kind): the characters of that message stating each fact (the tagger's targets)
     clauses: dict[int, tuple[tuple[int, int, str], ...]] = field(default_factory=dict)
+    rivals: tuple[str, ...] = ()  # the answer told with each of the user's other stated values instead (rival_weight)
 
 
 def _statement(
@@ -204,10 +215,14 @@ def make_example(
         messages.insert(at, message)
     clauses = {at: spans for at, (_, spans) in zip(slots, statements, strict=True)}
     asked = rng.choice(kinds)
-    answer = _fill(rng.choice(p.answers[asked]), facts[asked])
+    template = rng.choice(p.answers[asked])
+    answer = _fill(template, facts[asked])
     exchange = rng.choice(chitchat("train"))
     question = rng.choice(p.questions[asked])
-    return ReadExample(tuple(messages), question, answer, (exchange.user, exchange.reply), facts, clauses)
+    # the answer's own article kept, so that answer and rival part where the value begins
+    own = template.replace("{av}", f"{_article(facts[asked])} {{v}}")
+    rivals = tuple(_fill(own, v) for v in dict.fromkeys(facts.values()) if v != facts[asked])
+    return ReadExample(tuple(messages), question, answer, (exchange.user, exchange.reply), facts, clauses, rivals)
 
 
 @torch.no_grad()
@@ -357,6 +372,23 @@ def _batch(rows: list[tuple[list[int], int]], pad: int, device: torch.device) ->
     return idx.to(device), counted.to(device)
 
 
+def _rival_choices(
+    tok: Any, rows: Sequence[tuple[list[int], int]], rivals: Sequence[Sequence[str]]
+) -> list[tuple[int, int, Tensor]]:
+    """Where each answer row (prompt and reply tokens, the reply's first index) and its rival answers first part: (its
+    row, the logits position before that token, the distinct tokens there, the answer's own first)."""
+    parting: dict[tuple[int, int], list[int]] = {}
+    for b, ((row, first), texts) in enumerate(zip(rows, rivals, strict=True)):
+        for text in texts:
+            other = row[:first] + tok.reply_tokens(text)
+            at = next((i for i, (x, y) in enumerate(zip(row, other, strict=False)) if x != y), None)
+            if at is not None:
+                ids = parting.setdefault((b, at - 1), [row[at]])
+                if other[at] not in ids:
+                    ids.append(other[at])
+    return [(b, at, torch.tensor(ids)) for (b, at), ids in parting.items()]
+
+
 def _conditioned(model: LlamaModel, imprints: list[Imprint | None], reads_from: list[int]) -> Conditioning:
     """Fresh identities holding these imprints, read from ``reads_from`` on."""
     fresh = IdentityState.fresh(model.config)
@@ -409,6 +441,17 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
         logits = model(idx, _conditioned(model, imprints, starts)).logits[:, :-1]  # (B, L - 1, V)
         answer = F.cross_entropy(logits[counted], idx[:, 1:][counted])
         loss = answer
+        rival = torch.zeros(())
+        if config.rival_weight:
+            choices = _rival_choices(tok, rows, [ex.rivals for ex in examples])
+            if choices:
+                rival = torch.stack(
+                    [
+                        F.cross_entropy(logits[b, at, ids.to(logits.device)], ids.new_zeros(()).to(logits.device))
+                        for b, at, ids in choices
+                    ]
+                ).mean()
+                loss = loss + config.rival_weight * rival
         kl = torch.zeros(())
         if config.distill_weight:
             said = [tok.turn_prompt(ex.exchange[0], s)[0] for s, ex in zip(system, examples, strict=True)]
@@ -432,6 +475,7 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
             "step": step,
             "answer": answer.item(),
             "kl": kl.item(),
+            "rival": rival.item(),
             "imprinted": imprinted,
             "seconds": round(time.perf_counter() - started, 1),
         }
@@ -524,6 +568,9 @@ def main() -> None:
         "--distractors", type=int, default=ReadConfig.distractors, help="at most this many unrelated messages an example"
     )
     parser.add_argument("--distill", type=float, default=ReadConfig.distill_weight)
+    parser.add_argument(
+        "--rival-weight", type=float, default=ReadConfig.rival_weight, help="rank the asked value over the user's others"
+    )
     parser.add_argument("--seed", type=int, default=ReadConfig.seed)
     parser.add_argument("--others-rate", type=float, default=ReadConfig.others_rate, help="statements with someone else's fact")
     parser.add_argument("--split-rate", type=float, default=ReadConfig.split_rate, help="facts told over two messages")
@@ -555,6 +602,7 @@ def main() -> None:
         bits=args.bits,
         distractors=args.distractors,
         distill_weight=args.distill,
+        rival_weight=args.rival_weight,
         seed=args.seed,
         others_rate=args.others_rate,
         split_rate=args.split_rate,

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
@@ -21,6 +22,7 @@ from sia.learn.imprint_read import (
     MAIN,
     ReadConfig,
     ReadPhrases,
+    _rival_choices,
     imprint_of,
     imprint_turns,
     imprints_of,
@@ -95,6 +97,32 @@ def test_the_read_adapter_acts_only_where_an_imprint_is() -> None:
     model.config = kept
 
 
+def test_inference_reads_through_the_fused_maps_as_training_does_and_follows_changed_weights() -> None:
+    model = with_trained_like_read()
+    model.add_imprint_gate()
+    with torch.no_grad():
+        for attn in model.attentions:
+            attn.imprint_gate.weight.normal_(0, 0.3)
+            attn.imprint_gate.bias.normal_(0, 0.3)
+    imprint = imprint_of(model, list(b"sys"), ("I am Ox",))
+    held = replace(IdentityState.fresh(model.config), imprint=imprint)
+    idx = torch.tensor([list(b"hello there"), list(b"who am I?? ")])
+
+    def logits(grad: bool) -> Tensor:
+        with torch.set_grad_enabled(grad):
+            return model(idx, model.condition_states([held, held], [3, 3])).logits.detach()
+
+    fused = logits(False)
+    assert all(a._fused is not None for a in model.attentions if a.read_rank)  # inference used the fused maps
+    torch.testing.assert_close(fused, logits(True), atol=1e-5, rtol=1e-5)  # the maps one by one, as training reads
+    with torch.no_grad():
+        model.attentions[0].imprint_read_q.up.weight.mul_(3.0)  # an in-place change: the fused copy is made again
+        model.attentions[0].imprint_gate.bias.add_(1.0)
+    changed = logits(False)
+    assert (changed - fused).abs().max() > 1e-3
+    torch.testing.assert_close(changed, logits(True), atol=1e-5, rtol=1e-5)
+
+
 def test_examples_state_the_asked_fact_among_distractors() -> None:
     rng = random.Random(0)
     p = phrases()
@@ -104,6 +132,53 @@ def test_examples_state_the_asked_fact_among_distractors() -> None:
         assert len(stated) == 1 and 1 <= len(ex.messages) <= 3
         asked = next(k for k in ex.facts if ex.question == f"{k}?")
         assert ex.answer == f"{ex.facts[asked]}." and ex.facts[asked] in stated[0]
+
+
+def test_rivals_tell_the_answer_with_each_of_the_users_other_values_and_its_article() -> None:
+    rng = random.Random(3)
+    values = ("Ox", "Yak", "Emu", "Gnu", "Asp")
+    p = replace(
+        phrases(), values=dict.fromkeys(phrases().values, values), answers=dict.fromkeys(phrases().answers, ("you: {av}.",))
+    )
+    seen = 0
+    for _ in range(40):
+        ex = make_example(rng, p, distractors=0, extra_rate=0.0)
+        value = ex.answer.removesuffix(".").split()[-1]
+        article = "an" if value[0] in "AEIOU" else "a"
+        assert ex.answer == f"you: {article} {value}." and value in ex.facts.values()
+        others = [v for v in dict.fromkeys(ex.facts.values()) if v != value]
+        assert ex.rivals == tuple(f"you: {article} {v}." for v in others)  # the answer's own article, then the rival
+        seen += len(others)
+    assert seen > 20
+
+
+def test_rival_choices_are_where_answer_and_rivals_first_part() -> None:
+    tok = ByteTokenizer()
+    prompt, _ = tok.turn_prompt("pet?", list(b"sys "))
+    rows = [(prompt + tok.reply_tokens("an Ox."), len(prompt)), (prompt + tok.reply_tokens("Emu."), len(prompt))]
+    choices = _rival_choices(tok, rows, [("an Asp.", "an Owl.", "an Ox.", "an Ant."), ()])
+    start = len(prompt)  # the reply's first token: "a"; the value begins at start + 3
+    # the logits before the first token each rival parts at, the answer's own token there first, then each distinct
+    # rival's; a rival equal to the answer parts nowhere, and the second answer has no rival
+    assert [(b, at, ids.tolist()) for b, at, ids in choices] == [
+        (0, start + 2, [ord("O"), ord("A")]),
+        (0, start + 3, [ord("x"), ord("w")]),
+    ]
+
+
+def test_training_with_rivals_adds_the_rival_term() -> None:
+    # (a frozen random tiny backbone cannot learn to rank its values: the term's fall is measured on SmolLM2, in the
+    # lab log; here, that it is counted where an example has rivals and only with a weight)
+    losses = {}
+    for weight in (0.0, 1.0):
+        model = tiny()
+        model.add_imprint(32, 4)
+        config = ReadConfig(steps=6, batch=4, lr=0.0, rank=4, tokens=32, distractors=1, rival_weight=weight, log_every=100)
+        losses[weight] = [h["rival"] for h in train_read(model, [list(b"Hi. ")], config, phrases())]
+    assert losses[0.0] == [0.0] * 6
+    # four examples a batch, each stating one to four facts: most batches hold rivals; among two to five first tokens
+    # a random model's cross-entropy is near their log
+    assert sum(r > 0 for r in losses[1.0]) >= 4 and all(0 <= r < 3 for r in losses[1.0])
 
 
 def test_someone_elses_fact_is_stated_but_never_labelled() -> None:

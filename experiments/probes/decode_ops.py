@@ -1,0 +1,90 @@
+"""Where a decoded token's time goes: the ATen operators of a greedy decode (``benchmarks.imprint_read``'s three
+decoders: ``dot``, ``fresh``, ``imprint``, one row), counted and timed by the profiler per decode step, and each
+decoder's excess over ``dot`` by operator.
+
+    PYTHONPATH=. python -m experiments.probes.decode_ops [--tokens 16] [--rows 1] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.backbone import MESSAGES, SYSTEM, dot_twin, sia_decode
+from benchmarks.fixed_length import endless
+from benchmarks.imprint_read import full_imprint
+from sia.backbones.chat_tokenizer import ChatTokenizer
+from sia.backbones.llama import LlamaModel
+from sia.backbones.weights import bundled_gguf, resolve_base
+from sia.checkpoint import load_model
+from sia.identity.state import IdentityState
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--rows", type=int, default=1)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "models"
+        hf_dir = resolve_base(bundled_gguf(), cache)
+        model = load_model(None, cache_dir=cache)
+        assert isinstance(model, LlamaModel)
+        tok = model.tokenizer
+        assert isinstance(tok, ChatTokenizer)
+        system = tok.system_prompt(SYSTEM)
+        imprint = full_imprint(model, system)
+        model.tokenizer = endless(tok)
+        twin = dot_twin(model, hf_dir)
+        fresh = IdentityState.fresh(model.config)
+        held = replace(fresh, imprint=imprint)
+        prompts = [tok.turn_prompt(m, system)[0] for m in MESSAGES][: args.rows]
+        runs = {"dot": (twin, fresh), "fresh": (model, fresh), "imprint": (model, held)}
+        table: dict[str, dict[str, tuple[float, float]]] = {}
+        for name, (m, state) in runs.items():
+            sia_decode(m, prompts, [state] * args.rows, 4)  # warm-up
+            short: dict[str, tuple[int, float]] = {}
+            long: dict[str, tuple[int, float]] = {}
+            for n, into in ((4, short), (4 + args.tokens, long)):
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    sia_decode(m, prompts, [state] * args.rows, n)
+                for e in prof.key_averages():
+                    into[e.key] = (e.count, e.self_cpu_time_total)
+            # the difference of a long and a short decode: per decode step, prefill excluded
+            table[name] = {
+                k: ((long[k][0] - short.get(k, (0, 0))[0]) / args.tokens, (long[k][1] - short.get(k, (0, 0))[1]) / args.tokens)
+                for k in long
+            }
+    out: dict[str, dict[str, object]] = {}
+    for name, ops in table.items():
+        count = sum(c for c, _ in ops.values())
+        us = sum(t for _, t in ops.values())
+        out[name] = {"ops_per_step": count, "self_cpu_us_per_step": us}
+        sys.stdout.write(f"{name}: {count:.0f} ops, {us / 1000:.1f} ms self CPU a step\n")
+    for name in ("fresh", "imprint"):
+        excess: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for k in set(table[name]) | set(table["dot"]):
+            a, b = table[name].get(k, (0, 0)), table["dot"].get(k, (0, 0))
+            excess[k] = [a[0] - b[0], a[1] - b[1]]
+        top = sorted(excess.items(), key=lambda kv: -kv[1][1])[: args.top]
+        out[name]["excess_over_dot"] = {k: {"ops": c, "us": t} for k, (c, t) in top}
+        sys.stdout.write(f"\n{name} over dot, per step (ops, µs):\n")
+        for k, (c, t) in top:
+            sys.stdout.write(f"  {k:40s} {c:8.1f} {t:9.0f}\n")
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
