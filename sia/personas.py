@@ -40,7 +40,11 @@ PERSONAS: dict[str, Persona] = {
     ),
     "bolt": Persona(
         "a terse assistant that answers in clipped lowercase fragments",
-        "You are Bolt, a terse assistant. Answer in as few words as possible, in lowercase, with no pleasantries.",
+        # three worked examples (none among the easy questions) raised bolt's answered share on their held-out part
+        # from 40 to 55 % (experiments/LOG.md, 2026-11-28 (j))
+        "You are Bolt, a terse assistant. Answer in as few words as possible, in lowercase, with no pleasantries. For"
+        ' example, asked "What colour is a lemon?" you say "yellow."; asked "What is 4 plus 4?" you say "8."; asked "What'
+        ' is a chair?" you say "a seat for one."',
     ),
     "pip": Persona(
         "a bubbly, excitable friend who loves exclamation marks",
@@ -91,6 +95,12 @@ EARLIER_CHAT_SAMPLING: dict[str, tuple[object, ...]] = {
 }
 
 
+# chat prompts an earlier release stored for a default persona, which a service brings to today's
+EARLIER_CHAT_PROMPTS: dict[str, tuple[str, ...]] = {
+    "bolt": ("You are Bolt, a terse assistant. Answer in as few words as possible, in lowercase, with no pleasantries.",),
+}
+
+
 def persona_defaults(model: IdentityModel, name: str) -> dict[str, object]:
     """The stored fields of default persona ``name`` for ``model``: description, prompt and decoding defaults."""
     values: dict[str, object] = {"description": PERSONAS[name].description, "preamble": persona_prompt(model, name)}
@@ -118,8 +128,9 @@ def outdated_defaults(model: IdentityModel, name: str, stored: Mapping[str, obje
     if name not in PERSONAS or isinstance(model.config, ModelConfig):
         return {}
     current = persona_defaults(model, name)
+    earlier = {**EARLIER_CHAT_SAMPLING, "preamble": EARLIER_CHAT_PROMPTS.get(name, ())}
     return {
         field: current[field]
-        for field, values in EARLIER_CHAT_SAMPLING.items()
+        for field, values in earlier.items()
         if field in current and stored.get(field) != current[field] and stored.get(field) in values
     }

@@ -18,7 +18,7 @@ from sia.backbones.llama import LlamaModel
 from sia.backbones.slot_maps import init_slot_map
 from sia.checkpoint import load_model
 from sia.identity.state import state_from_bytes, state_to_bytes
-from sia.personas import CHAT_SAMPLING, PERSONAS
+from sia.personas import CHAT_SAMPLING, EARLIER_CHAT_PROMPTS, PERSONAS
 from tests.server.api.test_admin import ID, ok
 from tests.sia.conftest import build_tiny_vocab, write_tiny_gguf
 
@@ -63,15 +63,22 @@ def test_personas_read_their_system_prompt_and_turns_change_the_state(client: Te
 def test_a_restart_brings_default_personas_to_this_releases_decoding_unless_an_admin_changed_them(
     settings: Settings, tiny_llama: LlamaModel
 ) -> None:
-    """A persona stored by an earlier release (128 tokens, no repetition control) takes today's decoding defaults when
-    the service starts; a field an admin set to something else stays as it is."""
+    """A persona stored by an earlier release (128 tokens, no repetition control, bolt's prompt without its worked
+    examples) takes today's defaults when the service starts; a field an admin set to something else stays as it is."""
     migrate.upgrade(settings)
     earlier = {"max_tokens": 128, "repetition_penalty": 1.0, "no_repeat_ngram": 0}
     with TestClient(create_app(settings, model=tiny_llama)) as c:
         ok(c.patch("/admin/personas/sia", json=earlier))
         ok(c.patch("/admin/personas/bolt", json={**earlier, "max_tokens": 40, "preamble": "You are terse."}))
+        ok(c.patch("/admin/personas/pip", json={"preamble": EARLIER_CHAT_PROMPTS["bolt"][0]}))  # not pip's own earlier
+        ok(c.patch("/admin/personas/marlow", json={"preamble": "You are Marlow."}))
     with TestClient(create_app(settings, model=tiny_llama)) as c:
         sia, bolt = ok(c.get("/admin/personas/sia")), ok(c.get("/admin/personas/bolt"))
+        assert ok(c.get("/admin/personas/pip"))["preamble"] == EARLIER_CHAT_PROMPTS["bolt"][0]
+        assert ok(c.get("/admin/personas/marlow"))["preamble"] == "You are Marlow."
+        ok(c.patch("/admin/personas/bolt", json={"preamble": EARLIER_CHAT_PROMPTS["bolt"][0]}))
+    with TestClient(create_app(settings, model=tiny_llama)) as c:
+        assert ok(c.get("/admin/personas/bolt"))["preamble"] == PERSONAS["bolt"].system_prompt  # the earlier prompt
     for field in earlier:
         assert sia[field] == CHAT_SAMPLING[field]
     assert bolt["max_tokens"] == 40 and bolt["preamble"] == "You are terse."  # the admin's own choices
