@@ -52,7 +52,7 @@ def test_a_few_steps_on_one_batch_lower_its_loss_and_move_the_adapter(config: Tr
     assert trainable and trainable == {n for n, _ in model.named_parameters() if n in start}  # the adapter's, and only those
     optimizer = torch.optim.Adam(params, lr=config.lr)
     before = float(total().detach())
-    for _ in range(8):
+    for _ in range(16):
         optimizer.zero_grad()
         total().backward()  # type: ignore[no-untyped-call]
         optimizer.step()
