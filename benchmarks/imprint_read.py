@@ -63,6 +63,24 @@ def full_imprint(model: LlamaModel, system: list[int]) -> Imprint:
     raise AssertionError(f"the messages filled {last.used} of {last.capacity} entries")
 
 
+def decoders(
+    checkpoint: Path | None, cache: Path, hf_dir: Path
+) -> tuple[LlamaModel, LlamaModel, IdentityState, IdentityState, list[list[int]]]:
+    """What the three decoders run: the checkpoint's model (its tokenizer made endless), its stateless twin, a fresh
+    identity, one holding a full imprint, and the chat prompts of MESSAGES."""
+    model = load_model(checkpoint, cache_dir=cache)
+    if not isinstance(model, LlamaModel) or not model.config.imprint_tokens:
+        raise SystemExit("the checkpoint keeps no imprint")
+    tok = model.tokenizer
+    assert isinstance(tok, ChatTokenizer)
+    system = tok.system_prompt(SYSTEM)
+    imprint = full_imprint(model, system)
+    model.tokenizer = endless(tok)
+    fresh = IdentityState.fresh(model.config)
+    prompts = [tok.turn_prompt(m, system)[0] for m in MESSAGES]
+    return model, dot_twin(model, hf_dir), fresh, replace(fresh, imprint=imprint), prompts
+
+
 def measure(calls: dict[str, Callable[[], Decode]], repeats: int, n: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, runs in timed_rounds(calls, repeats, n).items():
@@ -99,18 +117,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "models"
         hf_dir = resolve_base(bundled_gguf(), cache)
-        model = load_model(args.checkpoint, cache_dir=cache)
-        if not isinstance(model, LlamaModel) or not model.config.imprint_tokens:
-            raise SystemExit("the checkpoint keeps no imprint")
-        tok = model.tokenizer
-        assert isinstance(tok, ChatTokenizer)
-        system = tok.system_prompt(SYSTEM)
-        imprint = full_imprint(model, system)
-        model.tokenizer = endless(tok)
-        twin = dot_twin(model, hf_dir)
-        fresh = IdentityState.fresh(model.config)
-        held = replace(fresh, imprint=imprint)
-        prompts = [tok.turn_prompt(m, system)[0] for m in MESSAGES]
+        model, twin, fresh, held, prompts = decoders(args.checkpoint, cache, hf_dir)
+        imprint = held.imprint
+        assert imprint is not None
         result["decode"] = {}
         for rows in (1, 8):
             sys.stdout.write(f"decoding, {rows} rows...\n")

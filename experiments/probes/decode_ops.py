@@ -12,20 +12,14 @@ import json
 import sys
 import tempfile
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.backbone import MESSAGES, SYSTEM, dot_twin, sia_decode
-from benchmarks.fixed_length import endless
-from benchmarks.imprint_read import full_imprint
-from sia.backbones.chat_tokenizer import ChatTokenizer
-from sia.backbones.llama import LlamaModel
+from benchmarks.backbone import sia_decode
+from benchmarks.imprint_read import decoders
 from sia.backbones.weights import bundled_gguf, resolve_base
-from sia.checkpoint import load_model
-from sia.identity.state import IdentityState
 
 
 def main() -> None:
@@ -39,17 +33,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "models"
         hf_dir = resolve_base(bundled_gguf(), cache)
-        model = load_model(None, cache_dir=cache)
-        assert isinstance(model, LlamaModel)
-        tok = model.tokenizer
-        assert isinstance(tok, ChatTokenizer)
-        system = tok.system_prompt(SYSTEM)
-        imprint = full_imprint(model, system)
-        model.tokenizer = endless(tok)
-        twin = dot_twin(model, hf_dir)
-        fresh = IdentityState.fresh(model.config)
-        held = replace(fresh, imprint=imprint)
-        prompts = [tok.turn_prompt(m, system)[0] for m in MESSAGES][: args.rows]
+        model, twin, fresh, held, prompts = decoders(None, cache, hf_dir)
+        prompts = prompts[: args.rows]
         runs = {"dot": (twin, fresh), "fresh": (model, fresh), "imprint": (model, held)}
         table: dict[str, dict[str, tuple[float, float]]] = {}
         for name, (m, state) in runs.items():

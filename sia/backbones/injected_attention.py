@@ -275,16 +275,14 @@ class InjectedAttention(nn.Module):
         """The read adapter's query and value maps and the imprint's gate as two products for inference: the down maps
         and the gate stacked (2r [+ H + 1], C) with the gate's bias (zeros before it), and the up maps block-diagonal
         (H·d + H_kv·d, 2r). Made from the weights when first asked and again whenever one of them has changed."""
-        parts = [self.imprint_read_q.down.weight, self.imprint_read_v.down.weight]
-        parts += [self.imprint_gate.weight, self.imprint_gate.bias] if self.imprint_gated else []
+        downs = [self.imprint_read_q.down.weight, self.imprint_read_v.down.weight]
         ups = [self.imprint_read_q.up.weight, self.imprint_read_v.up.weight]
-        key = tuple((w.data_ptr(), w._version) for w in (*parts, *ups))
+        gate = [self.imprint_gate.weight, self.imprint_gate.bias] if self.imprint_gated else []
+        key = tuple((w.data_ptr(), w._version) for w in (*downs, *ups, *gate))
         if self._fused is None or self._fused[0] != key:
             with torch.no_grad():
-                down = torch.cat([w for w in parts if w.dim() == 2])
-                bias = None
-                if self.imprint_gated:
-                    bias = torch.cat([down.new_zeros(2 * self.read_rank), self.imprint_gate.bias])
+                down = torch.cat([*downs, *gate[:1]])
+                bias = torch.cat([down.new_zeros(2 * self.read_rank), gate[1]]) if gate else None
                 up = torch.block_diag(*ups)  # type: ignore[no-untyped-call]
             self._fused = (key, (down, bias, up))
         return self._fused[1]
