@@ -254,7 +254,8 @@ class Batcher:
             try:
                 with torch.no_grad():
                     states = [turn.request.state for turn in group]
-                    cond = self.model.condition_states(states, [len(turn.request.context) for turn in group])
+                    reads_from = [len(turn.request.context) for turn in group]
+                    cond = self.model.condition_states(states, reads_from, [turn.prompt.message for turn in group])
                 prompts, counted = [t.prompt.tokens for t in group], [t.prompt.counted for t in group]
                 scored = [t.prompt.scored[0] for t in group]  # the message's NLL on: no logits for the persona's prompt
                 done.append((group, batch.prefill(prompts, cond, [t.params for t in group], counted, scored)))

@@ -129,13 +129,15 @@ class InjectedAttention(nn.Module):
         rope: tuple[Tensor, Tensor] | None = None,
         reads_from: Tensor | None = None,
         imprint_shift: float = 0.0,
+        entry_bias: Tensor | None = None,
     ) -> InjectedLayer:
         """metric (B, H_kv, d, d) or None, s (B, d_s) -> this layer's InjectedLayer; every slot's logit lowered by
         ``shift`` (the model's read_shift); ``rows_alone``: each row's slots computed as if it were alone.
 
         ``imprint``: this layer's imprinted entries, pre-rotation keys and values (B, H_kv, N, d) and which are filled
         (B, N), placed after the slots and rotated by ``rope`` (cos, sin (B, 1, N, d)) to their positions; read by
-        the tokens from ``reads_from`` (B,) on, every entry's logit lowered by ``imprint_shift``."""
+        the tokens from ``reads_from`` (B,) on, every entry's logit lowered by ``imprint_shift`` and shifted by its
+        ``entry_bias`` (B, N) (the asked kind's entries raised, the other kinds' lowered: the model's ``entry_bias``)."""
         B, H_kv, S, d, w = s.shape[0], self.H_kv, self.S, self.d, self.w
         energy = s.float().square().mean(-1)  # (B,) |s|^2 / d_s, in [0, 1]
         gate = torch.where(energy > 0, torch.log(energy.clamp_min(1e-30)), torch.full_like(energy, CLOSED_GATE))
@@ -148,7 +150,7 @@ class InjectedAttention(nn.Module):
         slot_value = F.pad(_row_by_row(self.self_value, s, rows_alone).view(B, H_kv, S, d), (0, w - d))  # (B, H_kv, S, w)
         if imprint is not None:
             assert rope is not None
-            keys, values = self._imprinted(metric, *imprint, rope, imprint_shift)
+            keys, values = self._imprinted(metric, *imprint, rope, imprint_shift, entry_bias)
             slot_key, slot_value = torch.cat([slot_key, keys.to(slot_key.dtype)], 2), torch.cat([slot_value, values], 2)
         imprinted = None
         if imprint is not None and self.read_rank:
@@ -156,10 +158,18 @@ class InjectedAttention(nn.Module):
         return InjectedLayer(metric, slot_key, slot_value, reads_from, imprinted)
 
     def _imprinted(
-        self, metric: Tensor | None, k: Tensor, v: Tensor, filled: Tensor, rope: tuple[Tensor, Tensor], shift: float
+        self,
+        metric: Tensor | None,
+        k: Tensor,
+        v: Tensor,
+        filled: Tensor,
+        rope: tuple[Tensor, Tensor],
+        shift: float,
+        entry_bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The imprint's augmented keys and values (B, H_kv, N, w): a token's key as the layer's own keys are
-        augmented (rotated; the trace's pre-rotation columns), an empty entry's logit closed."""
+        augmented (rotated; the trace's pre-rotation columns), a filled entry's logit shifted by ``-shift`` and its
+        ``entry_bias`` (B, N), an empty entry's closed."""
         B, H_kv, N, d = k.shape
         parts = [rotate(k, *rope)]  # (B, H_kv, N, d)
         bias = k.new_zeros(B, H_kv, N, 1)
@@ -167,7 +177,8 @@ class InjectedAttention(nn.Module):
             w_k = F.normalize(k, dim=-1)  # (B, H_kv, N, d) unit pre-rotation keys
             parts.append(w_k)
             bias = -((w_k @ metric.to(k.dtype)) * w_k).sum(-1, keepdim=True)  # -w^T M w
-        closed = torch.where(filled, -shift, CLOSED_GATE).to(k.dtype).view(B, 1, N, 1)
+        opened = -shift if entry_bias is None else entry_bias.to(k.dtype) - shift  # (B, N) or a number
+        closed = torch.where(filled, opened, CLOSED_GATE).to(k.dtype).view(B, 1, N, 1)
         parts.append(bias + closed)
         key = torch.cat(parts, dim=-1)
         key = F.pad(key, (0, self.unread_at - key.shape[-1]))  # the read gate's column stays 0

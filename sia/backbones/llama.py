@@ -39,7 +39,7 @@ UNTRAINED_SLOT_BIAS = CLOSED_GATE
 # names SIA adds
 IDENTITY_PARAMETERS = (
     "self_key", "self_value", "slot_bias", "slot_gate", "self_update", "pool", "memory", "imprint_read", "imprint_kind",
-    "imprint_gate",
+    "imprint_gate", "imprint_ask",
 )  # fmt: skip
 
 
@@ -93,6 +93,14 @@ class Block(nn.Module):
         return x, h
 
 
+def _untrained_ask(head: nn.Linear) -> None:
+    """An ask head that asks for no kind whatever it reads: p(none) = 1 - 10·e^-40, so every entry's bias is 0 to
+    within 1e-16 of config.imprint_ask_bias."""
+    head.weight.zero_()
+    head.bias.zero_()
+    head.bias[0] = 40.0
+
+
 class LlamaModel(IdentityModel):
     """A pretrained LLaMA-family backbone whose attention one identity state per batch row deforms."""
 
@@ -122,6 +130,8 @@ class LlamaModel(IdentityModel):
         # the imprint's kind tagger: what kind of fact each token of a message states, from one layer's input
         kinds = config.imprint_kinds_layer
         self.imprint_kind = nn.Linear(config.n_embd, len(KINDS)) if kinds is not None else None
+        # what kind of fact a message asks about (KINDS[0]: none), from the mean of the same layer's input over it
+        self.imprint_ask = nn.Linear(config.n_embd, len(KINDS)) if config.imprint_ask_bias else None
         self.inv_freq: Tensor
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)  # (d/2,)
         self.read_shift = config.read_shift  # every slot's logit lowered by this at conditioning (set_read_shift)
@@ -164,6 +174,8 @@ class LlamaModel(IdentityModel):
             if self.imprint_kind is not None:  # untrained, every kind equally likely: nothing is labelled
                 self.imprint_kind.weight.zero_()
                 self.imprint_kind.bias.zero_()
+            if self.imprint_ask is not None:
+                _untrained_ask(self.imprint_ask)
             if self.memory is not None:  # the embeddings of random vocabulary tokens: inputs the backbone knows
                 rows = torch.randint(0, self.config.vocab_size, (self.memory.shape[0],), generator=generator)
                 self.memory.copy_(self.wte.weight[rows].float())
@@ -282,6 +294,16 @@ class LlamaModel(IdentityModel):
                 self.imprint_kind.weight.zero_()
                 self.imprint_kind.bias.zero_()
 
+    def add_ask_head(self, bias: float) -> None:
+        """A fresh head telling what kind of fact a message asks about (untrained: none, whatever the message), its
+        entries' logits moved by ``bias`` (config.imprint_ask_bias; 0: no head); in place."""
+        self.config = replace(self.config, imprint_ask_bias=bias)  # validates it
+        self.imprint_ask = None
+        if bias:
+            self.imprint_ask = nn.Linear(self.config.n_embd, len(KINDS)).to(self.wte.weight.device)
+            with torch.no_grad():
+                _untrained_ask(self.imprint_ask)
+
     def identity_state_dict(self) -> dict[str, Tensor]:
         """The parameters SIA adds to the backbone (what a SIA checkpoint stores beside the name of its base)."""
         return {k: v for k, v in self.state_dict().items() if any(part in k for part in IDENTITY_PARAMETERS)}
@@ -331,12 +353,19 @@ class LlamaModel(IdentityModel):
 
     # --- per-turn conditioning ---
     def condition(
-        self, trace: Tensor, self_state: Tensor, imprint: ImprintEntries | None = None, reads_from: Tensor | None = None
+        self,
+        trace: Tensor,
+        self_state: Tensor,
+        imprint: ImprintEntries | None = None,
+        reads_from: Tensor | None = None,
+        asked: Tensor | None = None,
     ) -> Conditioning:
         """trace (B, *config.trace_shape) as stored, self_state (B, d_s), the rows' imprints (none: empty) -> the turn's
         Conditioning. The imprint is read by the tokens from position ``reads_from`` (B,) on (default 0: all): in a
         turn, the persona's prompt does not read it, the user's message and the reply do; its u filled entries sit
-        at the u positions just before ``reads_from``, in order, as if the user had just said them."""
+        at the u positions just before ``reads_from``, in order, as if the user had just said them. ``asked`` (B,
+        len(KINDS)): what kind of fact each row's message asks about (``asked_kinds``), which moves its entries'
+        logits (``entry_bias``); None: none asked."""
         c = self.config
         self._check_state_shapes(trace, self_state)
         if not self.stateful:
@@ -353,7 +382,9 @@ class LlamaModel(IdentityModel):
             raise ValueError(
                 f"imprint keys must be ({B}, {', '.join(map(str, c.imprint_shape))}); got {tuple(imprint.keys.shape)}"
             )
-        rope = None
+        rope, bias = None, None
+        if imprint is not None and asked is not None:
+            bias = self.entry_bias(imprint.kind.to(self_state.device), asked.to(self_state.device))
         if imprint is not None:
             reads_from = torch.zeros(B, dtype=torch.long) if reads_from is None else reads_from.long()
             reads_from = reads_from.to(self_state.device)
@@ -376,9 +407,56 @@ class LlamaModel(IdentityModel):
                     rope=rope,
                     reads_from=reads_from,
                     imprint_shift=c.imprint_shift,
+                    entry_bias=bias,
                 )
             )
         return Conditioning(layers=layers, self_state=self_state)
+
+    def entry_bias(self, kind: Tensor, asked: Tensor) -> Tensor | None:
+        """Each entry's logit shift (B, N) for rows whose messages ask ``asked`` (B, len(KINDS)) (probabilities, KINDS[0]:
+        none) of entries of stored ``kind`` (B, N): beta·(2·p(kind) - p(any kind)) with beta config.imprint_ask_bias,
+        so +beta for the asked kind's entries, -beta for another kind's; 0 for an entry of unknown kind, and for every
+        entry where the message more likely asks for none (p(none) >= 1/2: "What is the capital of France?" must not
+        lean on the user's city). None without the ask head."""
+        beta = self.config.imprint_ask_bias
+        if not beta:
+            return None
+        if asked.dim() != 2 or asked.shape != (kind.shape[0], len(KINDS)):
+            raise ValueError(f"asked must be ({kind.shape[0]}, {len(KINDS)}); got {tuple(asked.shape)}")
+        p = asked.float()
+        bias = beta * (2.0 * p.gather(1, kind.long()) - (1.0 - p[:, :1]))  # (B, N)
+        return torch.where((kind > 0) & (p[:, :1] < 0.5), bias, torch.zeros_like(bias))
+
+    @torch.no_grad()
+    def asked_kinds(self, rows: Sequence[Sequence[int]]) -> Tensor:
+        """What kind of fact each message asks about: (B, len(KINDS)) probabilities (KINDS[0]: none) from the ask head
+        over the mean of the tagger's layer's input over the message's tokens ``rows`` (read alone, from position 0,
+        by the base model). ValueError without the head."""
+        if self.imprint_ask is None:
+            raise ValueError("the model has no ask head: add_ask_head(bias) first")
+        if self.exact_rows and len(rows) > 1:  # each row as it is alone, bit for bit (as a padded prefill is)
+            return torch.cat([self.asked_kinds([r]) for r in rows])
+        mean = self.message_means(rows)
+        return torch.softmax(self.imprint_ask(mean.to(self.imprint_ask.weight.dtype)).float(), -1)
+
+    @torch.no_grad()
+    def message_means(self, rows: Sequence[Sequence[int]]) -> Tensor:
+        """The mean of the kind tagger's layer's input over each message's tokens ``rows`` (B, C) float32, each read
+        alone from position 0 by the base model: what the ask head reads."""
+        layer = self.config.imprint_kinds_layer
+        if layer is None:
+            raise ValueError("the model has no kind tagger: its layer is what the ask head reads")
+        if not rows or not all(len(r) for r in rows):
+            raise ValueError("need at least one message of at least one token")
+        L = max(len(r) for r in rows)
+        idx = torch.zeros(len(rows), L, dtype=torch.long)
+        weight = torch.zeros(len(rows), L, 1)
+        for b, r in enumerate(rows):
+            idx[b, : len(r)] = torch.tensor(list(r))
+            weight[b, : len(r)] = 1.0 / len(r)
+        device = self.wte.weight.device
+        h = self.layer_inputs(idx.to(device), layer)  # (B, L, C); the padding after a row plays no part (causal)
+        return (h * weight.to(device)).sum(1)
 
     def base_view(self) -> LlamaModel:
         """The same weights read as the base model, the identity switched off: a shallow copy (no tensor is copied,
@@ -503,12 +581,16 @@ class LlamaModel(IdentityModel):
     def layer_input(self, idx: Tensor, layer: int) -> Tensor:
         """The normalised input (L, C) of ``layer``'s attention for the tokens idx (1, L), base model: what the kind
         tagger reads (for training it)."""
+        return self.layer_inputs(idx, layer)[0]
+
+    def layer_inputs(self, idx: Tensor, layer: int) -> Tensor:
+        """``layer_input`` of B rows (B, L) at once: (B, L, C) float32 (causal: a row's padding after it plays no part)."""
         x = self.wte(idx)
         rope = self.rope(torch.arange(idx.shape[1], device=idx.device).view(1, -1))
         h = x
         for block in self.blocks[: layer + 1]:
             x, h = block(x, None, rope, None, 0, None)
-        out: Tensor = h[0].float()
+        out: Tensor = h.float()
         return out
 
     # --- what a turn leaves behind ---

@@ -229,13 +229,17 @@ class ImprintEntries:
     keys: Tensor  # (B, n_layer, H_kv, N, d)
     values: Tensor  # (B, n_layer, H_kv, N, d)
     filled: Tensor  # (B, N) bool
+    kind: Tensor  # (B, N) int64: each entry's kind, an index into KINDS (0: unknown, and for empty entries)
 
     @classmethod
     def stack(cls, imprints: Sequence[Imprint | None], shape: tuple[int, int, int, int], dtype: torch.dtype) -> ImprintEntries:
         """One row per imprint (None: an empty one of ``shape``, (n_layer, H_kv, N, d))."""
-        rows = [(imprint or Imprint.blank(*shape)).entries(dtype) for imprint in imprints]
-        keys, values, filled = (torch.stack(parts) for parts in zip(*rows, strict=True))
-        return cls(keys, values, filled)
+        held = [imprint or Imprint.blank(*shape) for imprint in imprints]
+        keys, values, filled = (torch.stack(parts) for parts in zip(*(i.entries(dtype) for i in held), strict=True))
+        return cls(keys, values, filled, torch.stack([i.kind.long() for i in held]))
+
+    def to(self, device: torch.device | str) -> ImprintEntries:
+        return ImprintEntries(self.keys.to(device), self.values.to(device), self.filled.to(device), self.kind.to(device))
 
 
 _FIELDS = ("keys", "key_scale", "values", "value_scale", "span", "token", "turn", "offset", "kind", "score")

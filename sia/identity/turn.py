@@ -83,6 +83,11 @@ class TurnPrompt:
     counted: list[bool]  # per token: counts towards the turn summary (the message, not the context)
     scored: tuple[int, int]  # Generation.prompt_nll[a:b] score the message and the token closing it: the shock's NLL
 
+    @property
+    def message(self) -> list[int]:
+        """The user's message's own tokens (what the imprint's write and the ask head read)."""
+        return self.tokens[self.scored[0] + 1 : self.scored[1]]
+
 
 def turn_prompt(tok: Tokenizer, request: TurnRequest) -> TurnPrompt:
     if not isinstance(request.message, str):
@@ -148,7 +153,8 @@ def _turns(
         raise ValueError(f"turns need a stateful model; the {model.config.attention!r} variant keeps no identity state")
     prompts = [turn_prompt(tok, req) for req in requests]
     with torch.no_grad():
-        cond = model.condition_states([r.state for r in requests], [len(r.context) for r in requests])
+        reads_from = [len(r.context) for r in requests]  # the persona's prompt does not read the imprint
+        cond = model.condition_states([r.state for r in requests], reads_from, [p.message for p in prompts])
     decoding = stream(
         model,
         [p.tokens for p in prompts],

@@ -91,6 +91,9 @@ class ReadConfig:
     read_shift: float | None = None  # the self slots' read shift the checkpoint is written with (None: the one before's)
     imprint_shift: float = 0.0  # the imprint's shift the checkpoint is written with (docs/attention.md §10)
     kinds_layer: int | None = None  # the layer it reads; None: the middle one (15 of SmolLM2's 30)
+    # > 0: an ask head on the tagger's layer, trained after the tagger, moving the asked kind's entries by this much
+    # (config.imprint_ask_bias); 0: none
+    ask_bias: float = 0.0
     seed: int = 0
     log_every: int = 10
 
@@ -360,6 +363,108 @@ def train_kinds(
     }
 
 
+def ask_messages(rng: random.Random, p: ReadPhrases, n: int) -> list[tuple[str, int]]:
+    """``n`` messages for the ask head, each with the KINDS index of what it asks about (0: none): a question about
+    one of the user's kinds, sometimes lowercased, without its question mark or after a remark; or a message that
+    asks for none (small talk, a question about the world, an aside, a statement of the user's facts)."""
+    kinds = (*MAIN, *EXTRA)
+    out = []
+    for _ in range(n):
+        if rng.random() < 0.5:
+            kind = rng.choice(kinds)
+            text = rng.choice(p.questions[kind])
+            if rng.random() < 0.25:
+                text = text.lower()
+            if rng.random() < 0.25:
+                text = text.rstrip("?")
+            if rng.random() < 0.2:
+                text = f"{rng.choice(p.asides)} {text}"
+            out.append((text, KINDS.index(kind)))
+        else:
+            pick = rng.random()
+            if pick < 0.4:
+                text = rng.choice(p.chitchat)
+            elif pick < 0.6:
+                text = rng.choice(p.asides)
+            else:
+                text = rng.choice(make_example(rng, p, distractors=0, extra_rate=0.3).messages)
+            out.append((text, 0))
+    return out
+
+
+def _split(p: ReadPhrases, held: float, seed: int) -> tuple[ReadPhrases, ReadPhrases]:
+    """The phrases' questions, small talk and asides cut in two: ``held`` of each kind's wordings apart."""
+    rng = random.Random(seed)
+
+    def cut(items: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        shuffled = list(items)
+        rng.shuffle(shuffled)
+        k = max(1, round(held * len(shuffled)))
+        return tuple(shuffled[k:]), tuple(shuffled[:k])
+
+    questions = {k: cut(v) for k, v in p.questions.items()}
+    chat, asides = cut(p.chitchat), cut(p.asides)
+    return (
+        replace(p, questions={k: v[0] for k, v in questions.items()}, chitchat=chat[0], asides=asides[0]),
+        replace(p, questions={k: v[1] for k, v in questions.items()}, chitchat=chat[1], asides=asides[1]),
+    )
+
+
+def message_tokens(tok: Any, message: str) -> list[int]:
+    """A message's own tokens, as a turn's prompt holds them (``TurnPrompt.message``, whatever the context)."""
+    tokens, (start, end) = tok.turn_prompt(message, [])
+    return list(tokens[start : end - 1])
+
+
+def ask_features(model: LlamaModel, messages: Sequence[str], *, rows: int = 32) -> Tensor:
+    """What the ask head reads of each message (len(messages), C): ``LlamaModel.message_means`` of its tokens as a
+    turn's prompt holds them (``TurnPrompt.message``)."""
+    tokens = [message_tokens(model.tokenizer, m) for m in messages]
+    return torch.cat([model.message_means(tokens[a : a + rows]).cpu() for a in range(0, len(tokens), rows)])
+
+
+def train_asks(
+    model: LlamaModel, phrases: ReadPhrases, *, messages: int = 1600, steps: int = 300, held: float = 0.2, seed: int = 0
+) -> dict[str, float]:
+    """Fit the ask head (``model.imprint_ask``, a linear map of the mean of the tagger's layer's input over a message)
+    on generated messages (``ask_messages``), the base model frozen. First fitted without ``held`` of each kind's
+    question wordings (and of the small talk and asides) and measured on messages made from those alone; then fitted
+    again on all of them (what is kept). Returns the held-out accuracy, the asked kind's recall and the false asks."""
+    if model.imprint_ask is None:
+        raise ValueError("the model has no ask head: add_ask_head(bias) first")
+    head, rng = model.imprint_ask, random.Random(seed)
+    train, apart = _split(phrases, held, seed)
+
+    def fit(p: ReadPhrases) -> float:
+        data = ask_messages(rng, p, messages)
+        x = ask_features(model, [m for m, _ in data]).to(head.weight.device)
+        y = torch.tensor([k for _, k in data], device=head.weight.device)
+        with torch.no_grad():
+            head.weight.zero_()
+            head.bias.zero_()
+        opt = torch.optim.AdamW(head.parameters(), lr=1e-2, weight_decay=1e-4)
+        for _ in range(steps):
+            loss = F.cross_entropy(head(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+        return float(loss.item())
+
+    fit(train)
+    test = ask_messages(rng, apart, 400)
+    with torch.no_grad():
+        guess = head(ask_features(model, [m for m, _ in test]).to(head.weight.device)).argmax(-1).cpu()
+    truth = torch.tensor([k for _, k in test])
+    asks = truth > 0
+    figures = {
+        "held_out_accuracy": float((guess == truth).float().mean()),
+        "asked_kind_recall": float((guess[asks] == truth[asks]).float().mean()),
+        "false_asks": float((guess[~asks] > 0).float().mean()),
+    }
+    figures["loss"] = fit(phrases)
+    return figures
+
+
 def _batch(rows: list[tuple[list[int], int]], pad: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Right-padded (B, L) tokens and the (B, L - 1) mask of the targets that count: each row's tokens from its
     ``first`` counted index on (the reply)."""
@@ -504,9 +609,13 @@ def train_checkpoint(
     identity.safetensors; ``read_history.json`` the training log). With ``kinds_only`` the checkpoint already has its
     imprint and read adapter, and only the kind tagger is added and trained; with ``config.resume`` it has its tagger
     too, which stays as it is, and the read trains on from where it is (``config.adapter``: the adapter;
-    ``config.gate``: the imprint's read gate, added at zero if the checkpoint has none)."""
+    ``config.gate``: the imprint's read gate, added at zero if the checkpoint has none). With ``config.ask_bias`` an
+    ask head is trained last, fresh (with ``resume`` and neither adapter nor gate: only it, over the checkpoint)."""
     if kinds_only and config.resume:
         raise ValueError("kinds_only and resume train different parts: choose one")
+    asks_only = config.resume and not config.adapter and not config.gate
+    if asks_only and not config.ask_bias:
+        raise ValueError("resume with neither the adapter nor the gate leaves nothing to train but an ask head: give ask_bias")
     from sia.checkpoint import BASE_FILE, DEFAULT_CACHE, BaseRef, load_llama_checkpoint, save_llama_checkpoint
     from sia.personas import PERSONAS, persona_prompt
 
@@ -518,7 +627,10 @@ def train_checkpoint(
     phrases = ReadPhrases.load()
     history: list[dict[str, float]] = []
     tagger: dict[str, float] = {}
-    if config.resume:
+    if asks_only:
+        if model.config.imprint_kinds_layer is None:
+            raise ValueError(f"{checkpoint} has no kind tagger, whose layer the ask head reads: train it first")
+    elif config.resume:
         if not model.config.imprint_read_rank:
             raise ValueError(f"{checkpoint} has no read adapter to train on: train the read first")
         tokens = model.config.imprint_tokens if config.tokens is None else config.tokens
@@ -535,6 +647,13 @@ def train_checkpoint(
         # the share of natural facts it labels (experiments/LOG.md, 2026-11-28)
         tagger = train_kinds(model, systems, phrases, seed=config.seed) if layer is not None else {}
         log.info("kind tagger: %s", tagger)
+    asks: dict[str, float] = {}
+    if config.ask_bias and (asks_only or not config.resume or model.imprint_ask is None):
+        model.add_ask_head(config.ask_bias)
+        asks = train_asks(model, phrases, seed=config.seed)
+        log.info("ask head: %s", asks)
+    elif config.ask_bias:  # the checkpoint's head kept, its bias as given
+        model.config = replace(model.config, imprint_ask_bias=config.ask_bias)
     shift = model.config.read_shift if config.read_shift is None else config.read_shift
     model.config = replace(model.config, read_shift=shift, imprint_shift=config.imprint_shift)
     ref = BaseRef.read(checkpoint / BASE_FILE)
@@ -542,7 +661,7 @@ def train_checkpoint(
         ref = replace(ref, path=str((checkpoint / ref.path).resolve()))
     save_llama_checkpoint(model, out, ref)
     log_file = out / "read_history.json"
-    log_file.write_text(json.dumps({"config": vars(config), "kinds": tagger, "history": history}, indent=1) + "\n")
+    log_file.write_text(json.dumps({"config": vars(config), "kinds": tagger, "asks": asks, "history": history}, indent=1) + "\n")
     return out
 
 
@@ -581,6 +700,12 @@ def main() -> None:
         "--kinds-layer", type=int, default=None, help="the layer the kind tagger reads (default: the middle); -1: none"
     )
     parser.add_argument("--kinds-only", action="store_true", help="add and train only the kind tagger")
+    parser.add_argument(
+        "--ask-bias", type=float, default=ReadConfig.ask_bias, help="train an ask head moving the asked kind's entries"
+    )
+    parser.add_argument(
+        "--asks-only", action="store_true", help="with --ask-bias: add and train only the ask head over the checkpoint"
+    )
     parser.add_argument("--gate", action="store_true", help="add the imprint's per-token read gate, trained with the read")
     parser.add_argument(
         "--resume", action="store_true", help="train the checkpoint's read on (its tagger kept); with --gate, the gate too"
@@ -608,8 +733,9 @@ def main() -> None:
         split_rate=args.split_rate,
         aside_rate=args.aside_rate,
         gate=args.gate or args.gate_only,
-        adapter=not args.gate_only,
-        resume=args.resume,
+        adapter=not args.gate_only and not args.asks_only,
+        resume=args.resume or args.asks_only,
+        ask_bias=args.ask_bias,
     )
     if args.gate_only and not args.resume:
         parser.error("--gate-only trains over a checkpoint's read: add --resume")

@@ -94,7 +94,8 @@ def _kept(result: DepthResult) -> dict[str, Any]:
 
 def imprint_perplexity(model: LlamaModel, imprints: Sequence[Imprint], conversations: int) -> dict[str, float]:
     """Reply perplexity of the held-out dialogue, each conversation's turns read with one of ``imprints`` (cycled)
-    against the base model (the same turns, no imprint); each turn sees the persona's prompt and its message."""
+    against the base model (the same turns, no imprint); each turn sees the persona's prompt and its message (which
+    the ask head reads, as in a turn)."""
     tok = model.tokenizer
     system = tok.system_prompt(PERSONAS["sia"].system_prompt)
     convs = load_dialogue()[:conversations]
@@ -104,12 +105,12 @@ def imprint_perplexity(model: LlamaModel, imprints: Sequence[Imprint], conversat
     for n, conv in enumerate(convs):
         imprint = imprints[n % len(imprints)]
         for turn in conv.turns:
-            prompt = tok.turn_prompt(turn.user, system)[0]
+            prompt, (start, end) = tok.turn_prompt(turn.user, system)
             tokens = prompt + tok.reply_tokens(turn.reply)
             idx = torch.tensor([tokens], device=model.device)
             target = idx[0, len(prompt) :]
             for name, held in (("state", imprint), ("base", None)):
-                cond = model.condition_states([replace(fresh, imprint=held)], [len(system)])
+                cond = model.condition_states([replace(fresh, imprint=held)], [len(system)], [prompt[start : end - 1]])
                 with torch.no_grad():
                     logits = model(idx, cond).logits[0, len(prompt) - 1 : -1]
                 nll[name] += float(F.cross_entropy(logits.float(), target, reduction="sum"))

@@ -171,6 +171,10 @@ class ModelConfig(IdentityConfig):
         return 8
 
     @property
+    def imprint_ask_bias(self) -> float:
+        return 0.0
+
+    @property
     def state_dtype(self) -> str:
         return "float32"
 
@@ -228,6 +232,10 @@ class LlamaConfig(IdentityConfig):
     # the imprint's strength, as read_shift is the slots': every imprinted entry's logit lowered by it (memory against
     # language; measured in docs/model.md)
     imprint_shift: float = 0.0
+    # matching the question's kind to the entries' (the kind tagger's labels): a head on the tagger's layer tells what
+    # kind of fact a message asks about; its entries' logits are raised by this, another kind's lowered by it, those
+    # of unknown kind left alone, for the whole turn. 0: no such head (every entry read alike)
+    imprint_ask_bias: float = 0.0
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "intermediate_size")
@@ -284,6 +292,12 @@ class LlamaConfig(IdentityConfig):
         kinds = self.imprint_kinds_layer
         if kinds is not None and (not isinstance(kinds, int) or isinstance(kinds, bool) or not 0 <= kinds < self.n_layer):
             raise ValueError(f"imprint_kinds_layer must be a layer index in [0, {self.n_layer}) or null; got {kinds!r}")
+        ask = self.imprint_ask_bias
+        if isinstance(ask, bool) or not isinstance(ask, (int, float)) or not math.isfinite(ask) or ask < 0:
+            raise ValueError(f"imprint_ask_bias must be a finite number >= 0; got {ask!r}")
+        self.imprint_ask_bias = float(ask)
+        if ask and (kinds is None or not self.imprint_tokens):
+            raise ValueError("imprint_ask_bias needs an imprint and its kind tagger (imprint_kinds_layer)")
         if not math.isfinite(self.imprint_min_shock):
             raise ValueError(f"imprint_min_shock must be a finite number of nats; got {self.imprint_min_shock}")
         self._check_identity()

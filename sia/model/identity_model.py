@@ -58,7 +58,12 @@ class IdentityModel(nn.Module):
     exact_rows: bool = False
 
     def condition(
-        self, trace: Tensor, self_state: Tensor, imprint: ImprintEntries | None = None, reads_from: Tensor | None = None
+        self,
+        trace: Tensor,
+        self_state: Tensor,
+        imprint: ImprintEntries | None = None,
+        reads_from: Tensor | None = None,
+        asked: Tensor | None = None,
     ) -> Conditioning:
         raise NotImplementedError
 
@@ -139,9 +144,16 @@ class IdentityModel(nn.Module):
         weight = (torch.ones(B, L, device=idx.device) if summary_mask is None else summary_mask.float()).unsqueeze(-1)
         return positions, weight
 
-    def condition_states(self, states: Sequence[IdentityState], reads_from: Sequence[int] | None = None) -> Conditioning:
+    def condition_states(
+        self,
+        states: Sequence[IdentityState],
+        reads_from: Sequence[int] | None = None,
+        messages: Sequence[Sequence[int]] | None = None,
+    ) -> Conditioning:
         """Stack one IdentityState per row into a Conditioning; ``reads_from``: per row, the first position that reads
-        the imprint (a turn's context, the persona's prompt, does not)."""
+        the imprint (a turn's context, the persona's prompt, does not); ``messages``: per row, the tokens of the
+        user's message, whose asked kind moves the imprint's entries (config.imprint_ask_bias; asked only where some
+        row's imprint holds an entry of known kind)."""
         if not states:
             raise ValueError("need at least one identity state")
         for state in states:
@@ -151,9 +163,18 @@ class IdentityModel(nn.Module):
         imprint, start = None, None
         if self.config.imprint_tokens:
             entries = ImprintEntries.stack([s.imprint for s in states], self.config.imprint_shape, torch.float32)
-            imprint = ImprintEntries(entries.keys.to(self.device), entries.values.to(self.device), entries.filled.to(self.device))
+            imprint = entries.to(self.device)
             start = None if reads_from is None else torch.tensor(list(reads_from), dtype=torch.long, device=self.device)
+            if messages is not None and len(messages) != len(states):
+                raise ValueError(f"need one message per state; got {len(messages)} for {len(states)}")
+            if messages is not None and self.config.imprint_ask_bias and bool((entries.kind > 0).any()):
+                return self.condition(trace, selves, imprint, start, self.asked_kinds(messages))
         return self.condition(trace, selves, imprint, start)
+
+    def asked_kinds(self, rows: Sequence[Sequence[int]]) -> Tensor:
+        """What kind of fact each message (its tokens) asks about, (B, len(KINDS)) probabilities; a model that keeps
+        no imprint has no such head."""
+        raise ValueError(f"{type(self).__name__} has no ask head")
 
     def _pool(self, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Online-softmax pooling sums of x (B, L, C) over tokens with weight (B, L, 1) > 0."""

@@ -189,11 +189,16 @@ class SIAModel(IdentityModel):
 
     # --- per-turn conditioning ---
     def condition(
-        self, trace: Tensor, self_state: Tensor, imprint: ImprintEntries | None = None, reads_from: Tensor | None = None
+        self,
+        trace: Tensor,
+        self_state: Tensor,
+        imprint: ImprintEntries | None = None,
+        reads_from: Tensor | None = None,
+        asked: Tensor | None = None,
     ) -> Conditioning:
         """trace (B, n_layer, H, d, d) as stored, self_state (B, d_s) -> the turn's Conditioning (no imprint: the native
         model keeps none)."""
-        if imprint is not None:
+        if imprint is not None or asked is not None:
             raise ValueError("the native model keeps no imprint")
         c = self.config
         self._check_state_shapes(trace, self_state)

@@ -54,7 +54,7 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
     final = run_recipe(recipe, out, progress=False, cache_dir=base.parent / "models")
     assert final == out / "final"
     names = [stage.name for stage in shipped.stages if stage.imprint is None]
-    assert len(names) == 4 and [s.name for s in shipped.stages] == [*names, "imprint", "imprint-gate"]
+    assert len(names) == 4 and [s.name for s in shipped.stages] == [*names, "imprint", "imprint-gate", "imprint-ask"]
     exports = [out / f"{i + 1}-{name}" / "export" for i, name in enumerate(names)]
     for i, name in enumerate(names):
         ran = json.loads((out / f"{i + 1}-{name}" / "train.json").read_text())
@@ -69,7 +69,7 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
         assert exported["read_shift"] == (shipped.stages[i].export.read_shift or 0.0)
         assert {t.dtype for t in load_file(str(exports[i] / "identity.safetensors")).values()} == {torch.float16}
         assert not (exports[i].parent / (exports[i].name + ".partial")).exists()
-    assert [s.export.read_shift for s in shipped.stages] == [None, None, 0.5, 0.5, None, None]
+    assert [s.export.read_shift for s in shipped.stages] == [None, None, 0.5, 0.5, None, None, None]
     last = load_model(exports[3], cache_dir=base.parent / "models")
     assert isinstance(last, LlamaModel) and last.config.read_shift == 0.5 and last.config.slot_rank == 2
     before = load_model(exports[2], cache_dir=base.parent / "models")
@@ -86,7 +86,7 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
     for name, tensor in last.identity_state_dict().items():
         assert torch.equal(model.identity_state_dict()[name], tensor), name  # the adapter before it is kept as it was
     # the gate stage: the imprint stage's export with the imprint's read gate trained, everything else as it was
-    gated = load_model(final, cache_dir=base.parent / "models")
+    gated = load_model(out / "6-imprint-gate" / "export", cache_dir=base.parent / "models")
     assert isinstance(gated, LlamaModel) and gated.config.imprint_gate
     kept = model.identity_state_dict()
     trained = gated.identity_state_dict()
@@ -94,6 +94,16 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
     for name, tensor in kept.items():
         assert torch.equal(trained[name], tensor), name
     assert any(bool(trained[n].abs().sum() > 0) for n in set(trained) - set(kept))  # the gate moved from zero
+    # the ask stage: the gate stage's export with an ask head trained, its bias as stated, everything else as it was
+    asking = load_model(final, cache_dir=base.parent / "models")
+    stated = shipped.stages[6].imprint
+    assert stated is not None and isinstance(asking, LlamaModel)
+    assert asking.config.imprint_ask_bias == stated["ask_bias"] > 0 and asking.imprint_ask is not None
+    asked = asking.identity_state_dict()
+    assert sorted(set(asked) - set(trained)) == ["imprint_ask.bias", "imprint_ask.weight"]
+    for name, tensor in trained.items():
+        assert torch.equal(asked[name], tensor), name
+    assert bool(asked["imprint_ask.weight"].abs().sum() > 0)  # trained, not the untrained head
     assert json.loads((out / "recipe.json").read_text()) == recipe.to_dict()
 
 

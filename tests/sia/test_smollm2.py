@@ -9,8 +9,10 @@ from transformers import LlamaForCausalLM
 
 from sia.backbones.llama import LlamaModel
 from sia.checkpoint import DEFAULT_CHECKPOINT, load_model
+from sia.identity.imprint import KINDS
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, run_turn
+from sia.learn.imprint_read import message_tokens
 from sia.model.generate import SamplingParams
 
 
@@ -37,3 +39,21 @@ def test_the_bundled_checkpoint_matches_transformers_and_knows_paris(smollm2_cac
     assert "Paris" in result.reply
     assert result.finish_reason == "stop" and result.state.turns == 1
     assert float(result.state.trace.float().abs().sum()) > 0  # the turn left a trace
+
+
+def test_the_bundled_ask_head_tells_what_a_message_asks_about(smollm2_cache: Path) -> None:
+    """The shipped ask head on wordings of this test's own: a question about one of the user's kinds gets that kind,
+    a question about the world, a request and a statement get none (their entries are read as without the head)."""
+    model = load_model(DEFAULT_CHECKPOINT, cache_dir=smollm2_cache)
+    assert isinstance(model, LlamaModel) and model.config.imprint_ask_bias == 2.0
+    messages = (
+        "Where do I live these days?",
+        "Do you remember my name?",
+        "what do i do for a living",
+        "What is the capital of France?",
+        "Tell me a joke about penguins.",
+        "I have a cat called Miso.",
+    )
+    asked = model.asked_kinds([message_tokens(model.tokenizer, m) for m in messages])
+    assert [KINDS[int(i)] for i in asked.argmax(-1)] == ["city", "name", "job", "unknown", "unknown", "unknown"]
+    assert float(asked[1, KINDS.index("name")]) > 0.9 and float(asked[4, 0]) > 0.9

@@ -1,0 +1,174 @@
+"""Would a read that knows which entries hold the asked kind find them? A per-entry bias on the imprint's logits, set
+once a turn from the question's kind, tried with the kind known exactly (the ceiling of matching kinds) and with the
+kinds the write's tagger stored.
+
+The natural set's tuning part is played as ``sia eval --natural tune --modes state`` plays it (the user's messages,
+``--depth`` unrelated turns), then every question is asked of the same states under each condition:
+
+- ``none``: the shipped read (this reproduces ``sia eval``'s figure);
+- ``oracle+B``: the entries of every span holding a value of the asked kind (any of the user's values of that kind,
+  older ones too, found by their accepted strings) get +B on their logit: a perfect span tagger and a perfect
+  question classifier;
+- ``oracle+-B``: the same, and the spans holding another kind's value get -B;
+- ``tagger+B``: the entries whose stored kind (the write's tagger) is the asked kind get +B; the question's kind still
+  known exactly;
+- ``ask+B`` (``--ask B ...``, a checkpoint with an ask head): what ships, the model's own ``entry_bias`` from its ask
+  head and the tagger's kinds, config.imprint_ask_bias = B.
+
+    PYTHONPATH=. python -m experiments.probes.kind_match [--checkpoint DIR] [--users 60] [--depth 4] [--bias 3]
+        [--modes oracle oracle- tagger] [--ask 2 3] [--out FILE]
+
+Writes the per-fact recall of each condition, per kind, and the replies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sia.backbones import injected_attention
+from sia.backbones.llama import LlamaModel
+from sia.checkpoint import load_model
+from sia.identity.state import Dynamics, IdentityState
+from sia.identity.turn import TurnRequest, stream_turns
+from sia.learn.natural import ASK, TALK, NaturalUser, answered, load_fillers, load_users, mentions
+from sia.personas import PERSONAS
+
+_BIAS: list[Tensor | None] = [None]  # (B, N) added to the entries' logits while set
+_original = injected_attention.InjectedAttention._imprinted
+
+
+def _biased(self: injected_attention.InjectedAttention, metric: Tensor | None, k: Tensor, *rest: Any) -> tuple[Tensor, Tensor]:
+    keys, values = _original(self, metric, k, *rest)
+    bias = _BIAS[0]
+    if bias is not None:
+        col = self.d + (self.d if metric is not None else 0)  # the bias column, where the query holds 1
+        keys = keys.clone()
+        keys[..., col] += bias.to(keys.dtype).view(bias.shape[0], 1, bias.shape[1])
+    return keys, values
+
+
+injected_attention.InjectedAttention._imprinted = _biased  # type: ignore[method-assign,assignment]
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _spans_of(state: IdentityState, tok: Any, user: NaturalUser) -> list[tuple[int, int, set[str], str]]:
+    """(first entry, length, kinds whose values the span holds, stored kind) per span."""
+    out = []
+    assert state.imprint is not None
+    for s in state.imprint.spans():
+        text = tok.decode(s.tokens or ())
+        kinds = {f.kind for f in user.facts if any(mentions(text, a) for a in f.accept)}
+        out.append((s.first, s.length, kinds, s.kind))
+    return out
+
+
+def _bias_row(N: int, spans: Sequence[tuple[int, int, set[str], str]], kind: str, mode: str, beta: float) -> Tensor:
+    row = torch.zeros(N)
+    for first, length, kinds, stored in spans:
+        if mode == "oracle" and kind in kinds:
+            row[first : first + length] = beta
+        elif mode == "oracle-":
+            row[first : first + length] = beta if kind in kinds else (-beta if kinds else 0.0)
+        elif mode == "tagger" and stored == kind:
+            row[first : first + length] = beta
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--users", type=int, default=None)
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--bias", type=float, nargs="+", default=[3.0])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--checkpoint", type=Path, default=None)
+    ap.add_argument("--modes", nargs="*", default=["oracle", "oracle-", "tagger"])
+    ap.add_argument("--ask", type=float, nargs="*", default=[])
+    ap.add_argument("--out", type=Path, default=Path("experiments/probes/results/kind_match.json"))
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    model = load_model(args.checkpoint)
+    assert isinstance(model, LlamaModel)
+    shipped_ask = model.config.imprint_ask_bias
+    model.config = replace(model.config, imprint_ask_bias=0.0)  # the conditions below set it
+    tok = model.tokenizer
+    system = tuple(tok.system_prompt(PERSONAS["sia"].system_prompt))
+    users = load_users("tune")[: args.users]
+    fillers = load_fillers("tune")
+    dynamics = Dynamics.from_config(model.config)
+    states = {u.id: IdentityState.fresh(model.config) for u in users}
+
+    def run(requests: list[TurnRequest], params: Any, bias: Tensor | None = None) -> list[tuple[str, IdentityState]]:
+        out: list[tuple[str, IdentityState]] = []
+        for a in range(0, len(requests), args.batch):
+            _BIAS[0] = None if bias is None else bias[a : a + args.batch]
+            results = stream_turns(model, requests[a : a + args.batch], params, tokenizer=tok).finish()
+            out.extend((r.reply, r.state) for r in results)
+        _BIAS[0] = None
+        return out
+
+    started = time.perf_counter()
+    turns = [[*u.messages, *(fillers[(7 * n + j) % len(fillers)] for j in range(args.depth))] for n, u in enumerate(users)]
+    for i in range(max(len(t) for t in turns)):
+        order = [u for u, t in zip(users, turns, strict=True) if i < len(t)]
+        said = {u.id: t[i] for u, t in zip(users, turns, strict=True) if i < len(t)}
+        requests = [TurnRequest(states[u.id], said[u.id], dynamics, system, True) for u in order]
+        for u, (_, state) in zip(order, run(requests, TALK), strict=True):
+            states[u.id] = state
+    _say(f"talked in {time.perf_counter() - started:.0f} s")
+    pairs = [(u, q) for u in users for q in u.questions]
+    spans = {u.id: _spans_of(states[u.id], tok, u) for u in users}
+    N = model.config.imprint_tokens
+    conditions = [("none", "", 0.0)] + [
+        (f"{mode}{'+-' if mode == 'oracle-' else '+'}{b:g}".replace("oracle-+-", "oracle+-"), mode, b)
+        for b in args.bias
+        for mode in args.modes
+    ]
+    if args.ask and not shipped_ask:
+        raise SystemExit("--ask needs a checkpoint with an ask head (config.imprint_ask_bias > 0)")
+    conditions += [(f"ask+{b:g}", "ask", b) for b in args.ask]
+    results: dict[str, Any] = {"depth": args.depth, "users": len(users), "questions": len(pairs), "conditions": {}}
+    for name, mode, beta in conditions:
+        started = time.perf_counter()
+        model.config = replace(model.config, imprint_ask_bias=beta if mode == "ask" else 0.0)
+        bias = None
+        if mode and mode != "ask":
+            bias = torch.stack([_bias_row(N, spans[u.id], q.kind, mode, beta) for u, q in pairs])
+        requests = [TurnRequest(states[u.id], q.text, dynamics, system, True) for u, q in pairs]
+        replies = [r for r, _ in run(requests, ASK, bias)]
+        right = [answered(r, u, q.kind) for (u, q), r in zip(pairs, replies, strict=True)]
+        by_kind: dict[str, list[bool]] = {}
+        for (_, q), ok in zip(pairs, right, strict=True):
+            by_kind.setdefault(q.kind, []).append(ok)
+        results["conditions"][name] = {
+            "per_fact": sum(right) / len(right),
+            "by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())},
+            "replies": [[u.id, q.kind, r] for (u, q), r in zip(pairs, replies, strict=True)],
+        }
+        _say(f"{name}: {sum(right) / len(right):.3f} ({time.perf_counter() - started:.0f} s)")
+    held = [any(q.kind in k for _, _, k, _ in spans[u.id]) for u, q in pairs]
+    tagged = [any(s == q.kind for _, _, _, s in spans[u.id]) for u, q in pairs]
+    results["asked_kind_held"] = sum(held) / len(held)
+    results["asked_kind_tagged"] = sum(tagged) / len(tagged)
+    _say(
+        f"a span holds the asked kind's value: {results['asked_kind_held']:.3f}; the tagger stored the asked kind:"
+        f" {results['asked_kind_tagged']:.3f}"
+    )
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
