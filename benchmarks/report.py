@@ -347,7 +347,7 @@ RENDERERS: dict[str, Callable[[Result], Rendered]] = {
 }
 
 # result files of benchmarks that `make bench` does not run (a check of behaviour, run by hand): not on the page
-NOT_RENDERED = {"served_memory", "reply_quality", "imprint_read"}
+NOT_RENDERED = {"served_memory", "reply_quality", "imprint_read", "imprint_write"}
 
 
 def render(results: Path = RESULTS, template: Path = TEMPLATE) -> str:

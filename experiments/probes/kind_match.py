@@ -16,7 +16,7 @@ The natural set's tuning part is played as ``sia eval --natural tune --modes sta
   head and the tagger's kinds, config.imprint_ask_bias = B.
 
     PYTHONPATH=. python -m experiments.probes.kind_match [--checkpoint DIR] [--users 60] [--depth 4] [--bias 3]
-        [--modes oracle oracle- tagger] [--ask 2 3] [--out FILE]
+        [--modes oracle oracle- tagger] [--ask 2 3] [--min-kind 0.3] [--out FILE]
 
 Writes the per-fact recall of each condition, per kind, and the replies.
 """
@@ -24,6 +24,7 @@ Writes the per-fact recall of each condition, per kind, and the replies.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -38,6 +39,7 @@ from torch import Tensor
 from sia.backbones import injected_attention
 from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
+from sia.identity import imprint
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, stream_turns
 from sia.learn.natural import ASK, TALK, NaturalUser, answered, load_fillers, load_users, mentions
@@ -97,13 +99,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--checkpoint", type=Path, default=None)
     ap.add_argument("--modes", nargs="*", default=["oracle", "oracle-", "tagger"])
     ap.add_argument("--ask", type=float, nargs="*", default=[])
+    ap.add_argument("--min-kind", type=float, default=None, help="the write's kind threshold (select_spans' min_kind)")
+    ap.add_argument("--min-label", type=float, default=None, help="the write's label threshold (config.imprint_label_min)")
     ap.add_argument("--out", type=Path, default=Path("experiments/probes/results/kind_match.json"))
     args = ap.parse_args(argv)
+    if args.min_kind is not None:
+        imprint.select_spans = functools.partial(imprint.select_spans, min_kind=args.min_kind)  # message_spans calls it
     torch.manual_seed(0)
     model = load_model(args.checkpoint)
     assert isinstance(model, LlamaModel)
     shipped_ask = model.config.imprint_ask_bias
     model.config = replace(model.config, imprint_ask_bias=0.0)  # the conditions below set it
+    if args.min_label is not None:
+        model.config = replace(model.config, imprint_label_min=args.min_label)
     tok = model.tokenizer
     system = tuple(tok.system_prompt(PERSONAS["sia"].system_prompt))
     users = load_users("tune")[: args.users]

@@ -131,12 +131,14 @@ class TurnRunner:
         try:
             record = lease.persona_record
             params = self.personas.sampling_params(record, sampling)
+            context, shared = self.context(record.preamble, persona, user, message, params.max_new_tokens)
             request = TurnRequest(
                 state=self.identities.held_state(lease),
                 message=message,
                 dynamics=self.personas.dynamics(record),
-                context=self.context(record.preamble, persona, user, message, params.max_new_tokens),
+                context=context,
                 keep_text=self.store_text,
+                shared=shared,
             )
             return HeldTurn(self, lease, request, params)
         except BaseException:
@@ -167,9 +169,9 @@ class TurnRunner:
         else:
             other_version, other = self.identities.state(persona, user, against)
         dynamics = self.personas.dynamics(record)
-        context = self.context(record.preamble, persona, user, message, params.max_new_tokens)
+        context, shared = self.context(record.preamble, persona, user, message, params.max_new_tokens)
         requests = [
-            TurnRequest(state=s, message=message, dynamics=dynamics, context=context, keep_text=self.store_text)
+            TurnRequest(state=s, message=message, dynamics=dynamics, context=context, keep_text=self.store_text, shared=shared)
             for s in (current, other)
         ]
         results = stream_turns(self.model, requests, params, tokenizer=self.tokenizer).finish()
@@ -179,8 +181,9 @@ class TurnRunner:
         )
         return CounterfactualOutcome(seed=sampling.seed, current=current_side, other=other_side)
 
-    def context(self, preamble: str, persona: str, user: str, message: str, max_new_tokens: int) -> tuple[int, ...]:
-        """What a turn of (persona, user) reads before ``message``: the persona's prompt, then the recent window.
+    def context(self, preamble: str, persona: str, user: str, message: str, max_new_tokens: int) -> tuple[tuple[int, ...], int]:
+        """What a turn of (persona, user) reads before ``message``: the persona's prompt, then the recent window; and
+        how many of its tokens are the persona's prompt (every turn of the persona begins with them).
 
         The window takes at most ``window_tokens``, and no more than leaves room in the model's context for the
         message and a reply of ``max_new_tokens`` (counted as sia.model.generate.check_room counts): a window never
@@ -188,12 +191,12 @@ class TurnRunner:
         """
         system = self.tokenizer.system_prompt(preamble)
         if not self.window_tokens:
-            return tuple(system)
+            return tuple(system), len(system)
         config = self.model.config
         prompt = len(self.tokenizer.turn_prompt(message, system)[0])
         room = config.block_size - config.memory_tokens - prompt - max_new_tokens
         window = recent_window(self.store, self.tokenizer, persona, user, min(self.window_tokens, room))
-        return (*system, *window)
+        return (*system, *window), len(system)
 
 
 class HeldTurn:

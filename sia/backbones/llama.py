@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import math
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -36,6 +38,7 @@ __all__ = ["IDENTITY_PARAMETERS", "LlamaModel", "hf_name"]
 # finite bias cannot shut it everywhere (some heads' logits all lie far below zero, e.g. -15, where a slot at -12
 # still wins), so it starts at the closed gate; training starts it open (e.g. at 0) to give the read a gradient.
 UNTRAINED_SLOT_BIAS = CLOSED_GATE
+PREFIX_READS = 8  # the shared prefixes (personas' prompts) whose base read read_words keeps
 # names SIA adds
 IDENTITY_PARAMETERS = (
     "self_key", "self_value", "slot_bias", "slot_gate", "self_update", "pool", "memory", "imprint_read", "imprint_kind",
@@ -116,6 +119,9 @@ class LlamaModel(IdentityModel):
         self.tokenizer = tokenizer
         self.trace_layers = config.trace_layer_ids
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        # the base model's keys and values of the prefixes read_words was told are shared (a persona's prompt), newest last
+        self._prefix_reads: OrderedDict[tuple[object, ...], tuple[list[Tensor], list[Tensor]]] = OrderedDict()
+        self._prefix_lock = threading.Lock()
         blocks = [Block(config, i in self.trace_layers) for i in range(config.n_layer)]
         self.blocks = nn.ModuleList(blocks)
         self.attentions = [block.attn for block in blocks]  # typed views of the registered modules
@@ -197,6 +203,7 @@ class LlamaModel(IdentityModel):
         if dtype == torch.bfloat16 and not bfloat16_packing_available():  # before any matrix is packed: nothing changes
             raise ValueError(f"{NO_BFLOAT16_PACKING}; pack them in float32")
         self.exact_rows = dtype == torch.bfloat16
+        self.forget_prefix_reads()  # they were read with the products as they were
         if dtype == torch.float32:
             return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
         # the head in float32, but with its copy for one row too: a row's logits then come from the same kernel
@@ -210,6 +217,7 @@ class LlamaModel(IdentityModel):
     def unpack_weights(self) -> None:
         """Drop every packed copy ``pack_weights`` made."""
         self.exact_rows = False
+        self.forget_prefix_reads()
         for m in self.modules():
             if isinstance(m, Linear):
                 m.unpack()
@@ -540,29 +548,69 @@ class LlamaModel(IdentityModel):
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
 
     @torch.no_grad()
-    def read_words(self, idx: Tensor, *, logits: bool = False) -> WordsRead:
+    def read_words(self, idx: Tensor, *, logits: bool = False, shared: int = 0) -> WordsRead:
         """What the base model makes of the tokens idx (1, L) at positions 0..L-1, as an imprint keeps it: every
         layer's pre-rotation keys and values (n_layer, H_kv, L, d), float32; with ``logits`` its logits (L, V); with
         a kind tagger, each token's kind probabilities. The identity plays no part: an imprinted span is the user's
-        words as the pretrained model reads them."""
+        words as the pretrained model reads them.
+
+        ``shared``: the first ``shared`` tokens are a prefix many reads begin with (a persona's prompt). Their keys and
+        values are read once and kept (the ``PREFIX_READS`` newest prefixes), and the pass reads only the tokens after
+        them: the read then covers idx[shared:] (``WordsRead.start`` = shared), as a read of all of idx would, to
+        within the rounding of products of another shape."""
         if idx.dim() != 2 or idx.shape[0] != 1:
             raise ValueError(f"read_words takes one row of tokens (1, L); got {tuple(idx.shape)}")
-        return self.read_rows(idx, [idx.shape[1]], logits=logits)[0]
+        if not 0 <= shared < idx.shape[1]:
+            raise ValueError(f"shared must leave a token to read: 0 <= shared < {idx.shape[1]}; got {shared}")
+        if not shared:
+            return self.read_rows(idx, [idx.shape[1]], logits=logits)[0]
+        if self.config.block_size < idx.shape[1]:
+            raise ValueError(f"{idx.shape[1]} tokens exceed the context of {self.config.block_size}")
+        cache = self._prefix_cache(idx[:, :shared], idx.shape[1] - shared)
+        return self._read(idx[:, shared:], [idx.shape[1] - shared], logits, cache)[0]
+
+    def _prefix_cache(self, prefix: Tensor, room: int) -> KVCache:
+        """A cache holding the base model's read of ``prefix`` (1, P), with room for ``room`` more tokens."""
+        key = (str(prefix.device), *prefix[0].tolist())
+        with self._prefix_lock:
+            held = self._prefix_reads.get(key)
+            if held is not None:
+                self._prefix_reads.move_to_end(key)
+        if held is None:
+            c = self.config
+            blank = self.wte.weight.new_zeros(1, c.n_kv_head, 0, c.head_dim)
+            cache = KVCache.continuing([blank] * c.n_layer, [blank] * c.n_layer, prefix.shape[1])
+            self._read(prefix, [prefix.shape[1]], False, cache)
+            held = ([k[:, :, : prefix.shape[1]] for k in cache.keys], [v[:, :, : prefix.shape[1]] for v in cache.values])
+            with self._prefix_lock:
+                self._prefix_reads[key] = held
+                while len(self._prefix_reads) > PREFIX_READS:
+                    self._prefix_reads.popitem(last=False)
+        return KVCache.continuing(*held, room)
+
+    def forget_prefix_reads(self) -> None:
+        """Drop the kept reads of shared prefixes (``read_words``): the next read of each reads it again."""
+        with self._prefix_lock:
+            self._prefix_reads.clear()
 
     def read_rows(self, idx: Tensor, lengths: Sequence[int], *, logits: bool = False) -> list[WordsRead]:
         """``read_words`` of B rows in one pass: row b is idx[b, :lengths[b]] of the right-padded idx (B, L) (the
         padding after a row plays no part in it: attention is causal); each row's read is cut to its length."""
         if idx.dim() != 2 or len(lengths) != idx.shape[0] or not all(0 < n <= idx.shape[1] for n in lengths):
             raise ValueError(f"read_rows takes (B, L) tokens and B lengths in 1..L; got {tuple(idx.shape)}, {list(lengths)}")
-        L = idx.shape[1]
-        if self.config.block_size < L:
-            raise ValueError(f"{L} tokens exceed the context of {self.config.block_size}")
+        if self.config.block_size < idx.shape[1]:
+            raise ValueError(f"{idx.shape[1]} tokens exceed the context of {self.config.block_size}")
+        return self._read(idx, lengths, logits, None)
+
+    def _read(self, idx: Tensor, lengths: Sequence[int], logits: bool, cache: KVCache | None) -> list[WordsRead]:
+        """``read_rows``, after the tokens ``cache`` holds where one is given (their keys and values then join it)."""
+        L, start = idx.shape[1], 0 if cache is None else cache.tokens
         x = self.wte(idx)  # (B, L, C)
-        rope = self.rope(torch.arange(L, device=idx.device).view(1, L))
+        rope = self.rope(torch.arange(start, start + L, device=idx.device).view(1, L))
         capture: list[tuple[Tensor, Tensor]] = []
         kinds = None
         for i, block in enumerate(self.blocks):
-            x, h = block(x, None, rope, None, 0, None, None, capture)
+            x, h = block(x, None, rope, cache, i, None, None, capture)
             if self.imprint_kind is not None and i == self.config.imprint_kinds_layer:
                 kinds = torch.softmax(self.imprint_kind(h.float().to(self.imprint_kind.weight.dtype)).float(), -1)
         keys = torch.stack([k for k, _ in capture], 1).float()  # (B, n_layer, H_kv, L, d)
@@ -574,6 +622,7 @@ class LlamaModel(IdentityModel):
                 values[b, :, :, :n],
                 None if out is None else out[b, :n],
                 None if kinds is None else kinds[b, :n],
+                start,
             )
             for b, n in enumerate(lengths)
         ]

@@ -253,6 +253,7 @@ class SpanChoice:
     end: int
     score: float  # its salience: the largest token shock in it (nats)
     kind: int = 0  # an index into KINDS (0: unknown)
+    replaces: bool = True  # a span of known kind replaces the older spans of its kind (its label is sure enough)
 
 
 _CONJUNCTIONS = frozenset({"and", "but", "so", "because", "while", "although", "though", "since", "plus", "also"})
@@ -329,11 +330,13 @@ def select_spans(
     min_score: float,
     kinds: Tensor | None = None,
     min_kind: float = 0.5,
+    min_label: float | None = None,
     questions: Tensor | None = None,
 ) -> list[SpanChoice]:
     """The spans of one message worth imprinting: the message cut into clauses at ``breaks``, each scored by its
     most surprising token (token shock, nats) and, with ``kinds``, labelled with the kind its tokens state on
-    average when that reaches ``min_kind``; the labelled clauses first, then the others scoring at least
+    average when that reaches ``min_label`` (``min_kind`` when None); the clauses whose label reaches ``min_kind`` first
+    (they also replace older spans of their kind: ``SpanChoice.replaces``), then the others scoring at least
     ``min_score``, best first (longer ones trimmed to ``max_span`` tokens around their peak) while they fit in
     ``budget`` tokens; returned in message order.
 
@@ -362,24 +365,33 @@ def select_spans(
     scored = []
     if questions is not None:
         clauses = [(a, b) for a, b in clauses if not bool(questions[a:b].any())]
+    label = min_kind if min_label is None else min_label
     for a, b in clauses:
-        kind = 0
+        kind, sure = 0, False
         if kinds is not None:
             mean = kinds[a:b, 1:].float().mean(0)  # (len(KINDS) - 1,)
-            kind = int(mean.argmax()) + 1 if float(mean.max()) >= min_kind else 0
+            kind = int(mean.argmax()) + 1 if float(mean.max()) >= label else 0
+            sure = float(mean.max()) >= min_kind
         a, b = _peak_window(surprisal, a, b, max_span)
-        scored.append((kind > 0, float(surprisal[a:b].max()), a, b, kind))
+        scored.append((sure and kind > 0, float(surprisal[a:b].max()), a, b, kind))
     chosen, room = [], budget
     for known, score, a, b, kind in sorted(scored, reverse=True):
         if (not known and score < min_score) or b - a > room:
             continue
-        chosen.append(SpanChoice(a, b, score, kind))
+        chosen.append(SpanChoice(a, b, score, kind, known))
         room -= b - a
     return sorted(chosen, key=lambda c: c.start)
 
 
 def message_spans(
-    surprisal: Tensor, pieces: Sequence[str], kinds: Tensor | None, *, budget: int, max_span: int, min_score: float
+    surprisal: Tensor,
+    pieces: Sequence[str],
+    kinds: Tensor | None,
+    *,
+    budget: int,
+    max_span: int,
+    min_score: float,
+    min_label: float | None = None,
 ) -> list[SpanChoice]:
     """``select_spans`` for a message's token texts ``pieces``: cut into clauses (``clause_breaks``), its questions
     and requests left out (``asking``)."""
@@ -390,6 +402,7 @@ def message_spans(
         max_span=max_span,
         min_score=min_score,
         kinds=kinds,
+        min_label=min_label,
         questions=asking(pieces),
     )
 
@@ -440,7 +453,9 @@ def imprint_spans(
         length = choice.end - choice.start
         if length > imprint.capacity:
             continue
-        if choice.kind:  # a restatement replaces what earlier turns said of its kind, not its own message's other spans
+        if (
+            choice.kind and choice.replaces
+        ):  # a restatement replaces what earlier turns said of its kind, not its own message's other spans
             spans = [s for s in spans if s.kind != choice.kind or s.turn == turn]
         strength = (choice.kind > 0, choice.score)
         while sum(s.length for s in spans) + length > imprint.capacity:

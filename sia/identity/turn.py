@@ -44,6 +44,9 @@ class TurnRequest:
     dynamics: Dynamics
     context: tuple[int, ...] = ()  # tokens before this turn: the persona's prompt, a recent window (not summarised)
     keep_text: bool = True  # the imprint keeps its spans' token ids (False: keys and values only, no text)
+    # how many of context's first tokens every turn of the persona begins with (its prompt, before a recent window);
+    # None: all of context. The imprint's write keeps the base model's read of them instead of reading them every turn
+    shared: int | None = None
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,8 @@ def imprint_message(
     if end <= start:
         return imprint
     surprisal = generation.prompt_nll[a : b - 1].float().cpu()  # (n,) each message token's NLL under the identity
-    words = model.read_words(torch.tensor([prompt.tokens[:end]], device=model.device))
+    shared = len(request.context) if request.shared is None else request.shared
+    words = model.read_words(torch.tensor([prompt.tokens[:end]], device=model.device), shared=min(shared, start))
     imprint, _ = write_imprint(
         c, tok, imprint, prompt.tokens, surprisal, words, slice(start, end), turn=request.state.turns, keep_text=request.keep_text
     )
@@ -202,9 +206,13 @@ def write_imprint(
 ) -> tuple[Imprint, list[SpanChoice]]:
     """``imprint`` with the spans of one message chosen and added, and those spans: the message is ``tokens[at]``,
     ``surprisal`` (n,) its tokens' NLL under the identity, ``words`` the base model's read of ``tokens`` (up to the
-    message's end at least). The one write a turn, the read's training and the probes share."""
+    message's end at least; from its ``start``, at or before the message's). The one write a turn, the read's training
+    and the probes share."""
     message = list(tokens[at])
-    kinds = None if words.kinds is None else words.kinds[at].cpu()
+    read = slice(at.start - words.start, at.stop - words.start)  # the message in the read
+    if read.start < 0:
+        raise ValueError(f"the read starts at token {words.start}, after the message's start {at.start}")
+    kinds = None if words.kinds is None else words.kinds[read].cpu()
     choices = message_spans(
         surprisal,
         [tok.token_text(t) for t in message],
@@ -212,10 +220,11 @@ def write_imprint(
         budget=config.imprint_per_turn,
         max_span=config.imprint_span,
         min_score=config.imprint_min_shock,
+        min_label=config.imprint_label_min,
     )
     if not choices:
         return imprint, []
-    keys, values = words.keys[:, :, at].cpu(), words.values[:, :, at].cpu()
+    keys, values = words.keys[:, :, read].cpu(), words.values[:, :, read].cpu()
     ids = torch.tensor(message, dtype=torch.int32) if keep_text else None
     return imprint_spans(imprint, keys, values, choices, turn=turn, tokens=ids), choices
 

@@ -94,6 +94,8 @@ class ReadConfig:
     # > 0: an ask head on the tagger's layer, trained after the tagger, moving the asked kind's entries by this much
     # (config.imprint_ask_bias); 0: none
     ask_bias: float = 0.0
+    # the kind tagger's label threshold the checkpoint is written with (config.imprint_label_min; None: the one before's)
+    label_min: float | None = None
     seed: int = 0
     log_every: int = 10
 
@@ -655,7 +657,8 @@ def train_checkpoint(
     elif config.ask_bias:  # the checkpoint's head kept, its bias as given
         model.config = replace(model.config, imprint_ask_bias=config.ask_bias)
     shift = model.config.read_shift if config.read_shift is None else config.read_shift
-    model.config = replace(model.config, read_shift=shift, imprint_shift=config.imprint_shift)
+    label = model.config.imprint_label_min if config.label_min is None else config.label_min
+    model.config = replace(model.config, read_shift=shift, imprint_shift=config.imprint_shift, imprint_label_min=label)
     ref = BaseRef.read(checkpoint / BASE_FILE)
     if ref.path is not None and not Path(ref.path).is_absolute():  # a relative base path stays the same file
         ref = replace(ref, path=str((checkpoint / ref.path).resolve()))
@@ -704,6 +707,9 @@ def main() -> None:
         "--ask-bias", type=float, default=ReadConfig.ask_bias, help="train an ask head moving the asked kind's entries"
     )
     parser.add_argument(
+        "--label-min", type=float, default=None, help="the kind tagger's label threshold (default: the checkpoint's)"
+    )
+    parser.add_argument(
         "--asks-only", action="store_true", help="with --ask-bias: add and train only the ask head over the checkpoint"
     )
     parser.add_argument("--gate", action="store_true", help="add the imprint's per-token read gate, trained with the read")
@@ -736,6 +742,7 @@ def main() -> None:
         adapter=not args.gate_only and not args.asks_only,
         resume=args.resume or args.asks_only,
         ask_bias=args.ask_bias,
+        label_min=args.label_min,
     )
     if args.gate_only and not args.resume:
         parser.error("--gate-only trains over a checkpoint's read: add --resume")

@@ -229,6 +229,10 @@ class LlamaConfig(IdentityConfig):
     # answers about the user open it; applied only where entries are present (a fresh identity stays the base model)
     imprint_gate: bool = False
     imprint_kinds_layer: int | None = None  # the layer whose input the kind tagger reads; None: no tagger (kinds unknown)
+    # a clause's kind is stored with its span when the tagger's mean probability of it reaches this (the ask head's match
+    # and eviction read it: a labelled span goes after the unlabelled ones); only a label reaching 1/2 puts the clause
+    # first in the turn's choice and replaces the older spans of its kind
+    imprint_label_min: float = 0.5
     # the imprint's strength, as read_shift is the slots': every imprinted entry's logit lowered by it (memory against
     # language; measured in docs/model.md)
     imprint_shift: float = 0.0
@@ -292,6 +296,10 @@ class LlamaConfig(IdentityConfig):
         kinds = self.imprint_kinds_layer
         if kinds is not None and (not isinstance(kinds, int) or isinstance(kinds, bool) or not 0 <= kinds < self.n_layer):
             raise ValueError(f"imprint_kinds_layer must be a layer index in [0, {self.n_layer}) or null; got {kinds!r}")
+        label = self.imprint_label_min
+        if isinstance(label, bool) or not isinstance(label, (int, float)) or not 0 < label <= 0.5:
+            raise ValueError(f"imprint_label_min must be a probability in (0, 0.5]; got {label!r}")
+        self.imprint_label_min = float(label)
         ask = self.imprint_ask_bias
         if isinstance(ask, bool) or not isinstance(ask, (int, float)) or not math.isfinite(ask) or ask < 0:
             raise ValueError(f"imprint_ask_bias must be a finite number >= 0; got {ask!r}")

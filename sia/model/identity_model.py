@@ -39,6 +39,7 @@ class WordsRead:
     values: Tensor  # (n_layer, H_kv, L, d) float32
     logits: Tensor | None = None  # (L, V), when asked for
     kinds: Tensor | None = None  # (L, len(KINDS)): each token's probabilities of stating each kind (the kind tagger)
+    start: int = 0  # the position of its first token (a read after a shared prefix covers the tokens from there)
 
 
 class IdentityModel(nn.Module):
@@ -80,9 +81,9 @@ class IdentityModel(nn.Module):
     def new_cache(self, cond: Conditioning, max_tokens: int) -> KVCache:
         raise NotImplementedError
 
-    def read_words(self, idx: Tensor, *, logits: bool = False) -> WordsRead:
-        """The tokens idx (1, L) as the base model reads them: what an imprint keeps. Only a model that keeps an
-        imprint has them."""
+    def read_words(self, idx: Tensor, *, logits: bool = False, shared: int = 0) -> WordsRead:
+        """The tokens idx (1, L) as the base model reads them: what an imprint keeps (after the first ``shared``, a
+        prefix whose read is kept). Only a model that keeps an imprint has them."""
         raise NotImplementedError(f"{type(self).__name__} keeps no imprint")
 
     def summarize(self, stats: SummarySums) -> TurnSummary:

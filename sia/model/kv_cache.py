@@ -56,6 +56,23 @@ class KVCache:
     def advance(self, n: int) -> None:
         self.length += n
 
+    @classmethod
+    def continuing(cls, keys: Sequence[Tensor], values: Sequence[Tensor], room: int) -> KVCache:
+        """A cache without self slots holding per layer the keys and values (B, H, P, w) of P tokens already read (a
+        copy: those tensors are left as they are), with room for ``room`` tokens more."""
+        if len(keys) != len(values) or not keys or room < 0:
+            raise ValueError("need keys and values for every layer and room >= 0")
+        new = object.__new__(cls)
+        new.prefix, new.length = 0, keys[0].shape[2]
+        new.capacity = new.length + room
+        new.keys, new.values = [], []
+        for k, v in zip(keys, values, strict=True):
+            for held, given in ((new.keys, k), (new.values, v)):
+                full = given.new_zeros((*given.shape[:2], new.capacity, given.shape[3]))
+                full[:, :, : new.length] = given
+                held.append(full)
+        return new
+
     def select(self, rows: Tensor) -> KVCache:
         """A new cache holding a copy of the given rows (B',) of this one, a row may repeat (e.g. one prompt read
         once, then continued several ways)."""

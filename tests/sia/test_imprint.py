@@ -13,7 +13,7 @@ from safetensors.torch import save as st_save
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
-from sia.backbones.llama import LlamaModel
+from sia.backbones.llama import PREFIX_READS, LlamaModel
 from sia.checkpoint import DEFAULT_CHECKPOINT
 from sia.identity.imprint import (
     KINDS,
@@ -166,6 +166,52 @@ def test_the_imprint_survives_a_turn_and_shapes_the_next(hf_model: LlamaForCausa
     ).state.imprint
     assert private is not None and bool((private.token == -1).all())
     assert torch.equal(private.keys, imprint.keys) and [s.tokens for s in private.spans()] == [None] * len(spans)
+
+
+def test_a_read_after_a_shared_prefix_is_the_read_of_the_whole(hf_model: LlamaForCausalLM) -> None:
+    """``read_words(..., shared=P)`` keeps the base model's read of the first P tokens (a persona's prompt) and reads
+    only the rest: the same keys, values, logits and kinds as reading all of it, the prefix read once for every
+    message after it, and only the newest PREFIX_READS prefixes kept."""
+    model = build(hf_model, imprint_kinds_layer=1)
+    prompt = list(b"You are Sia, a warm persona. ")
+    P = len(prompt)
+    for message in (b"I am Zbigniew, from Ushuaia.", b"my cat is called Tofu"):
+        ids = torch.tensor([prompt + list(message)])
+        whole, after = model.read_words(ids, logits=True), model.read_words(ids, logits=True, shared=P)
+        assert after.start == P and after.keys.shape == (*whole.keys.shape[:2], len(message), whole.keys.shape[3])
+        for got, want in ((after.keys, whole.keys[:, :, P:]), (after.values, whole.values[:, :, P:])):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert after.logits is not None and whole.logits is not None and after.kinds is not None and whole.kinds is not None
+        torch.testing.assert_close(after.logits, whole.logits[P:], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(after.kinds, whole.kinds[P:], atol=1e-5, rtol=1e-5)
+    assert len(model._prefix_reads) == 1  # both messages read the one prompt
+    for i in range(PREFIX_READS + 1):
+        model.read_words(torch.tensor([[65 + i, *prompt, 66]]), shared=P + 1)
+    assert len(model._prefix_reads) == PREFIX_READS
+    model.forget_prefix_reads()
+    assert not model._prefix_reads
+    with pytest.raises(ValueError, match="shared must leave a token"):
+        model.read_words(torch.tensor([prompt]), shared=P)
+
+
+def test_the_turn_write_reads_the_persona_prompt_once(hf_model: LlamaForCausalLM) -> None:
+    """A turn's write after the persona's prompt kept (``TurnRequest.shared``) imprints what a read of the whole
+    prompt imprints: the same spans, their entries within one quantisation step."""
+    model = build(hf_model)
+    dynamics, params = Dynamics.from_config(model.config), SamplingParams(max_new_tokens=4, temperature=0)
+    context = tuple(b"You are Sia, a warm persona. ")
+    fresh = IdentityState.fresh(model.config)
+    written = [
+        run_turn(model, TurnRequest(fresh, "I am Zbigniew, from Ushuaia.", dynamics, context, shared=s), params).state.imprint
+        for s in (0, None)
+    ]
+    read_all, kept = written
+    assert read_all is not None and kept is not None and read_all.used > 0
+    assert [(s.first, s.length, s.tokens) for s in kept.spans()] == [(s.first, s.length, s.tokens) for s in read_all.spans()]
+    for q, scale in (("keys", "key_scale"), ("values", "value_scale")):
+        a = dequantise(getattr(read_all, q), getattr(read_all, scale))
+        b = dequantise(getattr(kept, q), getattr(kept, scale))
+        assert bool(((a - b).abs() <= getattr(read_all, scale).float().unsqueeze(-1) * 1.01 + 1e-6).all())
 
 
 # --- selection ---
@@ -439,6 +485,31 @@ def test_labelled_clauses_come_first_and_carry_their_kind() -> None:
     assert [(c.start, KINDS[c.kind]) for c in both] == [(0, "name"), (4, "unknown")]
     with pytest.raises(ValueError, match="kinds must be"):
         select_spans(surprisal, breaks, budget=4, max_span=8, min_score=4.0, kinds=kinds[:3])
+
+
+def test_an_unsure_label_is_stored_but_neither_goes_first_nor_replaces() -> None:
+    """A clause the tagger labels with mean probability between ``min_label`` and ``min_kind`` keeps its kind (for the
+    ask head's match and for eviction) but is chosen like an unlabelled clause and replaces nothing."""
+    pieces = ["my", " sister", " lives", " in", " Oslo", ",", " the", " sky", " is", " weird", "."]
+    surprisal = torch.tensor([1.0, 1.0, 1.0, 1.0, 5.0, 1.0, 1.0, 1.0, 1.0, 9.0, 1.0])
+    kinds = torch.zeros(len(pieces), len(KINDS))
+    kinds[:, 0] = 1.0
+    kinds[:6, 0], kinds[:6, KINDS.index("city")] = 0.65, 0.35
+    breaks = clause_breaks(pieces)
+    sure = select_spans(surprisal, breaks, budget=6, max_span=8, min_score=4.0, kinds=kinds)
+    assert [(c.start, KINDS[c.kind]) for c in sure] == [(6, "unknown")]  # the aside's shock wins the budget: no label
+    unsure = select_spans(surprisal, breaks, budget=6, max_span=8, min_score=4.0, kinds=kinds, min_label=0.3)
+    assert [(c.start, KINDS[c.kind], c.replaces) for c in unsure] == [(6, "unknown", False)]  # still chosen by shock
+    both = select_spans(surprisal, breaks, budget=11, max_span=8, min_score=4.0, kinds=kinds, min_label=0.3)
+    assert [(c.start, KINDS[c.kind], c.replaces) for c in both] == [(0, "city", False), (6, "unknown", False)]
+    held = _add(_imprint(), 3, 5.0, kind=KINDS.index("city"), seed=1)  # the user's own city, an earlier turn
+    keys, values = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4)
+    unsure_city = SpanChoice(0, 3, 5.0, KINDS.index("city"), replaces=False)
+    kept = imprint_spans(held, keys, values, [unsure_city], turn=4, tokens=torch.arange(3) + 40)
+    assert [(s.kind, s.tokens) for s in kept.spans()] == [("city", (10, 11, 12)), ("city", (40, 41, 42))]
+    sure_city = SpanChoice(0, 3, 5.0, KINDS.index("city"))
+    moved = imprint_spans(held, keys, values, [sure_city], turn=4, tokens=torch.arange(3) + 40)
+    assert [(s.kind, s.tokens) for s in moved.spans()] == [("city", (40, 41, 42))]
 
 
 def test_a_known_kind_outlasts_higher_scored_asides() -> None:

@@ -99,6 +99,7 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
     stated = shipped.stages[6].imprint
     assert stated is not None and isinstance(asking, LlamaModel)
     assert asking.config.imprint_ask_bias == stated["ask_bias"] > 0 and asking.imprint_ask is not None
+    assert asking.config.imprint_label_min == stated["label_min"] < gated.config.imprint_label_min == 0.5
     asked = asking.identity_state_dict()
     assert sorted(set(asked) - set(trained)) == ["imprint_ask.bias", "imprint_ask.weight"]
     for name, tensor in trained.items():
