@@ -16,7 +16,7 @@ The natural set's tuning part is played as ``sia eval --natural tune --modes sta
   head and the tagger's kinds, config.imprint_ask_bias = B.
 
     PYTHONPATH=. python -m experiments.probes.kind_match [--checkpoint DIR] [--users 60] [--depth 4] [--bias 3]
-        [--modes oracle oracle- tagger] [--ask 2 3] [--min-kind 0.3] [--out FILE]
+        [--modes oracle oracle- tagger] [--ask 2 3] [--min-kind 0.3] [--min-label 0.4] [--raise-only] [--out FILE]
 
 Writes the per-fact recall of each condition, per kind, and the replies.
 """
@@ -101,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--ask", type=float, nargs="*", default=[])
     ap.add_argument("--min-kind", type=float, default=None, help="the write's kind threshold (select_spans' min_kind)")
     ap.add_argument("--min-label", type=float, default=None, help="the write's label threshold (config.imprint_label_min)")
+    ap.add_argument("--raise-only", action="store_true", help="the ask head's bias only raises (no -beta for other kinds)")
     ap.add_argument("--out", type=Path, default=Path("experiments/probes/results/kind_match.json"))
     args = ap.parse_args(argv)
     if args.min_kind is not None:
@@ -112,6 +113,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     model.config = replace(model.config, imprint_ask_bias=0.0)  # the conditions below set it
     if args.min_label is not None:
         model.config = replace(model.config, imprint_label_min=args.min_label)
+    if args.raise_only:
+        shipped_bias = LlamaModel.entry_bias
+
+        def raising(self: LlamaModel, kind: Tensor, asked: Tensor) -> Tensor | None:
+            bias = shipped_bias(self, kind, asked)
+            return None if bias is None else bias.clamp(min=0.0)
+
+        LlamaModel.entry_bias = raising  # type: ignore[method-assign]
     tok = model.tokenizer
     system = tuple(tok.system_prompt(PERSONAS["sia"].system_prompt))
     users = load_users("tune")[: args.users]

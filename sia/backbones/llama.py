@@ -571,7 +571,7 @@ class LlamaModel(IdentityModel):
 
     def _prefix_cache(self, prefix: Tensor, room: int) -> KVCache:
         """A cache holding the base model's read of ``prefix`` (1, P), with room for ``room`` more tokens."""
-        key = (str(prefix.device), *prefix[0].tolist())
+        key = (str(prefix.device), str(self.wte.weight.dtype), *prefix[0].tolist())  # a cast model reads it again
         with self._prefix_lock:
             held = self._prefix_reads.get(key)
             if held is not None:
