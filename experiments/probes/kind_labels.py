@@ -8,10 +8,12 @@ left out), labelled with the kind whose fact it holds (the fact's accepted strin
   probabilities and by the softmax of the mean logit;
 - ``clause``: a linear map of the clause's mean layer input fitted on the same generated clauses.
 
+With ``--hidden H`` the refitted taggers are two-layer maps of width H instead of linear ones.
+
 For each threshold t: clauses holding a fact labelled with its kind (right), with another (wrong), and clauses holding
 none labelled with some kind (false).
 
-    PYTHONPATH=. python -m experiments.probes.kind_labels [--checkpoint DIR] [--messages 1200] [--out FILE]
+    PYTHONPATH=. python -m experiments.probes.kind_labels [--checkpoint DIR] [--messages 1200] [--hidden 256] [--out FILE]
 """
 
 from __future__ import annotations
@@ -131,8 +133,11 @@ def _counts(probs: Tensor, truth: Tensor) -> dict[str, list[int]]:
     return out
 
 
-def _fit(x: Tensor, y: Tensor, steps: int) -> torch.nn.Linear:
-    head = torch.nn.Linear(x.shape[1], len(KINDS))
+def _fit(x: Tensor, y: Tensor, steps: int, hidden: int = 0) -> torch.nn.Module:
+    """A linear map over the features, or with ``hidden`` > 0 a two-layer one (GELU) of that width."""
+    head: torch.nn.Module = torch.nn.Linear(x.shape[1], len(KINDS))
+    if hidden:
+        head = torch.nn.Sequential(torch.nn.Linear(x.shape[1], hidden), torch.nn.GELU(), torch.nn.Linear(hidden, len(KINDS)))
     opt = torch.optim.AdamW(head.parameters(), lr=1e-2, weight_decay=1e-4)
     for _ in range(steps):
         loss = F.cross_entropy(head(x), y)
@@ -146,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", type=Path, default=None)
     ap.add_argument("--messages", type=int, default=1200)
+    ap.add_argument("--hidden", type=int, default=0, help="refit two-layer taggers of this width instead of linear ones")
     ap.add_argument("--out", type=Path, default=Path("experiments/probes/results/kind_labels.json"))
     args = ap.parse_args(argv)
     torch.manual_seed(0)
@@ -178,8 +184,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             text, spans = _message(rng, phrases, extra)
             items.append((text, rng.choice(systems), token_kinds(tok, text, tuple(spans)), None))
         token_x, token_y, clause_x, clause_y = _features(model, items)
-        tagger = _fit(torch.cat(token_x), torch.cat(token_y), 300)
-        whole = _fit(torch.stack([c.mean(0) for c in clause_x]), clause_y, 500)
+        tagger = _fit(torch.cat(token_x), torch.cat(token_y), 300, args.hidden)
+        whole = _fit(torch.stack([c.mean(0) for c in clause_x]), clause_y, 500, args.hidden)
         with torch.no_grad():
             results[f"token{name}, mean probability"] = _counts(
                 torch.stack([torch.softmax(tagger(c), -1).mean(0) for c in clauses]), truth

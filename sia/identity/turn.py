@@ -95,6 +95,8 @@ class TurnPrompt:
 def turn_prompt(tok: Tokenizer, request: TurnRequest) -> TurnPrompt:
     if not isinstance(request.message, str):
         raise TypeError(f"message must be str; got {type(request.message).__name__}")
+    if request.shared is not None and not 0 <= request.shared <= len(request.context):
+        raise ValueError(f"shared must count tokens of the context: 0..{len(request.context)}; got {request.shared}")
     prompt, (start, end) = tok.turn_prompt(request.message, request.context)
     counted = [False] * len(request.context) + [True] * (len(prompt) - len(request.context))
     return TurnPrompt(prompt, counted, (start - 1, end - 1))  # prompt_nll[j] scores prompt[j + 1]

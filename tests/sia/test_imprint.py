@@ -212,6 +212,8 @@ def test_the_turn_write_reads_the_persona_prompt_once(hf_model: LlamaForCausalLM
         a = dequantise(getattr(read_all, q), getattr(read_all, scale))
         b = dequantise(getattr(kept, q), getattr(kept, scale))
         assert bool(((a - b).abs() <= getattr(read_all, scale).float().unsqueeze(-1) * 1.01 + 1e-6).all())
+    with pytest.raises(ValueError, match="shared must count tokens of the context"):
+        run_turn(model, TurnRequest(fresh, "hi", dynamics, context, shared=len(context) + 1), params)
 
 
 # --- selection ---
