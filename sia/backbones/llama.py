@@ -564,8 +564,6 @@ class LlamaModel(IdentityModel):
             raise ValueError(f"shared must leave a token to read: 0 <= shared < {idx.shape[1]}; got {shared}")
         if not shared:
             return self.read_rows(idx, [idx.shape[1]], logits=logits)[0]
-        if self.config.block_size < idx.shape[1]:
-            raise ValueError(f"{idx.shape[1]} tokens exceed the context of {self.config.block_size}")
         cache = self._prefix_cache(idx[:, :shared], idx.shape[1] - shared)
         return self._read(idx[:, shared:], [idx.shape[1] - shared], logits, cache)[0]
 
@@ -598,13 +596,13 @@ class LlamaModel(IdentityModel):
         padding after a row plays no part in it: attention is causal); each row's read is cut to its length."""
         if idx.dim() != 2 or len(lengths) != idx.shape[0] or not all(0 < n <= idx.shape[1] for n in lengths):
             raise ValueError(f"read_rows takes (B, L) tokens and B lengths in 1..L; got {tuple(idx.shape)}, {list(lengths)}")
-        if self.config.block_size < idx.shape[1]:
-            raise ValueError(f"{idx.shape[1]} tokens exceed the context of {self.config.block_size}")
         return self._read(idx, lengths, logits, None)
 
     def _read(self, idx: Tensor, lengths: Sequence[int], logits: bool, cache: KVCache | None) -> list[WordsRead]:
         """``read_rows``, after the tokens ``cache`` holds where one is given (their keys and values then join it)."""
         L, start = idx.shape[1], 0 if cache is None else cache.tokens
+        if self.config.block_size < start + L:
+            raise ValueError(f"{start + L} tokens exceed the context of {self.config.block_size}")
         x = self.wte(idx)  # (B, L, C)
         rope = self.rope(torch.arange(start, start + L, device=idx.device).view(1, L))
         capture: list[tuple[Tensor, Tensor]] = []

@@ -453,9 +453,8 @@ def imprint_spans(
         length = choice.end - choice.start
         if length > imprint.capacity:
             continue
-        if (
-            choice.kind and choice.replaces
-        ):  # a restatement replaces what earlier turns said of its kind, not its own message's other spans
+        # a sure restatement replaces what earlier turns said of its kind, not its own message's other spans
+        if choice.kind and choice.replaces:
             spans = [s for s in spans if s.kind != choice.kind or s.turn == turn]
         strength = (choice.kind > 0, choice.score)
         while sum(s.length for s in spans) + length > imprint.capacity:

@@ -187,7 +187,7 @@ def imprint_message(
         return imprint
     surprisal = generation.prompt_nll[a : b - 1].float().cpu()  # (n,) each message token's NLL under the identity
     shared = len(request.context) if request.shared is None else request.shared
-    words = model.read_words(torch.tensor([prompt.tokens[:end]], device=model.device), shared=min(shared, start))
+    words = model.read_words(torch.tensor([prompt.tokens[:end]], device=model.device), shared=shared)
     imprint, _ = write_imprint(
         c, tok, imprint, prompt.tokens, surprisal, words, slice(start, end), turn=request.state.turns, keep_text=request.keep_text
     )
