@@ -8,12 +8,15 @@ left out), labelled with the kind whose fact it holds (the fact's accepted strin
   probabilities and by the softmax of the mean logit;
 - ``clause``: a linear map of the clause's mean layer input fitted on the same generated clauses.
 
-With ``--hidden H`` the refitted taggers are two-layer maps of width H instead of linear ones.
+With ``--hidden H`` the refitted taggers are two-layer maps of width H instead of linear ones. With ``--natural R ...``
+(and nothing else refitted): the tagger as ``train_kinds`` fits it, on the generated messages and the natural set's
+training part counted R times each (0: without it), read as the write reads it.
 
 For each threshold t: clauses holding a fact labelled with its kind (right), with another (wrong), and clauses holding
 none labelled with some kind (false).
 
-    PYTHONPATH=. python -m experiments.probes.kind_labels [--checkpoint DIR] [--messages 1200] [--hidden 256] [--out FILE]
+    PYTHONPATH=. python -m experiments.probes.kind_labels [--checkpoint DIR] [--messages 1200] [--hidden 256]
+        [--natural 0 1 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from torch import Tensor
 from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
 from sia.identity.imprint import KINDS, asking, clause_breaks
-from sia.learn.imprint_read import EXTRA, MAIN, ReadPhrases, _fill, token_kinds
-from sia.learn.natural import load_users, mentions
-from sia.personas import PERSONAS
+from sia.learn.imprint_read import EXTRA, MAIN, ReadPhrases, _fill, natural_statements, token_kinds, train_kinds
+from sia.learn.natural import TRAIN, load_users, mentions
+from sia.personas import PERSONAS, persona_prompt
 
 NEW = Path(__file__).parents[1] / "data" / "kind_phrases.json"
 THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7)
@@ -152,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--checkpoint", type=Path, default=None)
     ap.add_argument("--messages", type=int, default=1200)
     ap.add_argument("--hidden", type=int, default=0, help="refit two-layer taggers of this width instead of linear ones")
+    ap.add_argument("--natural", type=int, nargs="*", default=None, help="train_kinds with the training part this often")
     ap.add_argument("--out", type=Path, default=Path("experiments/probes/results/kind_labels.json"))
     args = ap.parse_args(argv)
     torch.manual_seed(0)
@@ -177,6 +181,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     with torch.no_grad():
         results["shipped"] = _counts(torch.stack([torch.softmax(shipped(c), -1).mean(0) for c in clauses]), truth)
     phrases, new = ReadPhrases.load(), json.loads(NEW.read_text())
+    if args.natural is not None:
+        layer = model.config.imprint_kinds_layer
+        own = natural_statements(load_users(TRAIN))
+        systems = [tok.system_prompt(persona_prompt(model, name)) for name in sorted(PERSONAS)]  # as the recipe's
+        for repeat in args.natural:
+            model.add_kind_tagger(layer)  # a fresh one, fitted as the recipe fits it
+            fit = train_kinds(model, systems, phrases, natural=own if repeat else (), natural_repeat=max(repeat, 1))
+            with torch.no_grad():
+                probs = torch.stack([torch.softmax(model.imprint_kind(c), -1).mean(0) for c in clauses])
+            results[f"train_kinds, natural x{repeat}"] = _counts(probs, truth)
+            results[f"train_kinds, natural x{repeat}, fit"] = fit
+        for name, counts in results.items():
+            sys.stdout.write(f"{name}: {counts}\n")
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        return
     for name, extra in (("", None), ("+new", new)):
         rng = random.Random(1)
         items: list[Item] = []

@@ -38,6 +38,7 @@ from sia.identity.imprint import KINDS, Imprint, SpanChoice
 from sia.identity.state import IdentityState
 from sia.identity.turn import write_imprint
 from sia.learn.adapter.facts import chitchat
+from sia.learn.natural import TRAIN, load_users
 from sia.model.conditioning import Conditioning
 from sia.model.identity_model import WordsRead
 
@@ -50,6 +51,8 @@ __all__ = [
     "imprints_of",
     "make_example",
     "message_reads",
+    "natural_asks",
+    "natural_statements",
     "token_kinds",
     "train_kinds",
     "train_read",
@@ -85,6 +88,11 @@ class ReadConfig:
     aside_rate: float = 0.0  # chance that a statement also says something of the user's that is no fact (and of each
     # unrelated message that it is such an aside, not a question): "my colleague Brigitte brought cake today"
     kinds: bool = True  # train a kind tagger too
+    kinds_only: bool = False  # over a checkpoint with its imprint and read: only a fresh kind tagger (its ask head kept)
+    # how often each message of the natural set's training part (sia/learn/data/natural/users_train.jsonl, written by
+    # hand) is counted in the kind tagger's data beside the generated ones; 0: not read
+    kinds_natural: int = 0
+    asks_natural: bool = False  # the ask head also learns from the natural training part's questions and messages
     gate: bool = False  # add the imprint's per-token read gate (config.imprint_gate) and train it with the adapter
     adapter: bool = True  # train the read adapter (False: only the gate, over a checkpoint's trained adapter)
     resume: bool = False  # train on over the checkpoint's imprint and read (its tagger kept), not a fresh one
@@ -312,6 +320,29 @@ def token_kinds(tok: Any, message: str, clauses: tuple[tuple[int, int, str], ...
     return out
 
 
+def natural_statements(users: Sequence[Any]) -> list[tuple[str, tuple[tuple[int, int, str], ...]]]:
+    """Every message of these natural-set users (``sia.learn.natural.NaturalUser``) with the character spans of the
+    facts it states whose kinds the tagger knows (the fact's ``clause``, where it first occurs): ``train_kinds``'
+    hand-written examples."""
+    rows = []
+    for u in users:
+        for i, message in enumerate(u.messages):
+            spans = []
+            for f in u.facts:
+                if f.message == i and f.kind in KINDS[1:]:
+                    at = message.index(f.clause)
+                    spans.append((at, at + len(f.clause), f.kind))
+            rows.append((message, tuple(spans)))
+    return rows
+
+
+def natural_asks(users: Sequence[Any]) -> list[tuple[str, int]]:
+    """The ask head's hand-written examples from natural-set users: every question with the KINDS index of what it
+    asks (0 for a kind the tagger does not know) and every message they told (0: it asks for none of their facts)."""
+    asks = [(q.text, KINDS.index(q.kind) if q.kind in KINDS else 0) for u in users for q in u.questions]
+    return asks + [(m, 0) for u in users for m in u.messages]
+
+
 def train_kinds(
     model: LlamaModel,
     systems: list[list[int]],
@@ -321,12 +352,17 @@ def train_kinds(
     steps: int = 300,
     seed: int = 0,
     others_rate: float = 0.0,
+    natural: Sequence[tuple[str, tuple[tuple[int, int, str], ...]]] = (),
+    natural_repeat: int = 1,
 ) -> dict[str, float]:
     """Fit the kind tagger (``model.imprint_kind``, a linear map of one layer's normalised input) on generated
     statements (with chance ``others_rate`` one of them about someone else, labelled as no kind) and unrelated
-    messages, the base model frozen; returns its token accuracy on 200 more."""
+    messages, and on ``natural`` messages written by hand with their facts' spans (``natural_statements``; counted
+    ``natural_repeat`` times), the base model frozen; returns its token accuracy on 200 more generated examples."""
     if model.imprint_kind is None or model.config.imprint_kinds_layer is None:
         raise ValueError("the model has no kind tagger: add_imprint(..., kinds_layer=L) first")
+    if natural_repeat < 1:
+        raise ValueError(f"natural_repeat must be >= 1; got {natural_repeat}")
     layer, tok, rng = model.config.imprint_kinds_layer, model.tokenizer, random.Random(seed)
 
     def features(n: int) -> tuple[Tensor, Tensor]:
@@ -335,14 +371,21 @@ def train_kinds(
             ex = make_example(rng, phrases, distractors=1, extra_rate=0.3, others_rate=others_rate)
             system = rng.choice(systems)
             for i, message in enumerate(ex.messages):
-                tokens, (start, end) = tok.turn_prompt(message, system)
-                with torch.no_grad():
-                    h = model.layer_input(torch.tensor([tokens[: end - 1]], device=model.device), layer)[start:]
-                xs.append(h.cpu())
+                xs.append(read(message, system))
                 ys.append(torch.tensor(token_kinds(tok, message, ex.clauses.get(i, ()))))
         return torch.cat(xs), torch.cat(ys)
 
+    def read(message: str, system: list[int]) -> Tensor:
+        tokens, (start, end) = tok.turn_prompt(message, system)
+        with torch.no_grad():
+            return model.layer_input(torch.tensor([tokens[: end - 1]], device=model.device), layer)[start:].cpu()
+
     x, y = features(messages)
+    if natural:  # their own stream of persona prompts: the generated examples stay those of a run without them
+        pick = random.Random(seed + 1)
+        own = [(read(m, pick.choice(systems)), torch.tensor(token_kinds(tok, m, spans))) for m, spans in natural]
+        x = torch.cat([x, *(h for h, _ in own for _ in range(natural_repeat))])
+        y = torch.cat([y, *(t for _, t in own for _ in range(natural_repeat))])
     held_x, held_y = features(200)
     tagger = model.imprint_kind
     opt = torch.optim.AdamW(tagger.parameters(), lr=1e-2, weight_decay=1e-4)
@@ -426,19 +469,27 @@ def ask_features(model: LlamaModel, messages: Sequence[str], *, rows: int = 32) 
 
 
 def train_asks(
-    model: LlamaModel, phrases: ReadPhrases, *, messages: int = 1600, steps: int = 300, held: float = 0.2, seed: int = 0
+    model: LlamaModel,
+    phrases: ReadPhrases,
+    *,
+    messages: int = 1600,
+    steps: int = 300,
+    held: float = 0.2,
+    seed: int = 0,
+    natural: Sequence[tuple[str, int]] = (),
 ) -> dict[str, float]:
     """Fit the ask head (``model.imprint_ask``, a linear map of the mean of the tagger's layer's input over a message)
-    on generated messages (``ask_messages``), the base model frozen. First fitted without ``held`` of each kind's
-    question wordings (and of the small talk and asides) and measured on messages made from those alone; then fitted
-    again on all of them (what is kept). Returns the held-out accuracy, the asked kind's recall and the false asks."""
+    on generated messages (``ask_messages``) and the ``natural`` ones written by hand (``natural_asks``), the base
+    model frozen. First fitted without ``held`` of each kind's generated question wordings (and of the small talk and
+    asides) and measured on messages made from those alone; then fitted again on all of them (what is kept). Returns
+    the held-out accuracy, the asked kind's recall and the false asks."""
     if model.imprint_ask is None:
         raise ValueError("the model has no ask head: add_ask_head(bias) first")
     head, rng = model.imprint_ask, random.Random(seed)
     train, apart = _split(phrases, held, seed)
 
     def fit(p: ReadPhrases) -> float:
-        data = ask_messages(rng, p, messages)
+        data = ask_messages(rng, p, messages) + list(natural)
         x = ask_features(model, [m for m, _ in data]).to(head.weight.device)
         y = torch.tensor([k for _, k in data], device=head.weight.device)
         with torch.no_grad():
@@ -603,18 +654,20 @@ def train_checkpoint(
     out: Path,
     config: ReadConfig,
     *,
-    kinds_only: bool = False,
     cache_dir: Path | None = None,
 ) -> Path:
     """A SIA checkpoint of a pretrained backbone given an imprint, a read adapter and a kind tagger trained here, in
     that order (the read learns from spans chosen by token shock alone), written to ``out`` (config.json, base.json,
-    identity.safetensors; ``read_history.json`` the training log). With ``kinds_only`` the checkpoint already has its
+    identity.safetensors; ``read_history.json`` the training log). With ``config.kinds_only`` the checkpoint already has its
     imprint and read adapter, and only the kind tagger is added and trained; with ``config.resume`` it has its tagger
     too, which stays as it is, and the read trains on from where it is (``config.adapter``: the adapter;
     ``config.gate``: the imprint's read gate, added at zero if the checkpoint has none). With ``config.ask_bias`` an
     ask head is trained last, fresh (with ``resume`` and neither adapter nor gate: only it, over the checkpoint)."""
+    kinds_only = config.kinds_only
     if kinds_only and config.resume:
         raise ValueError("kinds_only and resume train different parts: choose one")
+    if config.kinds_natural < 0:
+        raise ValueError(f"kinds_natural counts the natural training part's messages: >= 0; got {config.kinds_natural}")
     asks_only = config.resume and not config.adapter and not config.gate
     if asks_only and not config.ask_bias:
         raise ValueError("resume with neither the adapter nor the gate leaves nothing to train but an ask head: give ask_bias")
@@ -647,12 +700,18 @@ def train_checkpoint(
         model.add_kind_tagger(layer)
         # the tagger learns from single statements of the user's own facts: someone else's facts in its data lowered
         # the share of natural facts it labels (experiments/LOG.md, 2026-11-28)
-        tagger = train_kinds(model, systems, phrases, seed=config.seed) if layer is not None else {}
+        natural = natural_statements(load_users(TRAIN)) if config.kinds_natural else ()
+        tagger = {}
+        if layer is not None:
+            tagger = train_kinds(
+                model, systems, phrases, seed=config.seed, natural=natural, natural_repeat=max(config.kinds_natural, 1)
+            )
         log.info("kind tagger: %s", tagger)
     asks: dict[str, float] = {}
     if config.ask_bias and (asks_only or not config.resume or model.imprint_ask is None):
         model.add_ask_head(config.ask_bias)
-        asks = train_asks(model, phrases, seed=config.seed)
+        natural_ask = natural_asks(load_users(TRAIN)) if config.asks_natural else ()
+        asks = train_asks(model, phrases, seed=config.seed, natural=natural_ask)
         log.info("ask head: %s", asks)
     elif config.ask_bias:  # the checkpoint's head kept, its bias as given
         model.config = replace(model.config, imprint_ask_bias=config.ask_bias)
@@ -703,6 +762,10 @@ def main() -> None:
         "--kinds-layer", type=int, default=None, help="the layer the kind tagger reads (default: the middle); -1: none"
     )
     parser.add_argument("--kinds-only", action="store_true", help="add and train only the kind tagger")
+    parser.add_argument("--asks-natural", action="store_true", help="the ask head learns from the natural training part")
+    parser.add_argument(
+        "--kinds-natural", type=int, default=ReadConfig.kinds_natural, help="count the natural training part this often"
+    )
     parser.add_argument(
         "--ask-bias", type=float, default=ReadConfig.ask_bias, help="train an ask head moving the asked kind's entries"
     )
@@ -743,10 +806,13 @@ def main() -> None:
         resume=args.resume or args.asks_only,
         ask_bias=args.ask_bias,
         label_min=args.label_min,
+        kinds_only=args.kinds_only,
+        kinds_natural=args.kinds_natural,
+        asks_natural=args.asks_natural,
     )
     if args.gate_only and not args.resume:
         parser.error("--gate-only trains over a checkpoint's read: add --resume")
-    train_checkpoint(args.checkpoint, args.out, config, kinds_only=args.kinds_only)
+    train_checkpoint(args.checkpoint, args.out, config)
 
 
 if __name__ == "__main__":

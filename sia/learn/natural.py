@@ -7,8 +7,9 @@ same state. A reply remembers a fact when it contains one of the fact's accepted
 case-insensitive), for the newest value of its kind; a correction is remembered when the newest value is given and
 the older one is not.
 
-Two parts: ``tune`` (thresholds, prompts and choices are made on it) and ``heldout`` (measured only; no training run,
-threshold or prompt choice ever reads it).
+Two parts are measured: ``tune`` (thresholds, prompts and choices are made on it) and ``heldout`` (measured only; no
+training run, threshold or prompt choice ever reads it). A third, ``train``, written apart from both in the same
+manner, is what training may read (the kind tagger learns from its messages); it is never measured.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "DATA",
     "KINDS",
     "SPLITS",
+    "TRAIN",
     "DepthResult",
     "Fact",
     "NaturalUser",
@@ -45,7 +47,8 @@ __all__ = [
 ]
 
 DATA = Path(__file__).parent / "data" / "natural"
-SPLITS = ("tune", "heldout")
+SPLITS = ("tune", "heldout")  # the parts measured
+TRAIN = "train"  # the part training reads (the kind tagger's natural messages); never measured
 MAIN_KINDS = ("name", "city", "job", "colour", "pet", "hobby")
 KINDS = (*MAIN_KINDS, "relative", "pet_name", "birthday", "food", "employer", "origin", "plan", "instrument", "language")
 
@@ -113,9 +116,9 @@ def _user(row: dict[str, Any], where: str) -> NaturalUser:
 
 
 def load_users(split: str, data: Path = DATA) -> list[NaturalUser]:
-    """The users of one part of the set (``tune`` or ``heldout``), checked."""
-    if split not in SPLITS:
-        raise ValueError(f"the natural set's parts are {SPLITS}; got {split!r}")
+    """The users of one part of the set (``tune``, ``heldout`` or ``train``), checked."""
+    if split not in (*SPLITS, TRAIN):
+        raise ValueError(f"the natural set's parts are {(*SPLITS, TRAIN)}; got {split!r}")
     path = data / f"users_{split}.jsonl"
     users = [_user(json.loads(line), f"{path.name}:{i + 1}") for i, line in enumerate(path.read_text().splitlines()) if line]
     if len({u.id for u in users}) != len(users):

@@ -30,6 +30,8 @@ from sia.learn.imprint_read import (
     make_example,
     message_reads,
     message_tokens,
+    natural_asks,
+    natural_statements,
     token_kinds,
     train_asks,
     train_kinds,
@@ -390,6 +392,43 @@ def test_the_kind_tagger_learns_which_tokens_state_a_fact() -> None:
     torch.testing.assert_close(words.kinds.sum(-1), torch.ones(8))
     with pytest.raises(ValueError, match="kind tagger"):
         train_kinds(tiny(), [[]], phrases())
+
+
+def test_natural_statements_hold_the_facts_the_tagger_knows() -> None:
+    from sia.learn.natural import _user
+
+    message = "I'm Ana, I keep bees. My sister Eva lives in Porto."
+    facts = [
+        {"kind": "name", "value": "Ana", "accept": ["Ana"], "message": 0, "clause": "I'm Ana"},
+        {"kind": "hobby", "value": "beekeeping", "accept": ["bees"], "message": 0, "clause": "I keep bees"},
+        {"kind": "relative", "value": "Eva", "accept": ["Eva"], "message": 0, "clause": "My sister Eva"},  # not a tagger kind
+    ]
+    questions = [{"kind": k, "text": "?"} for k in ("name", "hobby", "relative")]
+    user = _user({"id": "u", "messages": [message, "bye"], "facts": facts, "questions": questions}, "test")
+    rows = natural_statements([user])
+    assert [m for m, _ in rows] == [message, "bye"] and rows[1][1] == ()
+    assert [(message[a:b], kind) for a, b, kind in rows[0][1]] == [("I'm Ana", "name"), ("I keep bees", "hobby")]
+    # the ask head's: each question with the kind it asks (none for a kind the tagger does not know), each message none
+    assert natural_asks([user]) == [("?", KINDS.index("name")), ("?", KINDS.index("hobby")), ("?", 0), (message, 0), ("bye", 0)]
+
+
+def test_the_kind_tagger_learns_from_hand_written_messages() -> None:
+    """Messages written by hand join the generated ones (counted as often as asked) and teach their own wording: a
+    phrasing no template holds is labelled with its kind only by the tagger that saw it."""
+    own = [("zq vx wk jj", ((0, 11, "pet"),)), ("hello there", ())]
+    labels, tokens = {}, {}
+    for repeat in (0, 40):
+        model = tiny()
+        model.add_imprint(32, 0, kinds_layer=1)
+        report = train_kinds(model, [list(b"sys ")], phrases(), messages=40, steps=150, natural=own if repeat else (),
+                             natural_repeat=max(repeat, 1))  # fmt: skip
+        labels[repeat] = model.read_words(torch.tensor([list(b"zq vx wk jj")])).kinds.argmax(-1)  # type: ignore[union-attr]
+        tokens[repeat] = report["tokens"]
+    assert tokens[40] == tokens[0] + 40 * 22  # the two messages' 22 bytes, 40 times
+    assert (labels[40] == KINDS.index("pet")).float().mean() > 0.8
+    assert (labels[0] == KINDS.index("pet")).float().mean() < 0.5
+    with pytest.raises(ValueError, match="natural_repeat"):
+        train_kinds(model, [[]], phrases(), natural=own, natural_repeat=0)
 
 
 def _labelled(model: LlamaModel, kinds: list[str]) -> Imprint:

@@ -28,6 +28,11 @@ def test_the_set_has_its_parts_and_their_sizes() -> None:
             assert kinds.count(kind) >= len(users) * 2 // 5, kind
         assert sum(any(f.corrects for f in u.facts) for u in users) >= len(users) // 6
     assert not {u.id for u in tune} & {u.id for u in held}
+    train = load_users("train")  # what training may read, written apart in the same manner
+    assert len(train) == 240 and not {u.id for u in train} & {u.id for u in (*tune, *held)}
+    assert sum(q.kind in MAIN_KINDS for u in train for q in u.questions) >= 700
+    with pytest.raises(ValueError, match="parts"):
+        load_users("everything")
 
 
 def test_the_parts_share_no_name_or_place_and_no_filler() -> None:
@@ -35,7 +40,8 @@ def test_the_parts_share_no_name_or_place_and_no_filler() -> None:
         kinds = ("name", "city", "origin", "relative", "pet_name")
         return {a.lower() for u in users for f in u.facts if f.kind in kinds for a in f.accept}
 
-    assert not open_values(load_users("tune")) & open_values(load_users("heldout"))
+    tune, held, train = (open_values(load_users(part)) for part in ("tune", "heldout", "train"))
+    assert not tune & held and not train & held and not train & tune
     assert not set(load_fillers("tune")) & set(load_fillers("heldout"))
 
 

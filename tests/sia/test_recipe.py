@@ -54,7 +54,13 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
     final = run_recipe(recipe, out, progress=False, cache_dir=base.parent / "models")
     assert final == out / "final"
     names = [stage.name for stage in shipped.stages if stage.imprint is None]
-    assert len(names) == 4 and [s.name for s in shipped.stages] == [*names, "imprint", "imprint-gate", "imprint-ask"]
+    assert len(names) == 4 and [s.name for s in shipped.stages] == [
+        *names,
+        "imprint",
+        "imprint-gate",
+        "imprint-ask",
+        "imprint-natural",
+    ]
     exports = [out / f"{i + 1}-{name}" / "export" for i, name in enumerate(names)]
     for i, name in enumerate(names):
         ran = json.loads((out / f"{i + 1}-{name}" / "train.json").read_text())
@@ -69,7 +75,7 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
         assert exported["read_shift"] == (shipped.stages[i].export.read_shift or 0.0)
         assert {t.dtype for t in load_file(str(exports[i] / "identity.safetensors")).values()} == {torch.float16}
         assert not (exports[i].parent / (exports[i].name + ".partial")).exists()
-    assert [s.export.read_shift for s in shipped.stages] == [None, None, 0.5, 0.5, None, None, None]
+    assert [s.export.read_shift for s in shipped.stages] == [None, None, 0.5, 0.5, None, None, None, None]
     last = load_model(exports[3], cache_dir=base.parent / "models")
     assert isinstance(last, LlamaModel) and last.config.read_shift == 0.5 and last.config.slot_rank == 2
     before = load_model(exports[2], cache_dir=base.parent / "models")
@@ -95,7 +101,7 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
         assert torch.equal(trained[name], tensor), name
     assert any(bool(trained[n].abs().sum() > 0) for n in set(trained) - set(kept))  # the gate moved from zero
     # the ask stage: the gate stage's export with an ask head trained, its bias as stated, everything else as it was
-    asking = load_model(final, cache_dir=base.parent / "models")
+    asking = load_model(out / "7-imprint-ask" / "export", cache_dir=base.parent / "models")
     stated = shipped.stages[6].imprint
     assert stated is not None and isinstance(asking, LlamaModel)
     assert asking.config.imprint_ask_bias == stated["ask_bias"] > 0 and asking.imprint_ask is not None
@@ -105,6 +111,22 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
     for name, tensor in trained.items():
         assert torch.equal(asked[name], tensor), name
     assert bool(asked["imprint_ask.weight"].abs().sum() > 0)  # trained, not the untrained head
+    # the natural stage: the ask stage's export with its kind tagger and ask head fitted afresh, the hand-written
+    # training part beside the generated messages; the imprint, the read and its gate as they were
+    natural = load_model(final, cache_dir=base.parent / "models")
+    stated = shipped.stages[7].imprint
+    assert stated is not None and isinstance(natural, LlamaModel)
+    assert stated["kinds_only"] and stated["kinds_natural"] > 0 and stated["asks_natural"]
+    assert natural.config.imprint_label_min == stated["label_min"] and natural.config.imprint_ask_bias == stated["ask_bias"]
+    refit = natural.identity_state_dict()
+    assert set(refit) == set(asked)
+    changed = sorted(n for n, t in asked.items() if not torch.equal(refit[n], t))
+    assert changed == ["imprint_ask.bias", "imprint_ask.weight", "imprint_kind.bias", "imprint_kind.weight"]
+    history = json.loads((final / "read_history.json").read_text())
+    assert (
+        history["kinds"]["tokens"]
+        > json.loads((out / "5-imprint" / "export" / "read_history.json").read_text())["kinds"]["tokens"]
+    )
     assert json.loads((out / "recipe.json").read_text()) == recipe.to_dict()
 
 
