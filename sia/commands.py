@@ -275,7 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--heldout", type=int, default=300, help="held-out episodes to generate")
     ev.add_argument("--max-episodes", type=int, default=None, help="evaluate on at most this many episodes")
     ev.add_argument("--episodes", type=int, default=24, help="pretrained backbone: held-out episodes per depth")
-    ev.add_argument("--conversations", type=int, default=60, help="pretrained backbone: held-out dialogue conversations")
+    ev.add_argument(
+        "--conversations", type=int, default=60, help="pretrained backbone: held-out dialogue conversations (--natural: 0, none)"
+    )
     ev.add_argument("--device", default="cpu", help="pretrained backbone: the torch device to evaluate on (e.g. cuda)")
     ev.add_argument(
         "--read-shifts",

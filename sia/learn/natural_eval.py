@@ -50,7 +50,11 @@ class NaturalOptions:
     modes: tuple[str, ...] = MODES
     users: int | None = None  # the first this many users of the part (None: all)
     batch: int = 8
-    conversations: int = 60  # held-out dialogue conversations for the perplexity
+    conversations: int = 60  # held-out dialogue conversations for the perplexity (0: not measured)
+
+    def __post_init__(self) -> None:
+        if self.conversations < 0:
+            raise ValueError(f"conversations counts dialogue conversations: >= 0; got {self.conversations}")
 
 
 def _rate(oks: Sequence[bool]) -> float | None:
@@ -98,6 +102,8 @@ def imprint_perplexity(model: LlamaModel, imprints: Sequence[Imprint], conversat
     the ask head reads, as in a turn)."""
     tok = model.tokenizer
     system = tok.system_prompt(PERSONAS["sia"].system_prompt)
+    if conversations < 1:
+        raise ValueError(f"the perplexity needs at least one conversation; got {conversations}")
     convs = load_dialogue()[:conversations]
     fresh = IdentityState.fresh(model.config)
     nll = {"state": 0.0, "base": 0.0}
@@ -140,7 +146,8 @@ def run_natural_eval(model: LlamaModel, out: Path, options: NaturalOptions) -> d
         turns = sum(len(u.messages) for u in users[:20])
         figures["write_ms_per_turn"] = 1000 * (time.perf_counter() - started) / turns
         figures["state_bytes"] = len(state_to_bytes(replace(IdentityState.fresh(model.config), imprint=imprints[0])))
-        figures["perplexity"] = imprint_perplexity(model, imprints, options.conversations)
+        if options.conversations:
+            figures["perplexity"] = imprint_perplexity(model, imprints, options.conversations)
     figures["targets"] = targets(figures)
     out.mkdir(parents=True, exist_ok=True)
     (out / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")

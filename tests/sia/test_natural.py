@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,9 @@ def test_the_natural_eval_writes_its_figures_and_targets(tmp_path: Path) -> None
     assert "| state | 4 |" in report and "| fresh | – |" in report
     assert 0.0 <= figures["state"][0]["kept"] <= 1.0 and "right when imprinted" in report
     assert json.loads((tmp_path / "figures.json").read_text())["users"] == 2
+    # no dialogue asked for: recall without the perplexity, and no target that needs it
+    quick = run_natural_eval(model, tmp_path / "quick", replace(options, depths=(0,), modes=("state",), conversations=0))
+    assert "perplexity" not in quick and "reply perplexity <= 1.05x base" not in [t["name"] for t in quick["targets"]]
+    assert "Reply perplexity" not in (tmp_path / "quick" / "report.md").read_text()
+    with pytest.raises(ValueError, match="conversations"):
+        NaturalOptions(conversations=-1)
