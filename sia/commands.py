@@ -139,7 +139,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not isinstance(model, LlamaModel):
             raise ValueError("the natural set measures a chat backbone; the native model reads bytes of its own corpus")
         natural = NaturalOptions(
-            part=args.natural, depths=tuple(args.depths), modes=tuple(args.modes), users=args.users, batch=args.batch
+            part=args.natural,
+            depths=tuple(args.depths),
+            modes=tuple(args.modes),
+            users=args.users,
+            batch=args.batch,
+            conversations=args.conversations,
         )
         found = run_natural_eval(model, args.out, natural)
         met = sum(t["met"] for t in found["targets"])
