@@ -663,11 +663,11 @@ def train_checkpoint(
     too, which stays as it is, and the read trains on from where it is (``config.adapter``: the adapter;
     ``config.gate``: the imprint's read gate, added at zero if the checkpoint has none). With ``config.ask_bias`` an
     ask head is trained last, fresh (with ``resume`` and neither adapter nor gate: only it, over the checkpoint)."""
-    kinds_only = config.kinds_only
-    if kinds_only and config.resume:
+    if config.kinds_only and config.resume:
         raise ValueError("kinds_only and resume train different parts: choose one")
     if config.kinds_natural < 0:
         raise ValueError(f"kinds_natural counts the natural training part's messages: >= 0; got {config.kinds_natural}")
+    hand_written = load_users(TRAIN) if config.kinds_natural or config.asks_natural else []  # the natural training part
     asks_only = config.resume and not config.adapter and not config.gate
     if asks_only and not config.ask_bias:
         raise ValueError("resume with neither the adapter nor the gate leaves nothing to train but an ask head: give ask_bias")
@@ -693,14 +693,14 @@ def train_checkpoint(
         model.config = replace(model.config, imprint_tokens=tokens, imprint_bits=bits)
         history = train_read(model, systems, config, phrases)
     else:
-        if not kinds_only:
+        if not config.kinds_only:
             model.add_imprint(NEW_TOKENS if config.tokens is None else config.tokens, config.rank, seed=config.seed)
             model.config = replace(model.config, imprint_bits=8 if config.bits is None else config.bits)
             history = train_read(model, systems, config, phrases)
         model.add_kind_tagger(layer)
         # the tagger learns from single statements of the user's own facts: someone else's facts in its data lowered
         # the share of natural facts it labels (experiments/LOG.md, 2026-11-28)
-        natural = natural_statements(load_users(TRAIN)) if config.kinds_natural else ()
+        natural = natural_statements(hand_written) if config.kinds_natural else ()
         tagger = {}
         if layer is not None:
             tagger = train_kinds(
@@ -710,7 +710,7 @@ def train_checkpoint(
     asks: dict[str, float] = {}
     if config.ask_bias and (asks_only or not config.resume or model.imprint_ask is None):
         model.add_ask_head(config.ask_bias)
-        natural_ask = natural_asks(load_users(TRAIN)) if config.asks_natural else ()
+        natural_ask = natural_asks(hand_written) if config.asks_natural else ()
         asks = train_asks(model, phrases, seed=config.seed, natural=natural_ask)
         log.info("ask head: %s", asks)
     elif config.ask_bias:  # the checkpoint's head kept, its bias as given
