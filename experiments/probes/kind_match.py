@@ -90,6 +90,35 @@ def _bias_row(N: int, spans: Sequence[tuple[int, int, set[str], str]], kind: str
     return row
 
 
+def _recency() -> None:
+    """Patch the read so that, in each row, the entries of a kind that a later turn's span also holds are stored as
+    -kind and the ask bias treats them as another kind's (-beta where that kind is asked): the newest value wins."""
+    stack, shipped_bias = imprint.ImprintEntries.stack, LlamaModel.entry_bias
+
+    def stale_kinds(held: imprint.Imprint) -> Tensor:
+        kind, turn = held.kind.long().clone(), held.turn.long()
+        for k in set(kind[held.span >= 0].tolist()) - {0}:
+            at = (kind == k) & (held.span >= 0)
+            kind[at & (turn < int(turn[at].max()))] = -k
+        return kind
+
+    def stacked(cls: Any, imprints: Sequence[Any], shape: Any, dtype: torch.dtype) -> imprint.ImprintEntries:
+        out: imprint.ImprintEntries = stack.__func__(cls, imprints, shape, dtype)  # type: ignore[attr-defined]
+        kinds = [stale_kinds(i) if i is not None else torch.zeros(shape[2], dtype=torch.long) for i in imprints]
+        return replace(out, kind=torch.stack(kinds))
+
+    def biased(self: LlamaModel, kind: Tensor, asked: Tensor) -> Tensor | None:
+        bias = shipped_bias(self, kind.abs(), asked)
+        if bias is None:
+            return None
+        p_none = asked.float()[:, :1].to(bias.device)
+        other = torch.where(p_none < 0.5, -self.config.imprint_ask_bias * (1.0 - p_none), torch.zeros_like(p_none))
+        return torch.where(kind.to(bias.device) < 0, other.expand_as(bias), bias)
+
+    imprint.ImprintEntries.stack = classmethod(stacked)  # type: ignore[method-assign,assignment]
+    LlamaModel.entry_bias = biased  # type: ignore[method-assign]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--users", type=int, default=None)
@@ -102,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--min-kind", type=float, default=None, help="the write's kind threshold (select_spans' min_kind)")
     ap.add_argument("--min-label", type=float, default=None, help="the write's label threshold (config.imprint_label_min)")
     ap.add_argument("--raise-only", action="store_true", help="the ask head's bias only raises (no -beta for other kinds)")
+    ap.add_argument(
+        "--recency", action="store_true", help="an entry whose kind a later turn's span also has reads as another kind's"
+    )
     ap.add_argument("--out", type=Path, default=Path("experiments/probes/results/kind_match.json"))
     args = ap.parse_args(argv)
     if args.min_kind is not None:
@@ -121,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             return None if bias is None else bias.clamp(min=0.0)
 
         LlamaModel.entry_bias = raising  # type: ignore[method-assign]
+    if args.recency:
+        _recency()
     tok = model.tokenizer
     system = tuple(tok.system_prompt(PERSONAS["sia"].system_prompt))
     users = load_users("tune")[: args.users]

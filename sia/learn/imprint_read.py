@@ -52,6 +52,7 @@ __all__ = [
     "make_example",
     "message_reads",
     "natural_asks",
+    "natural_example",
     "natural_statements",
     "token_kinds",
     "train_kinds",
@@ -93,6 +94,9 @@ class ReadConfig:
     # hand) is counted in the kind tagger's data beside the generated ones; 0: not read
     kinds_natural: int = 0
     asks_natural: bool = False  # the ask head also learns from the natural training part's questions and messages
+    # the share of the read's examples drawn from the natural training part: a hand-written user's messages imprinted,
+    # then one of their questions (a kind with answers in the phrase tables), answered with the newest value of its kind
+    natural_rate: float = 0.0
     gate: bool = False  # add the imprint's per-token read gate (config.imprint_gate) and train it with the adapter
     adapter: bool = True  # train the read adapter (False: only the gate, over a checkpoint's trained adapter)
     resume: bool = False  # train on over the checkpoint's imprint and read (its tagger kept), not a fresh one
@@ -236,6 +240,25 @@ def make_example(
     own = template.replace("{av}", f"{_article(facts[asked])} {{v}}")
     rivals = tuple(_fill(own, v) for v in dict.fromkeys(facts.values()) if v != facts[asked])
     return ReadExample(tuple(messages), question, answer, (exchange.user, exchange.reply), facts, clauses, rivals)
+
+
+def natural_example(rng: random.Random, p: ReadPhrases, user: Any, *, distractors: int) -> ReadExample | None:
+    """A read example from a natural-set user (``sia.learn.natural.NaturalUser``): their messages in order, then up
+    to ``distractors`` unrelated ones, then one of their questions about a kind the phrase tables answer, answered
+    with one of that kind's answers and the newest value the user gave it; None where they asked none such."""
+    asked = [q for q in user.questions if q.kind in p.answers]
+    if not asked:
+        return None
+    question = rng.choice(asked)
+    facts = {f.kind: user.newest(f.kind).value for f in user.facts}
+    value = facts[question.kind]
+    template = rng.choice(p.answers[question.kind])
+    messages = (*user.messages, *rng.sample(p.chitchat, rng.randint(0, distractors)))
+    exchange = rng.choice(chitchat("train"))
+    own = template.replace("{av}", f"{_article(value)} {{v}}")
+    rivals = tuple(_fill(own, v) for v in dict.fromkeys(facts.values()) if v != value)
+    answer = _fill(template, value)
+    return ReadExample(messages, question.text, answer, (exchange.user, exchange.reply), facts, {}, rivals)
 
 
 @torch.no_grad()
@@ -547,17 +570,36 @@ def _rival_choices(
     return [(b, at, torch.tensor(ids)) for (b, at), ids in parting.items()]
 
 
-def _conditioned(model: LlamaModel, imprints: list[Imprint | None], reads_from: list[int]) -> Conditioning:
-    """Fresh identities holding these imprints, read from ``reads_from`` on."""
+def _conditioned(
+    model: LlamaModel, imprints: list[Imprint | None], reads_from: list[int], messages: Sequence[str] | None = None
+) -> Conditioning:
+    """Fresh identities holding these imprints, read from ``reads_from`` on; where the model has an ask head, each
+    row's entries moved by what its message (one of ``messages``) asks, as a turn moves them."""
     fresh = IdentityState.fresh(model.config)
-    return model.condition_states([replace(fresh, imprint=imprint) for imprint in imprints], reads_from)
+    asking = None
+    if messages is not None and model.imprint_ask is not None:
+        asking = [message_tokens(model.tokenizer, m) for m in messages]
+    return model.condition_states([replace(fresh, imprint=imprint) for imprint in imprints], reads_from, asking)
 
 
-def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, phrases: ReadPhrases) -> list[dict[str, float]]:
+def train_read(
+    model: LlamaModel,
+    systems: list[list[int]],
+    config: ReadConfig,
+    phrases: ReadPhrases,
+    *,
+    natural: Sequence[Any] = (),
+) -> list[dict[str, float]]:
     """Train the read adapter of ``model`` in place (``model.add_imprint`` first), each example under one of the
-    persona prompts ``systems`` (tokens); returns the log."""
+    persona prompts ``systems`` (tokens); with ``config.natural_rate``, that share of the examples from the ``natural``
+    users (``natural_example``). Where the model has an ask head, the entries are moved by what each message asks, as
+    in a turn. Returns the log."""
     if not model.config.imprint_read_rank:
         raise ValueError("the model has no read adapter: call add_imprint(tokens, read_rank) first")
+    if not 0.0 <= config.natural_rate <= 1.0:
+        raise ValueError(f"natural_rate is a share of the examples: in [0, 1]; got {config.natural_rate}")
+    if config.natural_rate and not natural:
+        raise ValueError("natural_rate needs the natural users to draw from")
     tok = model.tokenizer
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
@@ -577,18 +619,22 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
     history: list[dict[str, float]] = []
     started = time.perf_counter()
     for step in range(1, config.steps + 1):
-        examples = [
-            make_example(
-                rng,
-                phrases,
-                distractors=config.distractors,
-                extra_rate=config.extra_rate,
-                others_rate=config.others_rate,
-                split_rate=config.split_rate,
-                aside_rate=config.aside_rate,
-            )
-            for _ in range(config.batch)
-        ]
+        examples = []
+        for _ in range(config.batch):
+            ex = None
+            if config.natural_rate and rng.random() < config.natural_rate:  # no draw at 0: the data of a run before it
+                ex = natural_example(rng, phrases, rng.choice(natural), distractors=config.distractors)
+            if ex is None:
+                ex = make_example(
+                    rng,
+                    phrases,
+                    distractors=config.distractors,
+                    extra_rate=config.extra_rate,
+                    others_rate=config.others_rate,
+                    split_rate=config.split_rate,
+                    aside_rate=config.aside_rate,
+                )
+            examples.append(ex)
         model.eval()
         system = [rng.choice(systems) for _ in examples]
         starts = [len(s) for s in system]
@@ -596,7 +642,8 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
         asked = [(tok.turn_prompt(ex.question, s)[0], ex.answer) for s, ex in zip(system, examples, strict=True)]
         rows = [(prompt + tok.reply_tokens(answer), len(prompt)) for prompt, answer in asked]
         idx, counted = _batch(rows, tok.pad_id, model.device)
-        logits = model(idx, _conditioned(model, imprints, starts)).logits[:, :-1]  # (B, L - 1, V)
+        conditioning = _conditioned(model, imprints, starts, [ex.question for ex in examples])
+        logits = model(idx, conditioning).logits[:, :-1]  # (B, L - 1, V)
         answer = F.cross_entropy(logits[counted], idx[:, 1:][counted])
         loss = answer
         rival = torch.zeros(())
@@ -617,7 +664,8 @@ def train_read(model: LlamaModel, systems: list[list[int]], config: ReadConfig, 
             idx, counted = _batch(rows, tok.pad_id, model.device)
             with torch.no_grad():
                 teacher = model(idx, _conditioned(model, [None] * len(rows), starts)).logits[:, :-1][counted]
-            student = model(idx, _conditioned(model, imprints, starts)).logits[:, :-1][counted]
+            student = model(idx, _conditioned(model, imprints, starts, [ex.exchange[0] for ex in examples])).logits[:, :-1]
+            student = student[counted]
             kl = F.kl_div(
                 F.log_softmax(student.float(), -1), F.log_softmax(teacher.float(), -1), log_target=True, reduction="batchmean"
             )
@@ -667,7 +715,8 @@ def train_checkpoint(
         raise ValueError("kinds_only and resume train different parts: choose one")
     if config.kinds_natural < 0:
         raise ValueError(f"kinds_natural counts the natural training part's messages: >= 0; got {config.kinds_natural}")
-    hand_written = load_users(TRAIN) if config.kinds_natural or config.asks_natural else []  # the natural training part
+    # the natural training part
+    hand_written = load_users(TRAIN) if config.kinds_natural or config.asks_natural or config.natural_rate else []
     asks_only = config.resume and not config.adapter and not config.gate
     if asks_only and not config.ask_bias:
         raise ValueError("resume with neither the adapter nor the gate leaves nothing to train but an ask head: give ask_bias")
@@ -691,12 +740,12 @@ def train_checkpoint(
         tokens = model.config.imprint_tokens if config.tokens is None else config.tokens
         bits = model.config.imprint_bits if config.bits is None else config.bits
         model.config = replace(model.config, imprint_tokens=tokens, imprint_bits=bits)
-        history = train_read(model, systems, config, phrases)
+        history = train_read(model, systems, config, phrases, natural=hand_written)
     else:
         if not config.kinds_only:
             model.add_imprint(NEW_TOKENS if config.tokens is None else config.tokens, config.rank, seed=config.seed)
             model.config = replace(model.config, imprint_bits=8 if config.bits is None else config.bits)
-            history = train_read(model, systems, config, phrases)
+            history = train_read(model, systems, config, phrases, natural=hand_written)
         model.add_kind_tagger(layer)
         # the tagger learns from single statements of the user's own facts: someone else's facts in its data lowered
         # the share of natural facts it labels (experiments/LOG.md, 2026-11-28)
@@ -782,6 +831,12 @@ def main() -> None:
     parser.add_argument(
         "--gate-only", action="store_true", help="with --resume: train only the imprint's read gate, the adapter as it is"
     )
+    parser.add_argument(
+        "--natural-rate",
+        type=float,
+        default=ReadConfig.natural_rate,
+        help="share of read examples from the natural training part",
+    )
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -809,6 +864,7 @@ def main() -> None:
         kinds_only=args.kinds_only,
         kinds_natural=args.kinds_natural,
         asks_natural=args.asks_natural,
+        natural_rate=args.natural_rate,
     )
     if args.gate_only and not args.resume:
         parser.error("--gate-only trains over a checkpoint's read: add --resume")

@@ -31,6 +31,7 @@ from sia.learn.imprint_read import (
     message_reads,
     message_tokens,
     natural_asks,
+    natural_example,
     natural_statements,
     token_kinds,
     train_asks,
@@ -410,6 +411,88 @@ def test_natural_statements_hold_the_facts_the_tagger_knows() -> None:
     assert [(message[a:b], kind) for a, b, kind in rows[0][1]] == [("I'm Ana", "name"), ("I keep bees", "hobby")]
     # the ask head's: each question with the kind it asks (none for a kind the tagger does not know), each message none
     assert natural_asks([user]) == [("?", KINDS.index("name")), ("?", KINDS.index("hobby")), ("?", 0), (message, 0), ("bye", 0)]
+
+
+def _hand_written(uid: str, name: str, pet: str) -> Any:
+    """A natural-set user telling a name, a pet (then another one), and a relative's name (no answers for that kind)."""
+    from sia.learn.natural import _user
+
+    messages = [f"hey, {name} here. we got a {pet} lately", "oh and the old one went to my sister Eva", "actually a Yak now"]
+    facts = [
+        {"kind": "name", "value": name, "accept": [name], "message": 0, "clause": f"{name} here"},
+        {"kind": "pet", "value": pet, "accept": [pet], "message": 0, "clause": f"a {pet}"},
+        {"kind": "relative", "value": "Eva", "accept": ["Eva"], "message": 1, "clause": "my sister Eva"},
+        {"kind": "pet", "value": "Yak", "accept": ["Yak"], "message": 2, "clause": "a Yak now", "corrects": pet},
+    ]
+    questions = [
+        {"kind": "name", "text": "who am I?"},
+        {"kind": "pet", "text": "my animal?"},
+        {"kind": "relative", "text": "sis?"},
+    ]
+    return _user({"id": uid, "messages": messages, "facts": facts, "questions": questions}, "test")
+
+
+def test_a_natural_example_asks_one_of_the_users_questions_and_answers_with_the_newest_value() -> None:
+    rng, p = random.Random(0), phrases()
+    user = _hand_written("u", "Zuzu", "Emu")
+    seen = set()
+    for _ in range(30):
+        ex = natural_example(rng, p, user, distractors=2)
+        assert ex is not None
+        assert ex.messages[:3] == user.messages and set(ex.messages[3:]) <= set(p.chitchat) and len(ex.messages) <= 5
+        # the relative's question has no answers in the tables; the pet's answer is the correction, never the older pet
+        assert (ex.question, ex.answer) in {("who am I?", "Zuzu."), ("my animal?", "Yak.")}
+        assert ex.facts == {"name": "Zuzu", "pet": "Yak", "relative": "Eva"} and ex.clauses == {}
+        seen.add(ex.question)
+    assert seen == {"who am I?", "my animal?"}
+    only_relative = replace(user, questions=tuple(q for q in user.questions if q.kind == "relative"))
+    assert natural_example(rng, p, only_relative, distractors=2) is None
+
+
+def test_the_read_learns_from_hand_written_users_at_the_rate_asked() -> None:
+    """With natural_rate 1 every example is a hand-written user's, whose words are nowhere in the phrase tables: the
+    answer loss falls on them; at rate 0 the generated examples are those of a run without them."""
+    users = [_hand_written(f"u{i}", name, "Emu") for i, name in enumerate(("Qwix", "Blor", "Fenk", "Trab"))]
+    model = tiny()
+    model.add_imprint(32, 4)
+    config = ReadConfig(steps=30, batch=4, lr=3e-2, rank=4, tokens=32, distractors=0, distill_weight=0.0, natural_rate=1.0)
+    history = train_read(model, [list(b"sys ")], config, phrases(), natural=users)
+    assert sum(h["answer"] for h in history[-5:]) / 5 < history[0]["answer"] - 0.4
+    with pytest.raises(ValueError, match="natural users"):
+        train_read(tiny_with_read(), [[]], replace(config, steps=1), phrases())
+    with pytest.raises(ValueError, match="share"):
+        train_read(tiny_with_read(), [[]], replace(config, steps=1, natural_rate=1.5), phrases(), natural=users)
+    plain = replace(config, steps=2, natural_rate=0.0, distill_weight=1.0)
+    runs = [train_read(tiny_with_read(), [list(b"sys ")], plain, phrases(), natural=own) for own in ((), users)]
+    assert [h["answer"] for h in runs[0]] == [h["answer"] for h in runs[1]]
+
+
+def tiny_with_read() -> LlamaModel:
+    model = tiny()
+    model.add_imprint(32, 4)
+    return model
+
+
+def test_the_read_trains_with_the_entries_moved_by_what_the_question_asks() -> None:
+    """Over a model with an ask head, the trainer's conditioning is a turn's: the entries of the asked kind raised."""
+    from sia.learn.imprint_read import _conditioned
+
+    model = with_trained_like_read()
+    model.add_kind_tagger(1)
+    model.add_ask_head(6.0)
+    assert model.imprint_ask is not None
+    with torch.no_grad():  # a head that reads every message as asking for the city
+        model.imprint_ask.bias.zero_()
+        model.imprint_ask.bias[KINDS.index("city")] = 40.0
+    imprint = _labelled(model, ["name", "city"])
+    asked = _conditioned(model, [imprint], [3], ["where do I live?"])
+    turn = model.condition_states([replace(IdentityState.fresh(model.config), imprint=imprint)], [3],
+                                  [message_tokens(model.tokenizer, "where do I live?")])  # fmt: skip
+    unasked = _conditioned(model, [imprint], [3])
+    for a, b, c in zip(asked.layers, turn.layers, unasked.layers, strict=True):
+        assert a is not None and b is not None and c is not None
+        torch.testing.assert_close(a.slot_key, b.slot_key)
+    assert not torch.equal(asked.layers[1].slot_key, unasked.layers[1].slot_key)  # type: ignore[union-attr]
 
 
 def test_the_kind_tagger_learns_from_hand_written_messages() -> None:
