@@ -16,7 +16,7 @@ For each threshold t: clauses holding a fact labelled with its kind (right), wit
 none labelled with some kind (false).
 
     PYTHONPATH=. python -m experiments.probes.kind_labels [--checkpoint DIR] [--messages 1200] [--hidden 256]
-        [--natural 0 1 3] [--out FILE]
+        [--natural 0 1 3 [--layers 10 15 20]] [--out FILE]
 """
 
 from __future__ import annotations
@@ -156,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--messages", type=int, default=1200)
     ap.add_argument("--hidden", type=int, default=0, help="refit two-layer taggers of this width instead of linear ones")
     ap.add_argument("--natural", type=int, nargs="*", default=None, help="train_kinds with the training part this often")
+    ap.add_argument("--layers", type=int, nargs="*", default=None, help="with --natural: fit taggers reading these layers")
     ap.add_argument("--out", type=Path, default=Path("experiments/probes/results/kind_labels.json"))
     args = ap.parse_args(argv)
     torch.manual_seed(0)
@@ -182,16 +183,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         results["shipped"] = _counts(torch.stack([torch.softmax(shipped(c), -1).mean(0) for c in clauses]), truth)
     phrases, new = ReadPhrases.load(), json.loads(NEW.read_text())
     if args.natural is not None:
-        layer = model.config.imprint_kinds_layer
         own = natural_statements(load_users(TRAIN))
         systems = [tok.system_prompt(persona_prompt(model, name)) for name in sorted(PERSONAS)]  # as the recipe's
-        for repeat in args.natural:
-            model.add_kind_tagger(layer)  # a fresh one, fitted as the recipe fits it
-            fit = train_kinds(model, systems, phrases, natural=own if repeat else (), natural_repeat=max(repeat, 1))
-            with torch.no_grad():
-                probs = torch.stack([torch.softmax(model.imprint_kind(c), -1).mean(0) for c in clauses])
-            results[f"train_kinds, natural x{repeat}"] = _counts(probs, truth)
-            results[f"train_kinds, natural x{repeat}, fit"] = fit
+        for layer in args.layers or [model.config.imprint_kinds_layer]:
+            named = f", layer {layer}" if args.layers else ""
+            if args.layers:  # the tuning part's clauses as that layer's input holds them
+                model.add_kind_tagger(layer)
+                _, _, clauses, _ = _features(model, natural)
+            for repeat in args.natural:
+                model.add_kind_tagger(layer)  # a fresh one, fitted as the recipe fits it
+                fit = train_kinds(model, systems, phrases, natural=own if repeat else (), natural_repeat=max(repeat, 1))
+                with torch.no_grad():
+                    probs = torch.stack([torch.softmax(model.imprint_kind(c), -1).mean(0) for c in clauses])
+                results[f"train_kinds, natural x{repeat}{named}"] = _counts(probs, truth)
+                results[f"train_kinds, natural x{repeat}{named}, fit"] = fit
         for name, counts in results.items():
             sys.stdout.write(f"{name}: {counts}\n")
         args.out.write_text(json.dumps(results, indent=1) + "\n")
