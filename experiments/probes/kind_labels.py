@@ -8,7 +8,8 @@ left out), labelled with the kind whose fact it holds (the fact's accepted strin
   probabilities and by the softmax of the mean logit;
 - ``clause``: a linear map of the clause's mean layer input fitted on the same generated clauses.
 
-With ``--hidden H`` the refitted taggers are two-layer maps of width H instead of linear ones. With ``--natural R ...``
+With ``--hidden H`` the refitted taggers are two-layer maps of width H instead of linear ones (with ``--natural``
+too). With ``--natural R ...``
 (and nothing else refitted): the tagger as ``train_kinds`` fits it, on the generated messages and the natural set's
 training part counted R times each (0: without it), read as the write reads it.
 
@@ -150,6 +151,18 @@ def _fit(x: Tensor, y: Tensor, steps: int, hidden: int = 0) -> torch.nn.Module:
     return head
 
 
+class _TwoLayer(torch.nn.Sequential):
+    """A two-layer tagger (GELU) that ``train_kinds`` can fit in the linear one's place (it asks for ``weight``)."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__(torch.nn.Linear(width, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, len(KINDS)))
+
+    @property
+    def weight(self) -> Tensor:
+        first: torch.nn.Linear = self[0]  # type: ignore[assignment]
+        return first.weight
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", type=Path, default=None)
@@ -192,9 +205,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                 _, _, clauses, _ = _features(model, natural)
             for repeat in args.natural:
                 model.add_kind_tagger(layer)  # a fresh one, fitted as the recipe fits it
+                if args.hidden:  # or a two-layer one in its place, fitted the same way
+                    model.imprint_kind = _TwoLayer(model.config.n_embd, args.hidden)  # type: ignore[assignment]
+                    named = f"{named}, hidden {args.hidden}" if "hidden" not in named else named
                 fit = train_kinds(model, systems, phrases, natural=own if repeat else (), natural_repeat=max(repeat, 1))
+                fitted = model.imprint_kind
+                assert fitted is not None
                 with torch.no_grad():
-                    probs = torch.stack([torch.softmax(model.imprint_kind(c), -1).mean(0) for c in clauses])
+                    probs = torch.stack([torch.softmax(fitted(c), -1).mean(0) for c in clauses])
                 results[f"train_kinds, natural x{repeat}{named}"] = _counts(probs, truth)
                 results[f"train_kinds, natural x{repeat}{named}, fit"] = fit
         for name, counts in results.items():

@@ -14,9 +14,14 @@ The natural set's tuning part is played as ``sia eval --natural tune --modes sta
   known exactly;
 - ``ask+B`` (``--ask B ...``, a checkpoint with an ask head): what ships, the model's own ``entry_bias`` from its ask
   head and the tagger's kinds, config.imprint_ask_bias = B.
+- ``soft+B`` / ``hard+B`` (``--soft B ...``, with an ask head): the ask head's probabilities p against each span's
+  mean tagger probabilities q over its tokens (re-read from the turn that imprinted it), every span moved by
+  B·(2·sum_k p_k q_k − (1 − p_none)(1 − q_none)) where p_none < ½; ``hard`` puts the stored label's one-hot in q's
+  place (it reproduces ``ask+B``), ``soft`` keeps the tagger's whole distribution, labelled or not.
 
     PYTHONPATH=. python -m experiments.probes.kind_match [--checkpoint DIR] [--users 60] [--depth 4] [--bias 3]
-        [--modes oracle oracle- tagger] [--ask 2 3] [--min-kind 0.3] [--min-label 0.4] [--raise-only] [--out FILE]
+        [--modes oracle oracle- tagger] [--ask 2 3] [--soft 2] [--min-kind 0.3] [--min-label 0.4] [--raise-only]
+        [--recency] [--tagger-hidden 256] [--out FILE]
 
 Writes the per-fact recall of each condition, per kind, and the replies.
 """
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from sia.backbones import injected_attention
@@ -90,6 +96,40 @@ def _bias_row(N: int, spans: Sequence[tuple[int, int, set[str], str]], kind: str
     return row
 
 
+def _own(tok: Any, text: str) -> tuple[int, int]:
+    """Where a message's own tokens sit in its turn prompt (as ``TurnPrompt.message`` takes them)."""
+    _, (start, end) = tok.turn_prompt(text, [])
+    return start, end - 1
+
+
+@torch.no_grad()
+def _span_kinds(model: LlamaModel, system: Sequence[int], state: IdentityState, said: Sequence[str]) -> list[Any]:
+    """Per imprinted span: its first entry, its length, the tagger's mean probabilities over its tokens as the write
+    read them (the turn's message after the persona's prompt) and its stored label's one-hot."""
+    tok, layer, tagger = model.tokenizer, model.config.imprint_kinds_layer, model.imprint_kind
+    assert layer is not None and tagger is not None and state.imprint is not None
+    out = []
+    for s in state.imprint.spans():
+        tokens, (start, end) = tok.turn_prompt(said[s.turn], list(system))
+        h = model.layer_input(torch.tensor([tokens[: end - 1]], device=model.device), layer)[start:]
+        probs = (
+            torch.softmax(tagger(h[s.offset : s.offset + s.length].to(next(tagger.parameters()).dtype)).float(), -1).mean(0).cpu()
+        )
+        out.append((s.first, s.length, probs, F.one_hot(torch.tensor(imprint.KINDS.index(s.kind)), len(imprint.KINDS)).float()))
+    return out
+
+
+def _soft_row(N: int, spans: Sequence[tuple[int, int, Tensor, Tensor]], p: Tensor, mode: str, beta: float) -> Tensor:
+    """The bias of every entry for a question whose kinds the ask head gives as ``p`` (``--soft``)."""
+    row = torch.zeros(N)
+    if float(p[0]) >= 0.5:
+        return row
+    for first, length, q_soft, q_hard in spans:
+        q = q_soft if mode == "soft" else q_hard
+        row[first : first + length] = beta * (2.0 * float((p[1:] * q[1:]).sum()) - (1.0 - float(p[0])) * (1.0 - float(q[0])))
+    return row
+
+
 def _recency() -> None:
     """Patch the read so that, in each row, the entries of a kind that a later turn's span also holds are stored as
     -kind and the ask bias treats them as another kind's (-beta where that kind is asked): the newest value wins."""
@@ -128,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--checkpoint", type=Path, default=None)
     ap.add_argument("--modes", nargs="*", default=["oracle", "oracle-", "tagger"])
     ap.add_argument("--ask", type=float, nargs="*", default=[])
+    ap.add_argument("--tagger-hidden", type=int, default=0, help="refit the tagger as a two-layer map of this width first")
+    ap.add_argument("--soft", type=float, nargs="*", default=[], help="soft and hard kind matches at these biases")
     ap.add_argument("--min-kind", type=float, default=None, help="the write's kind threshold (select_spans' min_kind)")
     ap.add_argument("--min-label", type=float, default=None, help="the write's label threshold (config.imprint_label_min)")
     ap.add_argument("--raise-only", action="store_true", help="the ask head's bias only raises (no -beta for other kinds)")
@@ -155,6 +197,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         LlamaModel.entry_bias = raising  # type: ignore[method-assign]
     if args.recency:
         _recency()
+    if args.tagger_hidden:  # a two-layer tagger fitted as the recipe's eighth stage fits the linear one
+        from experiments.probes.kind_labels import _TwoLayer
+        from sia.learn.imprint_read import ReadPhrases, natural_statements, train_kinds
+        from sia.learn.natural import TRAIN
+        from sia.personas import persona_prompt
+
+        torch.manual_seed(0)
+        model.imprint_kind = _TwoLayer(model.config.n_embd, args.tagger_hidden)  # type: ignore[assignment]
+        prompts = [model.tokenizer.system_prompt(persona_prompt(model, name)) for name in sorted(PERSONAS)]
+        fit = train_kinds(model, prompts, ReadPhrases.load(), natural=natural_statements(load_users(TRAIN)))
+        _say(f"two-layer tagger: {fit}")
     tok = model.tokenizer
     system = tuple(tok.system_prompt(PERSONAS["sia"].system_prompt))
     users = load_users("tune")[: args.users]
@@ -182,6 +235,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     _say(f"talked in {time.perf_counter() - started:.0f} s")
     pairs = [(u, q) for u in users for q in u.questions]
     spans = {u.id: _spans_of(states[u.id], tok, u) for u in users}
+    soft: dict[str, list[tuple[int, int, Tensor, Tensor]]] = {}  # per user: (first, length, q soft, q hard) per span
+    asked_p = None
+    if args.soft:
+        if not shipped_ask or model.imprint_ask is None:
+            raise SystemExit("--soft needs a checkpoint with an ask head")
+        soft = {u.id: _span_kinds(model, system, states[u.id], t) for u, t in zip(users, turns, strict=True)}
+        asked_p = torch.cat([model.asked_kinds([tok.turn_prompt(q.text, [])[0][slice(*_own(tok, q.text))]]) for _, q in pairs])
     N = model.config.imprint_tokens
     conditions = [("none", "", 0.0)] + [
         (f"{mode}{'+-' if mode == 'oracle-' else '+'}{b:g}".replace("oracle-+-", "oracle+-"), mode, b)
@@ -191,12 +251,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.ask and not shipped_ask:
         raise SystemExit("--ask needs a checkpoint with an ask head (config.imprint_ask_bias > 0)")
     conditions += [(f"ask+{b:g}", "ask", b) for b in args.ask]
+    conditions += [(f"{mode}+{b:g}", mode, b) for b in args.soft for mode in ("hard", "soft")]
     results: dict[str, Any] = {"depth": args.depth, "users": len(users), "questions": len(pairs), "conditions": {}}
     for name, mode, beta in conditions:
         started = time.perf_counter()
         model.config = replace(model.config, imprint_ask_bias=beta if mode == "ask" else 0.0)
         bias = None
-        if mode and mode != "ask":
+        if mode in ("hard", "soft"):
+            assert asked_p is not None
+            bias = torch.stack([_soft_row(N, soft[u.id], asked_p[i], mode, beta) for i, (u, _) in enumerate(pairs)])
+        elif mode and mode != "ask":
             bias = torch.stack([_bias_row(N, spans[u.id], q.kind, mode, beta) for u, q in pairs])
         requests = [TurnRequest(states[u.id], q.text, dynamics, system, True) for u, q in pairs]
         replies = [r for r, _ in run(requests, ASK, bias)]
