@@ -9,7 +9,8 @@ the older one is not.
 
 Two parts are measured: ``tune`` (thresholds, prompts and choices are made on it) and ``heldout`` (measured only; no
 training run, threshold or prompt choice ever reads it). A third, ``train``, written apart from both in the same
-manner, is what training may read (the kind tagger and the ask head learn from it); it is never measured.
+manner, is what training may read (the kind tagger and the ask head learn from it; the read adapter can, with
+``ReadConfig.natural_rate``); it is never measured.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ __all__ = [
 
 DATA = Path(__file__).parent / "data" / "natural"
 SPLITS = ("tune", "heldout")  # the parts measured
-TRAIN = "train"  # the part training reads (the kind tagger and the ask head); never measured
+TRAIN = "train"  # the part training reads (the kind tagger, the ask head; the read with natural_rate); never measured
 MAIN_KINDS = ("name", "city", "job", "colour", "pet", "hobby")
 KINDS = (*MAIN_KINDS, "relative", "pet_name", "birthday", "food", "employer", "origin", "plan", "instrument", "language")
 
