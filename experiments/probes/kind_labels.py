@@ -163,12 +163,57 @@ class _TwoLayer(torch.nn.Sequential):
         return first.weight
 
 
+def _labelled_messages(users: Sequence[Any], system: list[int]) -> list[Item]:
+    """Every message of these natural-set users, its clauses labelled with the kind whose value they mention."""
+    items: list[Item] = []
+    for u in users:
+        for i, message in enumerate(u.messages):
+
+            def holds(text: str, u: Any = u, i: int = i) -> int:
+                kinds = [
+                    f.kind for f in u.facts if f.message == i and f.kind in KINDS and any(mentions(text, a) for a in f.accept)
+                ]
+                return KINDS.index(kinds[0]) if kinds else 0
+
+            items.append((message, system, None, holds))
+    return items
+
+
+def _clause_natural(
+    model: LlamaModel, system: list[int], clauses: list[Tensor], truth: Tensor, messages: int, results: dict[str, Any]
+) -> None:
+    """Clause-level maps (the mean of a clause's layer input -> its kind) fitted on the training part's clauses as the
+    write cuts them, labelled as the tuning part's are, with and without generated clauses beside them."""
+    tok, phrases = model.tokenizer, ReadPhrases.load()
+    _, _, own_x, own_y = _features(model, _labelled_messages(load_users(TRAIN), system))
+    rng = random.Random(1)
+    generated: list[Item] = []
+    for _ in range(messages):
+        text, spans = _message(rng, phrases, None)
+        generated.append((text, system, token_kinds(tok, text, tuple(spans)), None))
+    _, _, gen_x, gen_y = _features(model, generated)
+    results["training part clauses"] = [len(own_y), int((own_y > 0).sum())]
+    means = torch.stack([c.mean(0) for c in clauses])
+    for name, xs, ys in (
+        ("clause, natural", own_x, own_y),
+        ("clause, natural + generated", own_x + gen_x, torch.cat([own_y, gen_y])),
+    ):
+        for hidden in (0, 256):
+            torch.manual_seed(0)
+            whole = _fit(torch.stack([c.mean(0) for c in xs]), ys, 500, hidden)
+            with torch.no_grad():
+                results[f"{name}{', hidden 256' if hidden else ''}"] = _counts(torch.softmax(whole(means), -1), truth)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", type=Path, default=None)
     ap.add_argument("--messages", type=int, default=1200)
     ap.add_argument("--hidden", type=int, default=0, help="refit two-layer taggers of this width instead of linear ones")
     ap.add_argument("--natural", type=int, nargs="*", default=None, help="train_kinds with the training part this often")
+    ap.add_argument(
+        "--clause-natural", action="store_true", help="also fit clause-level maps on the training part's clauses as cut"
+    )
     ap.add_argument("--layers", type=int, nargs="*", default=None, help="with --natural: fit taggers reading these layers")
     ap.add_argument("--out", type=Path, default=Path("experiments/probes/results/kind_labels.json"))
     args = ap.parse_args(argv)
@@ -191,6 +236,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             natural.append((message, sia, None, holds))
     _, _, clauses, truth = _features(model, natural)
     results: dict[str, Any] = {"clauses": len(truth), "holding_a_fact": int((truth > 0).sum())}
+    if args.clause_natural:
+        _clause_natural(model, sia, clauses, truth, args.messages, results)
+        for name, counts in results.items():
+            sys.stdout.write(f"{name}: {counts}\n")
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        return
     shipped = model.imprint_kind
     with torch.no_grad():
         results["shipped"] = _counts(torch.stack([torch.softmax(shipped(c), -1).mean(0) for c in clauses]), truth)

@@ -21,7 +21,7 @@ The natural set's tuning part is played as ``sia eval --natural tune --modes sta
 
     PYTHONPATH=. python -m experiments.probes.kind_match [--checkpoint DIR] [--users 60] [--depth 4] [--bias 3]
         [--modes oracle oracle- tagger] [--ask 2 3] [--soft 2] [--min-kind 0.3] [--min-label 0.4] [--raise-only]
-        [--recency] [--tagger-hidden 256] [--out FILE]
+        [--recency] [--tagger-hidden 256] [--clause-tagger [--clause-generated 1200]] [--out FILE]
 
 Writes the per-fact recall of each condition, per kind, and the replies.
 """
@@ -130,6 +130,50 @@ def _soft_row(N: int, spans: Sequence[tuple[int, int, Tensor, Tensor]], p: Tenso
     return row
 
 
+def _clause_tagger(model: LlamaModel, generated: int = 0) -> None:
+    """Replace the tagger by a linear map of a clause's mean layer input fitted on the natural training part's clauses
+    as the write cuts them (``kind_labels --clause-natural``), and make the write label a clause by the softmax of its
+    tokens' mean logit (the mean of their log-probabilities: the per-token constants cancel), which for a linear map is
+    that clause-level map exactly. With ``generated`` > 0, that many generated messages' clauses join its data."""
+    import random
+
+    from experiments.probes.kind_labels import _features, _fit, _labelled_messages, _message
+    from sia.learn.imprint_read import ReadPhrases, token_kinds
+    from sia.learn.natural import TRAIN
+
+    tagger = model.imprint_kind
+    assert tagger is not None
+    sia = model.tokenizer.system_prompt(PERSONAS["sia"].system_prompt)
+    _, _, xs, ys = _features(model, _labelled_messages(load_users(TRAIN), sia))
+    if generated:
+        rng, phrases, items = random.Random(1), ReadPhrases.load(), []
+        for _ in range(generated):
+            text, spans = _message(rng, phrases, None)
+            items.append((text, sia, token_kinds(model.tokenizer, text, tuple(spans)), None))
+        _, _, more_x, more_y = _features(model, items)
+        xs, ys = xs + more_x, torch.cat([ys, more_y])
+    torch.manual_seed(0)
+    fitted = _fit(torch.stack([c.mean(0) for c in xs]), ys, 500)
+    assert isinstance(fitted, torch.nn.Linear)
+    with torch.no_grad():
+        tagger.weight.copy_(fitted.weight)
+        tagger.bias.copy_(fitted.bias)
+    shipped = imprint.select_spans
+
+    def by_clause(surprisal: Tensor, breaks: Tensor, *, kinds: Tensor | None = None, **rest: Any) -> Any:
+        if kinds is not None:
+            n, logs, start = kinds.shape[0], kinds.float().clamp_min(1e-30).log(), 0
+            kinds = kinds.clone()
+            for end in [i + 1 for i in range(n) if bool(breaks[i])] + [n]:
+                if end > start:
+                    kinds[start:end] = torch.softmax(logs[start:end].mean(0), -1).to(kinds.dtype)
+                start = max(start, end)
+        return shipped(surprisal, breaks, kinds=kinds, **rest)
+
+    imprint.select_spans = by_clause
+    _say(f"clause tagger fitted on {len(ys)} clauses ({int((ys > 0).sum())} holding a fact)")
+
+
 def _recency() -> None:
     """Patch the read so that, in each row, the entries of a kind that a later turn's span also holds are stored as
     -kind and the ask bias treats them as another kind's (-beta where that kind is asked): the newest value wins."""
@@ -169,6 +213,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--modes", nargs="*", default=["oracle", "oracle-", "tagger"])
     ap.add_argument("--ask", type=float, nargs="*", default=[])
     ap.add_argument("--tagger-hidden", type=int, default=0, help="refit the tagger as a two-layer map of this width first")
+    ap.add_argument(
+        "--clause-tagger", action="store_true", help="a clause-level tagger fitted on the training part's clauses first"
+    )
+    ap.add_argument("--clause-generated", type=int, default=0, help="with --clause-tagger: this many generated messages too")
     ap.add_argument("--soft", type=float, nargs="*", default=[], help="soft and hard kind matches at these biases")
     ap.add_argument("--min-kind", type=float, default=None, help="the write's kind threshold (select_spans' min_kind)")
     ap.add_argument("--min-label", type=float, default=None, help="the write's label threshold (config.imprint_label_min)")
@@ -197,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         LlamaModel.entry_bias = raising  # type: ignore[method-assign]
     if args.recency:
         _recency()
+    if args.clause_tagger:
+        _clause_tagger(model, args.clause_generated)
     if args.tagger_hidden:  # a two-layer tagger fitted as the recipe's eighth stage fits the linear one
         from experiments.probes.kind_labels import _TwoLayer
         from sia.learn.imprint_read import ReadPhrases, natural_statements, train_kinds
