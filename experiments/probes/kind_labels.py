@@ -223,17 +223,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     tok = model.tokenizer
     systems = [tok.system_prompt(p.system_prompt) for p in PERSONAS.values()]
     sia = tok.system_prompt(PERSONAS["sia"].system_prompt)
-    natural: list[Item] = []
-    for u in load_users("tune"):
-        for i, message in enumerate(u.messages):
-
-            def holds(text: str, u: Any = u, i: int = i) -> int:
-                kinds = [
-                    f.kind for f in u.facts if f.message == i and f.kind in KINDS and any(mentions(text, a) for a in f.accept)
-                ]
-                return KINDS.index(kinds[0]) if kinds else 0
-
-            natural.append((message, sia, None, holds))
+    natural = _labelled_messages(load_users("tune"), sia)
     _, _, clauses, truth = _features(model, natural)
     results: dict[str, Any] = {"clauses": len(truth), "holding_a_fact": int((truth > 0).sum())}
     if args.clause_natural:
