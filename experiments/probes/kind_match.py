@@ -21,7 +21,8 @@ The natural set's tuning part is played as ``sia eval --natural tune --modes sta
 
     PYTHONPATH=. python -m experiments.probes.kind_match [--checkpoint DIR] [--users 60] [--depth 4] [--bias 3]
         [--modes oracle oracle- tagger] [--ask 2 3] [--soft 2] [--min-kind 0.3] [--min-label 0.4] [--raise-only]
-        [--recency] [--tagger-hidden 256] [--clause-tagger [--clause-generated 1200]] [--out FILE]
+        [--recency] [--tagger-hidden 256] [--clause-tagger [--clause-generated 1200]] [--part train] [--corrected]
+        [--out FILE]
 
 Writes the per-fact recall of each condition, per kind, and the replies.
 """
@@ -224,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--recency", action="store_true", help="an entry whose kind a later turn's span also has reads as another kind's"
     )
+    ap.add_argument("--part", default="tune", help="the natural set's part played (tune, or train)")
+    ap.add_argument("--corrected", action="store_true", help="only the users who correct a fact they stated")
     ap.add_argument("--out", type=Path, default=Path("experiments/probes/results/kind_match.json"))
     args = ap.parse_args(argv)
     if args.min_kind is not None:
@@ -260,8 +263,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         _say(f"two-layer tagger: {fit}")
     tok = model.tokenizer
     system = tuple(tok.system_prompt(PERSONAS["sia"].system_prompt))
-    users = load_users("tune")[: args.users]
-    fillers = load_fillers("tune")
+    if args.part not in ("tune", "train"):
+        raise SystemExit("--part is tune or train: the held-out part is never played by a probe")
+    users = [u for u in load_users(args.part) if not args.corrected or any(f.corrects for f in u.facts)][: args.users]
+    fillers = load_fillers("tune")  # the training part has no unrelated turns of its own: the tuning part's
     dynamics = Dynamics.from_config(model.config)
     states = {u.id: IdentityState.fresh(model.config) for u in users}
 
@@ -318,12 +323,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         by_kind: dict[str, list[bool]] = {}
         for (_, q), ok in zip(pairs, right, strict=True):
             by_kind.setdefault(q.kind, []).append(ok)
+        fixed = [ok for (u, q), ok in zip(pairs, right, strict=True) if u.newest(q.kind).corrects is not None]
         results["conditions"][name] = {
             "per_fact": sum(right) / len(right),
+            "corrections": [sum(fixed), len(fixed)],
             "by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())},
             "replies": [[u.id, q.kind, r] for (u, q), r in zip(pairs, replies, strict=True)],
         }
-        _say(f"{name}: {sum(right) / len(right):.3f} ({time.perf_counter() - started:.0f} s)")
+        seconds = time.perf_counter() - started
+        _say(f"{name}: {sum(right) / len(right):.3f}, corrections {sum(fixed)} of {len(fixed)} ({seconds:.0f} s)")
     held = [any(q.kind in k for _, _, k, _ in spans[u.id]) for u, q in pairs]
     tagged = [any(s == q.kind for _, _, _, s in spans[u.id]) for u, q in pairs]
     results["asked_kind_held"] = sum(held) / len(held)

@@ -36,6 +36,7 @@ __all__ = [
     "SpanChoice",
     "asking",
     "clause_breaks",
+    "corrects",
     "dequantise",
     "fitted",
     "forget_span",
@@ -43,6 +44,7 @@ __all__ = [
     "message_spans",
     "quantise",
     "select_spans",
+    "superseded",
 ]
 
 # what a span says, when something labels it (0: not known); a span of a known kind replaces the older one of its kind
@@ -311,6 +313,46 @@ def asking(pieces: Sequence[str]) -> Tensor:
     return out
 
 
+# a clause holding one of these says what is no longer so ("i'm not in cusco anymore", "roller derby used to be my
+# thing"): it is never imprinted, so the older value it names does not come back beside the newer one
+_SUPERSEDED = re.compile(
+    r"\b(?:any ?more|no longer|used to|old (?:info|news)|outdated|scratch (?:that|the)|take (?:it |that )?back)\b"
+)
+# a message holding one of these corrects or updates what the user said before ("Correction: was an actuary", "we
+# moved to Nadi", "wait, ..."): each clause it labels replaces the older spans of its kind, even where the label is not
+# sure enough to replace them in another message
+_CORRECTING = re.compile(
+    r"\b(?:correction|correct myself|update|scratch (?:that|the)|i lied|i lie|i was wrong|said it wrong|any ?more|no longer"
+    r"|moved|switched|instead|take (?:it |that )?back|old (?:info|news)|outdated|wait|actually)\b"
+)
+
+
+def _plain(pieces: Sequence[str]) -> str:
+    return "".join(pieces).lower().replace("\u2019", "'")
+
+
+def superseded(pieces: Sequence[str], breaks: Tensor | None = None) -> Tensor:
+    """(n,) bool for a message's token texts: True on every token of a clause (cut at ``breaks``, by default
+    ``clause_breaks``) that says what is no longer so ("i'm not in cusco anymore", "bouldering used to be my thing").
+    Such a clause is never imprinted: the older value it names would compete with the newer one."""
+    n = len(pieces)
+    breaks = clause_breaks(pieces) if breaks is None else breaks
+    out = torch.zeros(n, dtype=torch.bool)
+    start = 0
+    for i in range(n):
+        if bool(breaks[i]) or i == n - 1:
+            if _SUPERSEDED.search(_plain(pieces[start : i + 1])):
+                out[start : i + 1] = True
+            start = i + 1
+    return out
+
+
+def corrects(pieces: Sequence[str]) -> bool:
+    """Whether a message corrects or updates what the user said before ("Correction: ...", "we moved to ...",
+    "wait, ..."): its labelled clauses then replace the older spans of their kind (``message_spans``)."""
+    return _CORRECTING.search(_plain(pieces)) is not None
+
+
 def _peak_window(surprisal: Tensor, start: int, end: int, width: int) -> tuple[int, int]:
     """The ``width`` tokens of [start, end) around the clause's most surprising token, reaching back first: a fact's
     cue ("my name is", "I live in") comes before the word that surprises."""
@@ -394,16 +436,21 @@ def message_spans(
     min_label: float | None = None,
 ) -> list[SpanChoice]:
     """``select_spans`` for a message's token texts ``pieces``: cut into clauses (``clause_breaks``), its questions
-    and requests left out (``asking``)."""
+    and requests left out (``asking``) and the clauses saying what is no longer so (``superseded``); in a message that
+    corrects what the user said before (``corrects``), every labelled clause is sure: it goes first and replaces the
+    older spans of its kind."""
+    breaks = clause_breaks(pieces)
+    label = 0.5 if min_label is None else min_label
     return select_spans(
         surprisal,
-        clause_breaks(pieces),
+        breaks,
         budget=budget,
         max_span=max_span,
         min_score=min_score,
         kinds=kinds,
+        min_kind=min(label, 0.5) if corrects(pieces) else 0.5,
         min_label=min_label,
-        questions=asking(pieces),
+        questions=asking(pieces) | superseded(pieces, breaks),
     )
 
 

@@ -21,6 +21,7 @@ from sia.identity.imprint import (
     SpanChoice,
     asking,
     clause_breaks,
+    corrects,
     dequantise,
     fitted,
     forget_span,
@@ -28,6 +29,7 @@ from sia.identity.imprint import (
     message_spans,
     quantise,
     select_spans,
+    superseded,
 )
 from sia.identity.state import Dynamics, IdentityState, StateFormatError, state_from_bytes, state_to_bytes
 from sia.identity.turn import TurnRequest, run_turn
@@ -274,6 +276,42 @@ def test_questions_and_requests_without_a_question_mark_are_not_imprinted() -> N
     ):
         chosen = message_spans(torch.full((len(pieces),), 9.0), pieces, None, budget=20, max_span=16, min_score=4.0)
         assert [(c.start, c.end) for c in chosen] == kept
+
+
+def test_a_clause_saying_what_is_no_longer_so_is_not_imprinted() -> None:
+    """In "oh wait, i'm not in cusco anymore, got transferred to puno" the older city's clause is left out, so it
+    does not come back beside the newer one; a clause that merely mentions a past ("I moved to Puno") is kept."""
+    pieces = ["oh", " wait", ",", " i", "'m", " not", " in", " cus", "co", " any", "more", ",", " got", " transferred", " to",
+              " pun", "o", " last", " month", "."]  # fmt: skip
+    stale = superseded(pieces)
+    assert "".join(p for p, s in zip(pieces, stale.tolist(), strict=True) if s) == "oh wait, i'm not in cusco anymore,"
+    chosen = message_spans(torch.full((len(pieces),), 9.0), pieces, None, budget=40, max_span=16, min_score=4.0)
+    assert ["".join(pieces[c.start : c.end]) for c in chosen] == [" got transferred to puno last month."]
+    kept = (["I", " moved", " to", " Puno", "."], ["I", " used", " the", " bus", "."], ["I", " bake", " from", " scratch", "."])
+    assert not any(superseded(text).any() for text in kept)
+    assert superseded(["Bould", "ering", " used", " to", " be", " my", " thing", "."]).all()
+    assert superseded(["I", "'m", " no", " longer", " at", " the", " fish", " plant"]).all()
+
+
+def test_a_correcting_message_replaces_older_values_even_with_an_unsure_label() -> None:
+    """A message that corrects or updates what the user said ("correction", "wait", "we moved", "anymore") makes each
+    clause it labels sure: it goes first and replaces the older spans of its kind. The same unsure label in another
+    message replaces nothing (test_an_unsure_label_is_stored_but_neither_goes_first_nor_replaces)."""
+    assert corrects(["Correction", ":", " was", " an", " actuary", "."])
+    assert corrects(["ah", " wait", ",", " we", " moved", " to", " N", "adi"])
+    assert corrects(["Oh", " big", " news", ",", " I", " switched", " to", " EY"])
+    assert not corrects(["I", " knit", " on", " Sundays", "."])
+    assert not corrects(["I", " live", " in", " Lyon", " and", " I", " love", " it", "."])
+
+    def chosen(pieces: list[str]) -> list[tuple[str, str, bool]]:
+        kinds = torch.zeros(len(pieces), len(KINDS))
+        kinds[:, 0], kinds[:, KINDS.index("city")] = 0.6, 0.4  # labelled from 0.3, sure from 0.5
+        out = message_spans(torch.full((len(pieces),), 9.0), pieces, kinds, budget=40, max_span=16, min_score=4.0, min_label=0.3)
+        return [("".join(pieces[c.start : c.end]), KINDS[c.kind], c.replaces) for c in out if c.kind]
+
+    update = ["Update", ":", " we", " live", " in", " Pun", "o", " now", "."]
+    assert chosen(update) == [("Update: we live in Puno now.", "city", True)]
+    assert chosen(["Today", *update[2:]]) == [("Today we live in Puno now.", "city", False)]
 
 
 def test_selection_refuses_bad_input() -> None:
