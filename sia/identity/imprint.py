@@ -293,6 +293,25 @@ _ASKING_THEN = frozenset({"was", "is", "are", "were", "do", "does", "did", "can"
 _OPENING = re.compile(r"[^a-z]*([a-z]+(?:'[a-z]+)?)(?:[^a-z]+([a-z]+))?")
 
 
+def _plain(pieces: Sequence[str]) -> str:
+    """Token texts joined, lowercased, with typographic apostrophes plain: what the lexicon rules read."""
+    return "".join(pieces).lower().replace("\u2019", "'")
+
+
+def _clauses(breaks: Tensor) -> list[tuple[int, int]]:
+    """The [start, end) token ranges of the clauses that ``breaks`` (n,) cuts a message into (the last one ends at n)."""
+    n = breaks.shape[0]
+    ends = [i + 1 for i in range(n) if bool(breaks[i])]
+    if not ends or ends[-1] != n:
+        ends.append(n)
+    clauses, start = [], 0
+    for end in ends:
+        if end > start:
+            clauses.append((start, end))
+        start = end
+    return clauses
+
+
 def asking(pieces: Sequence[str]) -> Tensor:
     """(n,) bool for a message's token texts: True on a token holding a question mark, and on every token of a
     sentence (or of a part of one up to a colon) that opens with a question word or a request, with or without a
@@ -304,7 +323,7 @@ def asking(pieces: Sequence[str]) -> Tensor:
     for i, piece in enumerate(pieces):
         if i + 1 < n and not any(ch in _SENTENCE_ENDS or ch == ":" for ch in piece):
             continue
-        opening = _OPENING.match("".join(pieces[start : i + 1]).lower().replace("\u2019", "'"))
+        opening = _OPENING.match(_plain(pieces[start : i + 1]))
         if opening is not None:
             first, then = opening.groups()
             if first in _ASKING or (first in ("when", "where") and then in _ASKING_THEN):
@@ -327,23 +346,14 @@ _CORRECTING = re.compile(
 )
 
 
-def _plain(pieces: Sequence[str]) -> str:
-    return "".join(pieces).lower().replace("\u2019", "'")
-
-
 def superseded(pieces: Sequence[str], breaks: Tensor | None = None) -> Tensor:
     """(n,) bool for a message's token texts: True on every token of a clause (cut at ``breaks``, by default
     ``clause_breaks``) that says what is no longer so ("i'm not in cusco anymore", "bouldering used to be my thing").
     Such a clause is never imprinted: the older value it names would compete with the newer one."""
-    n = len(pieces)
-    breaks = clause_breaks(pieces) if breaks is None else breaks
-    out = torch.zeros(n, dtype=torch.bool)
-    start = 0
-    for i in range(n):
-        if bool(breaks[i]) or i == n - 1:
-            if _SUPERSEDED.search(_plain(pieces[start : i + 1])):
-                out[start : i + 1] = True
-            start = i + 1
+    out = torch.zeros(len(pieces), dtype=torch.bool)
+    for a, b in _clauses(clause_breaks(pieces) if breaks is None else breaks):
+        if _SUPERSEDED.search(_plain(pieces[a:b])):
+            out[a:b] = True
     return out
 
 
@@ -396,14 +406,7 @@ def select_spans(
         raise ValueError(f"need budget >= 0 and max_span >= 1; got {budget}, {max_span}")
     if not bool(torch.isfinite(surprisal).all()):
         raise ValueError("surprisal must be finite")
-    ends = [i + 1 for i in range(n) if bool(breaks[i])]
-    if not ends or ends[-1] != n:
-        ends.append(n)
-    clauses, start = [], 0
-    for end in ends:
-        if end > start:
-            clauses.append((start, end))
-        start = end
+    clauses = _clauses(breaks)
     scored = []
     if questions is not None:
         clauses = [(a, b) for a, b in clauses if not bool(questions[a:b].any())]
