@@ -18,13 +18,19 @@ The natural set's tuning part is played as ``sia eval --natural tune --modes sta
   mean tagger probabilities q over its tokens (re-read from the turn that imprinted it), every span moved by
   B·(2·sum_k p_k q_k − (1 − p_none)(1 − q_none)) where p_none < ½; ``hard`` puts the stored label's one-hot in q's
   place (it reproduces ``ask+B``), ``soft`` keeps the tagger's whole distribution, labelled or not.
+- ``tokenT+B`` (``--token T ...``, with an ask head): the shipped bias with each entry's kind taken from its own token
+  where the tagger gives that token a kind with probability T or more (the span's stored kind elsewhere).
+
+The write can be changed first: ``--clause-fill P`` (the clause-level map labels, from P, the clauses the shipped tagger
+leaves unlabelled), ``--clause-tagger`` (it replaces the tagger), ``--tokens N --bits B`` (the imprint's width).
 
     PYTHONPATH=. python -m experiments.probes.kind_match [--checkpoint DIR] [--users 60] [--depth 4] [--bias 3]
-        [--modes oracle oracle- tagger] [--ask 2 3] [--soft 2] [--min-kind 0.3] [--min-label 0.4] [--raise-only]
-        [--recency] [--tagger-hidden 256] [--clause-tagger [--clause-generated 1200]] [--part train] [--corrected]
-        [--out FILE]
+        [--modes oracle oracle- tagger] [--ask 2 3] [--soft 2] [--token 0.5] [--min-kind 0.3] [--min-label 0.4]
+        [--raise-only] [--recency] [--tagger-hidden 256] [--clause-tagger | --clause-fill 0.5] [--clause-generated 1200]
+        [--tokens 120 --bits 4] [--part train] [--corrected] [--skip-none] [--out FILE]
 
-Writes the per-fact recall of each condition, per kind, and the replies.
+Writes the per-fact recall of each condition, per kind, and the replies; how the spans holding each asked value are
+labelled (the asked kind, only another, unlabelled, not held) and the answers right in each.
 """
 
 from __future__ import annotations
@@ -120,6 +126,46 @@ def _span_kinds(model: LlamaModel, system: Sequence[int], state: IdentityState, 
     return out
 
 
+@torch.no_grad()
+def _token_kinds(model: LlamaModel, system: Sequence[int], state: IdentityState, said: Sequence[str]) -> list[Any]:
+    """Per imprinted span: its first entry, its stored kind's index and the tagger's probabilities of each of its
+    tokens (length, len(KINDS)) as the write read them (``--token``)."""
+    tok, layer, tagger = model.tokenizer, model.config.imprint_kinds_layer, model.imprint_kind
+    assert layer is not None and tagger is not None and state.imprint is not None
+    out = []
+    for s in state.imprint.spans():
+        tokens, (start, end) = tok.turn_prompt(said[s.turn], list(system))
+        h = model.layer_input(torch.tensor([tokens[: end - 1]], device=model.device), layer)[start:]
+        probs = torch.softmax(tagger(h[s.offset : s.offset + s.length].to(next(tagger.parameters()).dtype)).float(), -1)
+        out.append((s.first, imprint.KINDS.index(s.kind), probs.cpu()))
+    return out
+
+
+def _token_row(N: int, spans: Sequence[tuple[int, int, Tensor]], p: Tensor, beta: float, least: float) -> Tensor:
+    """The shipped ask bias with each entry's kind taken from its own token where the tagger gives that token a kind
+    with at least ``least`` (the span's stored kind elsewhere): a clause holding a job and a city is raised for
+    either, on the tokens of each."""
+    row = torch.zeros(N)
+    if float(p[0]) >= 0.5:
+        return row
+    for first, stored, probs in spans:
+        top, which = probs[:, 1:].max(-1)
+        kinds = torch.where(top >= least, which + 1, torch.full_like(which, stored))
+        bias = beta * (2.0 * p[kinds] - (1.0 - float(p[0])))
+        row[first : first + len(kinds)] = torch.where(kinds > 0, bias, torch.zeros_like(bias))
+    return row
+
+
+def _held_labels(spans: Sequence[tuple[int, int, set[str], str]], kind: str) -> str:
+    """How the spans holding the asked kind's value are labelled: the asked kind, only another, only none, or not held."""
+    labels = {s for _, _, k, s in spans if kind in k}
+    if not labels:
+        return "not held"
+    if kind in labels:
+        return "asked kind"
+    return "another kind" if labels - {"unknown"} else "unlabelled"
+
+
 def _soft_row(N: int, spans: Sequence[tuple[int, int, Tensor, Tensor]], p: Tensor, mode: str, beta: float) -> Tensor:
     """The bias of every entry for a question whose kinds the ask head gives as ``p`` (``--soft``)."""
     row = torch.zeros(N)
@@ -131,19 +177,16 @@ def _soft_row(N: int, spans: Sequence[tuple[int, int, Tensor, Tensor]], p: Tenso
     return row
 
 
-def _clause_tagger(model: LlamaModel, generated: int = 0) -> None:
-    """Replace the tagger by a linear map of a clause's mean layer input fitted on the natural training part's clauses
-    as the write cuts them (``kind_labels --clause-natural``), and make the write label a clause by the softmax of its
-    tokens' mean logit (the mean of their log-probabilities: the per-token constants cancel), which for a linear map is
-    that clause-level map exactly. With ``generated`` > 0, that many generated messages' clauses join its data."""
+def _clause_map(model: LlamaModel, generated: int = 0) -> torch.nn.Linear:
+    """A linear map of a clause's mean layer input to its kind, fitted on the natural training part's clauses as the
+    write cuts them (``kind_labels --clause-natural``); with ``generated`` > 0, that many generated messages' clauses
+    join its data."""
     import random
 
     from experiments.probes.kind_labels import _features, _fit, _labelled_messages, _message
     from sia.learn.imprint_read import ReadPhrases, token_kinds
     from sia.learn.natural import TRAIN
 
-    tagger = model.imprint_kind
-    assert tagger is not None
     sia = model.tokenizer.system_prompt(PERSONAS["sia"].system_prompt)
     _, _, xs, ys = _features(model, _labelled_messages(load_users(TRAIN), sia))
     if generated:
@@ -156,6 +199,22 @@ def _clause_tagger(model: LlamaModel, generated: int = 0) -> None:
     torch.manual_seed(0)
     fitted = _fit(torch.stack([c.mean(0) for c in xs]), ys, 500)
     assert isinstance(fitted, torch.nn.Linear)
+    _say(f"clause map fitted on {len(ys)} clauses ({int((ys > 0).sum())} holding a fact)")
+    return fitted
+
+
+def _pooled(kinds: Tensor) -> Tensor:
+    """A clause's kind probabilities from its tokens' (n, K): the softmax of their mean log-probability (for a linear
+    map, the clause-level map of their mean input)."""
+    return torch.softmax(kinds.float().clamp_min(1e-30).log().mean(0), -1)
+
+
+def _clause_tagger(model: LlamaModel, generated: int = 0) -> None:
+    """Replace the tagger by the clause-level map (``_clause_map``), and make the write label a clause by the softmax of
+    its tokens' mean logit, which for a linear map is that clause-level map exactly."""
+    tagger = model.imprint_kind
+    assert tagger is not None
+    fitted = _clause_map(model, generated)
     with torch.no_grad():
         tagger.weight.copy_(fitted.weight)
         tagger.bias.copy_(fitted.bias)
@@ -163,16 +222,49 @@ def _clause_tagger(model: LlamaModel, generated: int = 0) -> None:
 
     def by_clause(surprisal: Tensor, breaks: Tensor, *, kinds: Tensor | None = None, **rest: Any) -> Any:
         if kinds is not None:
-            n, logs, start = kinds.shape[0], kinds.float().clamp_min(1e-30).log(), 0
             kinds = kinds.clone()
-            for end in [i + 1 for i in range(n) if bool(breaks[i])] + [n]:
-                if end > start:
-                    kinds[start:end] = torch.softmax(logs[start:end].mean(0), -1).to(kinds.dtype)
-                start = max(start, end)
+            for a, b in imprint._clauses(breaks):
+                kinds[a:b] = _pooled(kinds[a:b]).to(kinds.dtype)
         return shipped(surprisal, breaks, kinds=kinds, **rest)
 
     imprint.select_spans = by_clause
-    _say(f"clause tagger fitted on {len(ys)} clauses ({int((ys > 0).sum())} holding a fact)")
+
+
+class _Both(torch.nn.Module):
+    """The shipped tagger's logits beside the clause map's, (…, 2K): a softmax over both keeps each half's ratios."""
+
+    def __init__(self, shipped: torch.nn.Linear, clause: torch.nn.Linear) -> None:
+        super().__init__()
+        self.shipped, self.clause = shipped, clause
+        self.weight = shipped.weight
+
+    def forward(self, h: Tensor) -> Tensor:
+        return torch.cat([self.shipped(h), self.clause(h)], -1)
+
+
+def _clause_fill(model: LlamaModel, generated: int, least: float) -> None:
+    """Keep the shipped tagger's labels, and label a clause it leaves unlabelled with the clause map's kind where that
+    reaches ``least`` (stored, not sure: it replaces nothing, except in a correcting message, as any label there)."""
+    shipped_tagger = model.imprint_kind
+    assert isinstance(shipped_tagger, torch.nn.Linear)
+    model.imprint_kind = _Both(shipped_tagger, _clause_map(model, generated))  # type: ignore[assignment]
+    shipped, K = imprint.select_spans, len(imprint.KINDS)
+
+    def filled(surprisal: Tensor, breaks: Tensor, *, kinds: Tensor | None = None, **rest: Any) -> Any:
+        if kinds is not None:
+            own = kinds[:, :K] / kinds[:, :K].sum(-1, keepdim=True)
+            label = rest.get("min_label") or rest.get("min_kind", 0.5)
+            for a, b in imprint._clauses(breaks):
+                if b > a and float(own[a:b, 1:].mean(0).max()) < label:
+                    clause = _pooled(kinds[a:b, K:])
+                    if float(clause[1:].max()) >= least:
+                        row = torch.zeros(K, dtype=own.dtype)
+                        row[int(clause[1:].argmax()) + 1], row[0] = (label + 0.5) / 2, 1 - (label + 0.5) / 2
+                        own[a:b] = row
+            kinds = own
+        return shipped(surprisal, breaks, kinds=kinds, **rest)
+
+    imprint.select_spans = filled
 
 
 def _recency() -> None:
@@ -217,8 +309,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--clause-tagger", action="store_true", help="a clause-level tagger fitted on the training part's clauses first"
     )
-    ap.add_argument("--clause-generated", type=int, default=0, help="with --clause-tagger: this many generated messages too")
+    ap.add_argument("--clause-generated", type=int, default=0, help="the clause map's data: this many generated messages too")
+    ap.add_argument("--clause-fill", type=float, default=None, help="the clause map labels what the tagger leaves, from this")
+    ap.add_argument("--tokens", type=int, default=None, help="imprint entries (config.imprint_tokens)")
+    ap.add_argument("--bits", type=int, default=None, help="imprint bits a number (config.imprint_bits)")
+    ap.add_argument("--skip-none", action="store_true", help="leave out the unbiased read")
     ap.add_argument("--soft", type=float, nargs="*", default=[], help="soft and hard kind matches at these biases")
+    ap.add_argument("--token", type=float, nargs="*", default=[], help="per-token kinds from these tagger probabilities")
+    ap.add_argument("--token-bias", type=float, default=2.0, help="beta of the --token conditions")
     ap.add_argument("--min-kind", type=float, default=None, help="the write's kind threshold (select_spans' min_kind)")
     ap.add_argument("--min-label", type=float, default=None, help="the write's label threshold (config.imprint_label_min)")
     ap.add_argument("--raise-only", action="store_true", help="the ask head's bias only raises (no -beta for other kinds)")
@@ -238,6 +336,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     model.config = replace(model.config, imprint_ask_bias=0.0)  # the conditions below set it
     if args.min_label is not None:
         model.config = replace(model.config, imprint_label_min=args.min_label)
+    if args.tokens is not None:
+        model.config = replace(model.config, imprint_tokens=args.tokens)
+    if args.bits is not None:
+        model.config = replace(model.config, imprint_bits=args.bits)
     if args.raise_only:
         shipped_bias = LlamaModel.entry_bias
 
@@ -250,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _recency()
     if args.clause_tagger:
         _clause_tagger(model, args.clause_generated)
+    if args.clause_fill is not None:
+        _clause_fill(model, args.clause_generated, args.clause_fill)
     if args.tagger_hidden:  # a two-layer tagger fitted as the recipe's eighth stage fits the linear one
         from experiments.probes.kind_labels import _TwoLayer
         from sia.learn.imprint_read import ReadPhrases, natural_statements, train_kinds
@@ -292,13 +396,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     spans = {u.id: _spans_of(states[u.id], tok, u) for u in users}
     soft: dict[str, list[tuple[int, int, Tensor, Tensor]]] = {}  # per user: (first, length, q soft, q hard) per span
     asked_p = None
-    if args.soft:
+    by_token: dict[str, list[tuple[int, int, Tensor]]] = {}
+    if args.soft or args.token:
         if not shipped_ask or model.imprint_ask is None:
-            raise SystemExit("--soft needs a checkpoint with an ask head")
-        soft = {u.id: _span_kinds(model, system, states[u.id], t) for u, t in zip(users, turns, strict=True)}
+            raise SystemExit("--soft and --token need a checkpoint with an ask head")
+        if args.soft:
+            soft = {u.id: _span_kinds(model, system, states[u.id], t) for u, t in zip(users, turns, strict=True)}
+        if args.token:
+            by_token = {u.id: _token_kinds(model, system, states[u.id], t) for u, t in zip(users, turns, strict=True)}
         asked_p = torch.cat([model.asked_kinds([tok.turn_prompt(q.text, [])[0][slice(*_own(tok, q.text))]]) for _, q in pairs])
     N = model.config.imprint_tokens
-    conditions = [("none", "", 0.0)] + [
+    conditions = [] if args.skip_none else [("none", "", 0.0)]
+    conditions += [
         (f"{mode}{'+-' if mode == 'oracle-' else '+'}{b:g}".replace("oracle-+-", "oracle+-"), mode, b)
         for b in args.bias
         for mode in args.modes
@@ -307,7 +416,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit("--ask needs a checkpoint with an ask head (config.imprint_ask_bias > 0)")
     conditions += [(f"ask+{b:g}", "ask", b) for b in args.ask]
     conditions += [(f"{mode}+{b:g}", mode, b) for b in args.soft for mode in ("hard", "soft")]
+    conditions += [(f"token{t:g}+{args.token_bias:g}", f"token{t:g}", args.token_bias) for t in args.token]
     results: dict[str, Any] = {"depth": args.depth, "users": len(users), "questions": len(pairs), "conditions": {}}
+    labels = [_held_labels(spans[u.id], q.kind) for u, q in pairs]
     for name, mode, beta in conditions:
         started = time.perf_counter()
         model.config = replace(model.config, imprint_ask_bias=beta if mode == "ask" else 0.0)
@@ -315,6 +426,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if mode in ("hard", "soft"):
             assert asked_p is not None
             bias = torch.stack([_soft_row(N, soft[u.id], asked_p[i], mode, beta) for i, (u, _) in enumerate(pairs)])
+        elif mode.startswith("token"):
+            assert asked_p is not None
+            least = float(mode[len("token") :])
+            bias = torch.stack([_token_row(N, by_token[u.id], asked_p[i], beta, least) for i, (u, _) in enumerate(pairs)])
         elif mode and mode != "ask":
             bias = torch.stack([_bias_row(N, spans[u.id], q.kind, mode, beta) for u, q in pairs])
         requests = [TurnRequest(states[u.id], q.text, dynamics, system, True) for u, q in pairs]
@@ -328,12 +443,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             "per_fact": sum(right) / len(right),
             "corrections": [sum(fixed), len(fixed)],
             "by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())},
+            "right_by_label": {k: sum(ok for ok, x in zip(right, labels, strict=True) if x == k) for k in sorted(set(labels))},
             "replies": [[u.id, q.kind, r] for (u, q), r in zip(pairs, replies, strict=True)],
         }
         seconds = time.perf_counter() - started
         _say(f"{name}: {sum(right) / len(right):.3f}, corrections {sum(fixed)} of {len(fixed)} ({seconds:.0f} s)")
     held = [any(q.kind in k for _, _, k, _ in spans[u.id]) for u, q in pairs]
     tagged = [any(s == q.kind for _, _, _, s in spans[u.id]) for u, q in pairs]
+    results["asked_value_labels"] = {k: labels.count(k) for k in ("asked kind", "another kind", "unlabelled", "not held")}
+    results["asked_value_labels_by_kind"] = {
+        kind: {k: sum(1 for (_, q), x in zip(pairs, labels, strict=True) if q.kind == kind and x == k) for k in set(labels)}
+        for kind in sorted({q.kind for _, q in pairs})
+    }
+    _say(f"the asked value's spans are labelled: {results['asked_value_labels']}")
     results["asked_kind_held"] = sum(held) / len(held)
     results["asked_kind_tagged"] = sum(tagged) / len(tagged)
     _say(
