@@ -26,8 +26,8 @@ leaves unlabelled), ``--clause-tagger`` (it replaces the tagger), ``--tokens N -
 
     PYTHONPATH=. python -m experiments.probes.kind_match [--checkpoint DIR] [--users 60] [--depth 4] [--bias 3]
         [--modes oracle oracle- tagger] [--ask 2 3] [--soft 2] [--token 0.5] [--min-kind 0.3] [--min-label 0.4]
-        [--raise-only] [--recency] [--tagger-hidden 256] [--clause-tagger | --clause-fill 0.5] [--clause-generated 1200]
-        [--tokens 120 --bits 4] [--part train] [--corrected] [--skip-none] [--out FILE]
+        [--raise-only] [--unlabelled-down 0.5] [--recency] [--tagger-hidden 256] [--clause-tagger | --clause-fill 0.5]
+        [--clause-generated 1200] [--tokens 120 --bits 4] [--part train] [--corrected] [--skip-none] [--out FILE]
 
 Writes the per-fact recall of each condition, per kind, and the replies; how the spans holding each asked value are
 labelled (the asked kind, only another, unlabelled, not held) and the answers right in each.
@@ -110,26 +110,9 @@ def _own(tok: Any, text: str) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def _span_kinds(model: LlamaModel, system: Sequence[int], state: IdentityState, said: Sequence[str]) -> list[Any]:
-    """Per imprinted span: its first entry, its length, the tagger's mean probabilities over its tokens as the write
-    read them (the turn's message after the persona's prompt) and its stored label's one-hot."""
-    tok, layer, tagger = model.tokenizer, model.config.imprint_kinds_layer, model.imprint_kind
-    assert layer is not None and tagger is not None and state.imprint is not None
-    out = []
-    for s in state.imprint.spans():
-        tokens, (start, end) = tok.turn_prompt(said[s.turn], list(system))
-        h = model.layer_input(torch.tensor([tokens[: end - 1]], device=model.device), layer)[start:]
-        probs = (
-            torch.softmax(tagger(h[s.offset : s.offset + s.length].to(next(tagger.parameters()).dtype)).float(), -1).mean(0).cpu()
-        )
-        out.append((s.first, s.length, probs, F.one_hot(torch.tensor(imprint.KINDS.index(s.kind)), len(imprint.KINDS)).float()))
-    return out
-
-
-@torch.no_grad()
 def _token_kinds(model: LlamaModel, system: Sequence[int], state: IdentityState, said: Sequence[str]) -> list[Any]:
     """Per imprinted span: its first entry, its stored kind's index and the tagger's probabilities of each of its
-    tokens (length, len(KINDS)) as the write read them (``--token``)."""
+    tokens (length, len(KINDS)) as the write read them (the turn's message after the persona's prompt)."""
     tok, layer, tagger = model.tokenizer, model.config.imprint_kinds_layer, model.imprint_kind
     assert layer is not None and tagger is not None and state.imprint is not None
     out = []
@@ -139,6 +122,15 @@ def _token_kinds(model: LlamaModel, system: Sequence[int], state: IdentityState,
         probs = torch.softmax(tagger(h[s.offset : s.offset + s.length].to(next(tagger.parameters()).dtype)).float(), -1)
         out.append((s.first, imprint.KINDS.index(s.kind), probs.cpu()))
     return out
+
+
+def _span_kinds(model: LlamaModel, system: Sequence[int], state: IdentityState, said: Sequence[str]) -> list[Any]:
+    """Per imprinted span: its first entry, its length, the tagger's mean probabilities over its tokens as the write
+    read them and its stored label's one-hot."""
+    return [
+        (first, probs.shape[0], probs.mean(0), F.one_hot(torch.tensor(stored), len(imprint.KINDS)).float())
+        for first, stored, probs in _token_kinds(model, system, state, said)
+    ]
 
 
 def _token_row(N: int, spans: Sequence[tuple[int, int, Tensor]], p: Tensor, beta: float, least: float) -> Tensor:
@@ -267,6 +259,25 @@ def _clause_fill(model: LlamaModel, generated: int, least: float) -> None:
     imprint.select_spans = filled
 
 
+def _unlabelled_down(share: float) -> None:
+    """Patch the ask bias so that, in a row whose imprint holds an entry labelled with the kind its message most likely
+    asks for, the unlabelled entries get -share·beta (greetings, relatives' names, asides no longer compete at 0)."""
+    shipped_bias = LlamaModel.entry_bias
+
+    def lowered(self: LlamaModel, kind: Tensor, asked: Tensor) -> Tensor | None:
+        bias = shipped_bias(self, kind, asked)
+        if bias is None:
+            return None
+        p = asked.float().to(bias.device)
+        kind = kind.to(bias.device)
+        top = p[:, 1:].argmax(-1, keepdim=True) + 1  # (B, 1)
+        held = ((kind == top) & (p[:, :1] < 0.5)).any(-1, keepdim=True)  # (B, 1)
+        down = torch.full_like(bias, -share * self.config.imprint_ask_bias)
+        return torch.where(held & (kind == 0), down, bias)
+
+    LlamaModel.entry_bias = lowered  # type: ignore[method-assign]
+
+
 def _recency() -> None:
     """Patch the read so that, in each row, the entries of a kind that a later turn's span also holds are stored as
     -kind and the ask bias treats them as another kind's (-beta where that kind is asked): the newest value wins."""
@@ -321,6 +332,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--min-label", type=float, default=None, help="the write's label threshold (config.imprint_label_min)")
     ap.add_argument("--raise-only", action="store_true", help="the ask head's bias only raises (no -beta for other kinds)")
     ap.add_argument(
+        "--unlabelled-down",
+        type=float,
+        default=0.0,
+        help="-share*beta on unlabelled entries where the asked kind is held",
+    )
+    ap.add_argument(
         "--recency", action="store_true", help="an entry whose kind a later turn's span also has reads as another kind's"
     )
     ap.add_argument("--part", default="tune", help="the natural set's part played (tune, or train)")
@@ -348,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             return None if bias is None else bias.clamp(min=0.0)
 
         LlamaModel.entry_bias = raising  # type: ignore[method-assign]
+    if args.unlabelled_down:
+        _unlabelled_down(args.unlabelled_down)
     if args.recency:
         _recency()
     if args.clause_tagger:
