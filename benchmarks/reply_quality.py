@@ -1,7 +1,8 @@
 """Reply quality of the bundled model on easy questions: answered, looping, wrong-language and in-style rates per persona.
 
 Run: ``python -m benchmarks.reply_quality --part tune|heldout [--personas sia bolt] [--limit N] [--greedy]
-[--repetition-penalty R] [--no-repeat-ngram N] [--temperature T] [--max-tokens N] [--prompts FILE] [--out PATH]``
+[--repetition-penalty R] [--no-repeat-ngram N] [--temperature T] [--max-tokens N] [--lowercase on|off] [--max-sentences N]
+[--prompts FILE] [--out PATH] [--merge]``
 (``--prompts``: a JSON object of persona -> system prompt tried in place of the persona's, for tuning).
 
 Every question of ``benchmarks/data/easy_questions/<part>.jsonl`` is asked once of a fresh identity of each persona
@@ -10,11 +11,13 @@ Every question of ``benchmarks/data/easy_questions/<part>.jsonl`` is asked once 
 batched row decodes as it would alone). Two decodings: the persona's default sampling (``sia.personas``: temperature
 0.4, top-p 0.9, 128 tokens; every row's generator seeded with 0, so a run is reproducible) and greedy (temperature
 0); with ``--greedy`` only greedy, with ``--sampled`` only the persona's. ``--repetition-penalty``,
-``--no-repeat-ngram``, ``--temperature`` and ``--max-tokens`` override the persona's defaults.
+``--no-repeat-ngram``, ``--temperature``, ``--max-tokens``, ``--lowercase`` and ``--max-sentences`` override the
+persona's defaults.
 
 Reported per persona and decoding (``benchmarks.reply_metrics`` defines each): answered rate, loop rate,
 wrong-language rate, mean length in words, style rate, and the answered rate per question kind. The JSON (``--out``,
-default ``benchmarks/results/reply_quality.json``) holds these, the setup and every reply. The held-out part is for
+default ``benchmarks/results/reply_quality.json``) holds these, the setup and every reply; with ``--merge`` the personas
+run replace theirs in that file and the others' figures stay. The held-out part is for
 reporting only: defaults are chosen on the tune part.
 """
 
@@ -61,6 +64,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-repeat-ngram", type=int, default=None, help="override the persona's (0: off)")
     p.add_argument("--temperature", type=float, default=None, help="override the persona's sampled temperature")
     p.add_argument("--max-tokens", type=int, default=None, help="override the persona's reply length limit")
+    p.add_argument("--lowercase", choices=("on", "off"), default=None, help="override the persona's lowercase decoding")
+    p.add_argument("--max-sentences", type=int, default=None, help="override the persona's sentence limit (0: off)")
     p.add_argument(
         "--prompts", type=Path, default=None, help="a JSON object of persona -> system prompt tried in place of the persona's"
     )
@@ -69,6 +74,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--merge", action="store_true", help="keep the other personas' figures already in --out")
     args = p.parse_args(argv)
     unknown = set(args.personas or ()) - set(PERSONAS)
     if unknown:
@@ -177,6 +183,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         overrides["temperature"] = args.temperature
     if args.max_tokens is not None:
         overrides["max_new_tokens"] = args.max_tokens
+    if args.lowercase is not None:
+        overrides["lowercase"] = args.lowercase == "on"
+    if args.max_sentences is not None:
+        overrides["max_sentences"] = args.max_sentences
     prompts: dict[str, str] = {}
     if args.prompts is not None:
         prompts = {str(k): str(v) for k, v in json.loads(args.prompts.read_text()).items()}
@@ -201,13 +211,37 @@ def main(argv: Sequence[str] | None = None) -> None:
             log.info("%s, %s: %d questions", persona, mode, len(questions))
             replies = ask(model, persona, questions, params, args.batch, prompts.get(persona))
             results[persona][mode] = score(persona, questions, replies)
-            setup["decodings"][mode] = {k: v for k, v in asdict(params).items() if k not in ("seed", "stop", "top_logprobs")}
+            setup["decodings"].setdefault(persona, {})[mode] = {
+                k: v for k, v in asdict(params).items() if k not in ("seed", "stop", "top_logprobs")
+            }
     setup["seconds"] = round(time.perf_counter() - began, 1)
     info["loadavg_end"] = os.getloadavg()
     text = table(results)
     sys.stdout.write(text + "\n")
+    report = {"machine": info, "setup": setup, "results": results}
+    if args.merge and args.out.exists():  # the other personas' figures kept from the file's earlier run
+        report = merged(json.loads(args.out.read_text()), report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": info, "setup": setup, "results": results}, indent=2) + "\n")
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def merged(earlier: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """``run``'s personas over ``earlier``'s report of the same part and questions: the personas run replace theirs,
+    the others keep their figures, prompts and decodings; each persona's machine and date are kept beside it."""
+    same = ("part", "questions", "limit", "checkpoint", "overrides")
+    if any(earlier["setup"].get(k) != run["setup"].get(k) for k in same):
+        raise SystemExit(f"--merge: {', '.join(same)} must match the earlier run's")
+    out = {**earlier, "machine": run["machine"], "results": {**earlier["results"], **run["results"]}}
+    setup = dict(earlier["setup"])
+    decodings = earlier["setup"].get("decodings", {})
+    if set(decodings) <= {"default", "greedy"}:  # a report from before decodings were kept per persona: one for all
+        decodings = {p: decodings for p in earlier["results"]}
+    setup["prompts"] = {**earlier["setup"].get("prompts", {}), **run["setup"]["prompts"]}
+    setup["decodings"] = {**decodings, **run["setup"]["decodings"]}
+    ran = {p: {"machine": run["machine"], "seconds": run["setup"]["seconds"]} for p in run["results"]}
+    setup["runs"] = {**earlier["setup"].get("runs", {}), **ran}
+    out["setup"] = setup
+    return out
 
 
 if __name__ == "__main__":

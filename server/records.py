@@ -34,6 +34,8 @@ PERSONA_FIELDS = (
     "max_tokens",
     "repetition_penalty",
     "no_repeat_ngram",
+    "lowercase",
+    "max_sentences",
 )
 
 
@@ -63,6 +65,8 @@ class PersonaRecord:
     max_tokens: int
     repetition_penalty: float  # 1: off
     no_repeat_ngram: int  # 0: off
+    lowercase: bool  # the reply written in lower case
+    max_sentences: int  # the reply ended after this many sentences; 0: off
     initial_state: bytes | None
     created_at: datetime
     updated_at: datetime

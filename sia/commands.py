@@ -32,6 +32,8 @@ def sampling_choices(args: argparse.Namespace) -> Sampling:
         stop=tuple(args.stop),
         repetition_penalty=args.repetition_penalty,
         no_repeat_ngram=args.no_repeat_ngram,
+        lowercase=args.lowercase,
+        max_sentences=args.max_sentences,
     )
 
 
@@ -237,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--repetition-penalty", type=float, default=None, help="> 1 discourages tokens the reply already holds (1: off)"
         )
         p.add_argument("--no-repeat-ngram", type=int, default=None, help="ban repeating an n-gram of the reply (0: off)")
+        p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None, help="write the reply in lower case")
+        p.add_argument("--max-sentences", type=int, default=None, help="end the reply after this many sentences (0: off)")
         p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
     gen = sub.add_parser("generate", help="one turn: reply to PROMPT and update the identity state")

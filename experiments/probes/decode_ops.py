@@ -28,6 +28,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--shapes", action="store_true", help="operators told apart by their inputs' shapes too")
     args = p.parse_args()
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
@@ -42,10 +43,11 @@ def main() -> None:
             short: dict[str, tuple[int, float]] = {}
             long: dict[str, tuple[int, float]] = {}
             for n, into in ((4, short), (4 + args.tokens, long)):
-                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=args.shapes) as prof:
                     sia_decode(m, prompts, [state] * args.rows, n)
-                for e in prof.key_averages():
-                    into[e.key] = (e.count, e.self_cpu_time_total)
+                for e in prof.key_averages(group_by_input_shape=args.shapes):
+                    key = f"{e.key} {e.input_shapes}" if args.shapes else e.key
+                    into[key] = (e.count, e.self_cpu_time_total)
             # the difference of a long and a short decode: per decode step, prefill excluded
             table[name] = {
                 k: ((long[k][0] - short.get(k, (0, 0))[0]) / args.tokens, (long[k][1] - short.get(k, (0, 0))[1]) / args.tokens)

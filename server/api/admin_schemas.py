@@ -57,6 +57,8 @@ class PersonaFields(_Strict):
     no_repeat_ngram: int | None = Field(
         None, ge=0, le=MAX_INT, description="bans a token that would repeat an n-gram of the reply; 0: off"
     )
+    lowercase: bool | None = Field(None, description="replies written in lower case")
+    max_sentences: int | None = Field(None, ge=0, le=MAX_INT, description="replies end after this many sentences; 0: off")
 
 
 class PersonaCreate(PersonaFields):
@@ -65,11 +67,21 @@ class PersonaCreate(PersonaFields):
 
 class PersonaUpdate(PersonaFields):
     """Only the fields sent change. alpha, decay, eta, top_p and top_k may be set to null (back to the default);
-    description, preamble, temperature, max_tokens, repetition_penalty and no_repeat_ngram may not."""
+    description, preamble, temperature, max_tokens, repetition_penalty, no_repeat_ngram, lowercase and max_sentences may
+    not."""
 
     @model_validator(mode="after")
     def _not_null(self) -> PersonaUpdate:
-        for name in ("description", "preamble", "temperature", "max_tokens", "repetition_penalty", "no_repeat_ngram"):
+        for name in (
+            "description",
+            "preamble",
+            "temperature",
+            "max_tokens",
+            "repetition_penalty",
+            "no_repeat_ngram",
+            "lowercase",
+            "max_sentences",
+        ):
             if name in self.model_fields_set and getattr(self, name) is None:
                 raise ValueError(f"{name} may not be null")
         return self
@@ -88,6 +100,8 @@ class Persona(BaseModel):
     max_tokens: int
     repetition_penalty: float
     no_repeat_ngram: int
+    lowercase: bool
+    max_sentences: int
     has_initial_state: bool = Field(description="new identities start from an uploaded state, not from zero")
     created_at: Timestamp
     updated_at: Timestamp

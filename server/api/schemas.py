@@ -26,6 +26,11 @@ NoRepeatNgram = Annotated[
         None, ge=0, le=2**31 - 1, description="bans a token that would repeat an n-gram of the reply; 0 is off (persona default)"
     ),
 ]
+Lowercase = Annotated[bool | None, Field(None, description="the reply written in lower case (persona default)")]
+MaxSentences = Annotated[
+    int | None,
+    Field(None, ge=0, le=2**31 - 1, description="the reply ends after this many sentences; 0 is off (persona default)"),
+]
 UserId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$", description="the user's id")]
 
 
@@ -55,6 +60,8 @@ class SamplingFields(BaseModel):
     stop: list[str] = Field(default_factory=list, max_length=4)
     repetition_penalty: RepetitionPenalty = None
     no_repeat_ngram: NoRepeatNgram = None
+    lowercase: Lowercase = None
+    max_sentences: MaxSentences = None
 
     def sampling(self) -> Sampling:
         return Sampling(
@@ -66,6 +73,8 @@ class SamplingFields(BaseModel):
             stop=tuple(self.stop),
             repetition_penalty=self.repetition_penalty,
             no_repeat_ngram=self.no_repeat_ngram,
+            lowercase=self.lowercase,
+            max_sentences=self.max_sentences,
         )
 
 
@@ -116,8 +125,8 @@ class StreamOptions(BaseModel):
 
 class ChatCompletionRequest(BaseModel):
     """OpenAI's chat completion request; fields SIA has no use for (OpenAI's additive frequency and presence penalties,
-    tools, ...) are accepted and ignored. ``repetition_penalty`` and ``no_repeat_ngram`` are SIA's own (as in vLLM's
-    and Hugging Face's extra sampling parameters)."""
+    tools, ...) are accepted and ignored. ``repetition_penalty``, ``no_repeat_ngram``, ``lowercase`` and
+    ``max_sentences`` are SIA's own (as in vLLM's and Hugging Face's extra sampling parameters)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -131,6 +140,8 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     repetition_penalty: RepetitionPenalty = None
     no_repeat_ngram: NoRepeatNgram = None
+    lowercase: Lowercase = None
+    max_sentences: MaxSentences = None
     stop: str | list[str] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)

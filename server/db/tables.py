@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import DateTime, Float, ForeignKey, Integer, LargeBinary, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql import false
 
 __all__ = ["ApiKeyRow", "Base", "IdentityRow", "PersonaRow", "SnapshotRow", "StateVersionRow", "TurnRow", "utcnow"]
 
@@ -37,6 +38,9 @@ class PersonaRow(Base):
     max_tokens: Mapped[int] = mapped_column(Integer, default=64)
     repetition_penalty: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")  # 1: off
     no_repeat_ngram: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # 0: off
+    # the replies' form: written in lower case; ended after this many sentences (0: off)
+    lowercase: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    max_sentences: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     initial_state: Mapped[bytes | None] = mapped_column(LargeBinary)  # safetensors state new identities start from
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)

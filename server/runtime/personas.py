@@ -63,6 +63,8 @@ class Personas:
             top_k=None if values.get("top_k") is None else int(str(values.get("top_k"))),
             repetition_penalty=_float(values.get("repetition_penalty"), 1.0),
             no_repeat_ngram=_int(values.get("no_repeat_ngram"), 0),
+            lowercase=_bool(values.get("lowercase"), False),
+            max_sentences=_int(values.get("max_sentences"), 0),
         )
         blob = values.get("initial_state")
         if blob is not None:
@@ -120,6 +122,8 @@ class Personas:
             top_k=persona.top_k,
             repetition_penalty=persona.repetition_penalty,
             no_repeat_ngram=persona.no_repeat_ngram,
+            lowercase=persona.lowercase,
+            max_sentences=persona.max_sentences,
         )
         return sampling.over(defaults)
 
@@ -149,4 +153,12 @@ def _int(value: object, default: int) -> int:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"expected an integer; got {value!r}")
+    return value
+
+
+def _bool(value: object, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false; got {value!r}")
     return value

@@ -11,6 +11,7 @@ does not depend on which other rows share its batch.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -35,12 +36,14 @@ __all__ = [
     "check_room",
     "generate",
     "left_padded",
+    "lowered",
     "nucleus",
     "nucleus_reference",
     "padded_inputs",
     "penalize",
     "repeated_ngram_bans",
     "sample_next",
+    "sentences_end",
     "stream",
 ]
 
@@ -60,6 +63,9 @@ class SamplingParams:
     # repetition controls over the row's own reply so far (``penalize``), applied before any of the above
     repetition_penalty: float = 1.0  # > 1 pushes down every token the reply already holds; 1 is off
     no_repeat_ngram: int = 0  # n > 0 bans a token that would repeat an n-gram of the reply; 0 is off
+    # the persona's form, kept by the decoding itself (a small backbone does not keep it from its prompt alone)
+    lowercase: bool = False  # the reply's text is written in lower case, character by character (``lowered``)
+    max_sentences: int = 0  # n > 0 ends the reply after its n-th sentence (``sentences_end``); 0 is off
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -80,6 +86,11 @@ class SamplingParams:
         n = self.no_repeat_ngram
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"no_repeat_ngram must be an integer >= 0 (0 is off); got {n!r}")
+        if not isinstance(self.lowercase, bool):
+            raise ValueError(f"lowercase must be true or false; got {self.lowercase!r}")
+        n = self.max_sentences
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"max_sentences must be an integer >= 0 (0 is off); got {n!r}")
 
     @property
     def repeats_controlled(self) -> bool:
@@ -105,6 +116,8 @@ class Sampling:
     top_logprobs: int = 0  # report this many alternatives with every generated token
     repetition_penalty: float | None = None
     no_repeat_ngram: int | None = None
+    lowercase: bool | None = None
+    max_sentences: int | None = None
 
     def __post_init__(self) -> None:
         self.over(SamplingParams())
@@ -121,6 +134,8 @@ class Sampling:
             top_logprobs=self.top_logprobs,
             repetition_penalty=defaults.repetition_penalty if self.repetition_penalty is None else self.repetition_penalty,
             no_repeat_ngram=defaults.no_repeat_ngram if self.no_repeat_ngram is None else self.no_repeat_ngram,
+            lowercase=defaults.lowercase if self.lowercase is None else self.lowercase,
+            max_sentences=defaults.max_sentences if self.max_sentences is None else self.max_sentences,
         )
 
 
@@ -232,6 +247,26 @@ def repeated_ngram_bans(generated: Sequence[int], n: int) -> list[int]:
     return sorted({tokens[i + n - 1] for i in range(len(tokens) - n + 1) if tokens[i : i + n - 1] == tail})
 
 
+# a sentence's end: its closing marks (and any quote or bracket that closes with them) before white space
+_SENTENCE_END = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s)")
+
+
+def lowered(text: str, lowercase: bool = True) -> str:
+    """``text`` in lower case character by character (with ``lowercase``; else as it is), so that a reply streamed in
+    pieces reads as the whole reply does (``str.lower`` of a whole text writes a Greek final sigma by context)."""
+    return "".join(c.lower() for c in text) if lowercase else text
+
+
+def sentences_end(text: str, n: int) -> int | None:
+    """Where the n-th sentence of ``text`` ends (just after its closing marks), once the white space after them has
+    come; None while ``text`` holds fewer than n finished sentences. A full stop after an abbreviation ("Mr. Lee")
+    counts as an end: the rule is for a persona's short replies, not for prose."""
+    for i, match in enumerate(_SENTENCE_END.finditer(text), start=1):
+        if i == n:
+            return match.end()
+    return None
+
+
 def draw(logits: Tensor, generator: torch.Generator | None) -> int:
     """One token from the softmax of (V,) filtered logits (-inf: dropped), drawn among the kept tokens only: their
     probabilities are the same, and a draw over the whole vocabulary (``draw_over_vocabulary``) costs a random
@@ -339,19 +374,25 @@ class ReplyDecoder:
         """Record a token; return the newly visible text and set finish_reason when the row is done."""
         self.tokens.append(token)
         if token in end_ids:
-            self.text += self.decoder.flush()
+            self.text += lowered(self.decoder.flush(), params.lowercase)
             self.finish_reason = "stop"
         else:
-            self.text += self.decoder.push(token)
-        for stop in params.stop:
+            self.text += lowered(self.decoder.push(token), params.lowercase)
+        stops = [lowered(stop, params.lowercase) for stop in params.stop]  # a lowercase reply is matched in lower case
+        for stop in stops:
             cut = self.text.find(stop)
             if cut >= 0:
                 self.text = self.text[:cut]
                 self.finish_reason = "stop"
+        if params.max_sentences and self.finish_reason is None:
+            end = sentences_end(self.text, params.max_sentences)
+            if end is not None:  # the token that began the next sentence is kept in ``tokens`` but not shown
+                self.text = self.text[:end]
+                self.finish_reason = "stop"
         if self.finish_reason is None and len(self.tokens) >= params.max_new_tokens:
-            self.text += self.decoder.flush()
+            self.text += lowered(self.decoder.flush(), params.lowercase)
             self.finish_reason = "length"
-        visible = len(self.text) if self.finish_reason else _visible_text(self.text, params.stop)
+        visible = len(self.text) if self.finish_reason else _visible_text(self.text, stops)
         delta, self.emitted = self.text[self.emitted : visible], max(self.emitted, visible)
         return delta
 

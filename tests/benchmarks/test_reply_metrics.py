@@ -1,4 +1,4 @@
-"""The reply-quality metrics (benchmarks.reply_metrics) on hand-made replies, and the easy-question files."""
+"""The reply-quality metrics (benchmarks.reply_metrics) on hand-made replies, the easy-question files, and a merged report."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.reply_metrics import STYLES, answered, loops, style_ok, words, wrong_language
+from benchmarks.reply_quality import merged
 from sia.personas import PERSONAS
 
 QUESTIONS = Path(__file__).parents[2] / "benchmarks" / "data" / "easy_questions"
@@ -100,3 +101,25 @@ def test_the_question_files_are_well_formed_and_apart() -> None:
             assert r["accept"] and all(a == a.lower() and a.strip() for a in r["accept"])
         seen[part] = {r["question"].lower() for r in rows}
     assert not seen["tune"] & seen["heldout"]
+
+
+def test_a_merged_report_replaces_the_personas_run_and_keeps_the_others() -> None:
+    setup = {"part": "heldout", "questions": 2, "limit": None, "checkpoint": "c", "overrides": {}}
+    old_decoding = {"default": {"temperature": 0.4}, "greedy": {"temperature": 0.0}}
+    earlier = {
+        "machine": {"cpu": "a"},
+        "setup": {**setup, "prompts": {"sia": "s", "bolt": "b"}, "decodings": old_decoding, "seconds": 9.0},
+        "results": {"sia": {"default": {"answered": 0.5}}, "bolt": {"default": {"answered": 0.25}}},
+    }
+    run = {
+        "machine": {"cpu": "b"},
+        "setup": {**setup, "prompts": {"bolt": "b2"}, "decodings": {"bolt": {"default": {"lowercase": True}}}, "seconds": 3.0},
+        "results": {"bolt": {"default": {"answered": 0.75}}},
+    }
+    out = merged(earlier, run)
+    assert out["results"] == {"sia": {"default": {"answered": 0.5}}, "bolt": {"default": {"answered": 0.75}}}
+    assert out["setup"]["prompts"] == {"sia": "s", "bolt": "b2"}
+    assert out["setup"]["decodings"] == {"sia": old_decoding, "bolt": {"default": {"lowercase": True}}}
+    assert out["setup"]["runs"] == {"bolt": {"machine": {"cpu": "b"}, "seconds": 3.0}}
+    with pytest.raises(SystemExit, match="must match"):
+        merged(earlier, {**run, "setup": {**run["setup"], "part": "tune"}})

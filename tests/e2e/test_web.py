@@ -130,15 +130,21 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
         page.fill("#seed", "1")
         page.fill("#repetition_penalty", "1.2")
         page.fill("#no_repeat_ngram", "3")
+        page.fill("#max_sentences", "2")
+        page.select_option("#lowercase", "true")
 
         with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/chat")) as sent:
             say(page, "Hello, I am Ana and I like green.")
         body = sent.value.post_data_json
         assert body["repetition_penalty"] == 1.2 and body["no_repeat_ngram"] == 3 and body["temperature"] == 1
+        assert body["max_sentences"] == 2 and body["lowercase"] is True
         page.fill("#repetition_penalty", "")  # the rest of the page's requests leave them to the persona
         page.fill("#no_repeat_ngram", "")
+        page.fill("#max_sentences", "")
+        page.select_option("#lowercase", "")
         stored = api(url, "GET", "/admin/personas/sia/identities/ana/turns")["data"]
         assert page.locator("#transcript li.bot .text").last.text_content() == stored[-1]["reply"]
+        assert stored[-1]["reply"] == stored[-1]["reply"].lower()  # the turn was asked for in lower case
         expect(page.locator("#transcript li.bot").last).to_have_attribute("data-tokens", str(stored[-1]["completion_tokens"]))
         expect(page.locator("#transcript li.bot .meta").last).to_have_text(re.compile(r"turn 0 · shock .* · version 2"))
         expect(page.locator("#turn-count")).to_have_text("1")
@@ -233,6 +239,7 @@ def test_a_reply_grows_on_screen_and_stop_leaves_the_identity_as_it_was(
         assert lengths == sorted(lengths)
         stored = api(url, "GET", "/admin/personas/sia/identities/ana/turns")["data"]
         assert page.locator("#transcript li.bot .text").last.text_content() == stored[-1]["reply"]
+        assert stored[-1]["reply"] == stored[-1]["reply"].lower()  # the turn was asked for in lower case
         expect(page.locator("#turn-count")).to_have_text("1")
 
         page.evaluate(STOP_AT_FIRST_TOKEN)

@@ -28,7 +28,7 @@ def _tables(settings: Settings) -> set[str]:
 def test_upgrade_and_downgrade(settings: Settings) -> None:
     assert migrate.current_revision(settings) is None
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0004"
+    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0005"
     assert _tables(settings) == TABLES
     migrate.downgrade(settings, "base")
     assert migrate.current_revision(settings) is None
@@ -77,7 +77,7 @@ def test_turns_without_text_go_back_to_empty_strings_on_downgrade(settings: Sett
     finally:
         engine.dispose()
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == "0004"
+    assert migrate.current_revision(settings) == "0005"
 
 
 def test_personas_made_before_the_repetition_controls_get_them_off(settings: Settings) -> None:
@@ -113,6 +113,41 @@ def test_personas_made_before_the_repetition_controls_get_them_off(settings: Set
         engine.dispose()
 
 
+def test_personas_made_before_the_reply_form_get_it_off(settings: Settings) -> None:
+    """0005 adds personas.lowercase and personas.max_sentences: a persona stored before has them off (false, 0);
+    downgrading drops the columns again and keeps the persona."""
+    migrate.upgrade(settings, "0004")
+    engine = make_engine(settings)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO personas (name, description, preamble, temperature, max_tokens, created_at, updated_at) "
+                    "VALUES ('old', '', '', 0.4, 64, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                )
+            )
+    finally:
+        engine.dispose()
+    migrate.upgrade(settings)
+    store = Store(settings)
+    try:
+        old = store.get_persona("old")
+        assert (old.lowercase, old.max_sentences) == (False, 0)
+        made = store.create_persona("new", lowercase=True, max_sentences=2)
+        assert (made.lowercase, made.max_sentences) == (True, 2)
+    finally:
+        store.close()
+    migrate.downgrade(settings, "0004")
+    engine = make_engine(settings)
+    try:
+        columns = {c["name"] for c in inspect(engine).get_columns("personas")}
+        assert "lowercase" not in columns and "max_sentences" not in columns
+        with engine.connect() as conn:
+            assert sorted(r[0] for r in conn.execute(text("SELECT name FROM personas"))) == ["new", "old"]
+    finally:
+        engine.dispose()
+
+
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "nested" / "dir")
     assert settings.url == f"sqlite:///{tmp_path / 'nested' / 'dir' / 'sia.db'}"
@@ -142,7 +177,7 @@ def test_db_commands(tmp_path: Path) -> None:
 
     assert sia("db", "current").stdout.startswith("empty (no revision)")
     sia("db", "upgrade")
-    assert sia("db", "current").stdout.strip() == "0004 (up to date)"
+    assert sia("db", "current").stdout.strip() == "0005 (up to date)"
     engine = create_engine(f"sqlite:///{tmp_path / 'sia.db'}")
     try:
         assert set(inspect(engine).get_table_names()) >= TABLES

@@ -223,6 +223,27 @@ def test_rows_with_repetition_controls_decode_in_a_batch_as_they_would_alone(bui
     assert [g.tokens for g in plain] != [g.tokens for g in expected]
 
 
+@pytest.mark.parametrize("build", [lambda: llama(0, 1), native], ids=["llama", "native"])
+def test_rows_decoding_in_lowercase_or_to_a_sentence_limit_decode_in_a_batch_as_they_would_alone(build: object) -> None:
+    """Rows in lowercase, rows cut after a sentence and rows with neither share steps: each decodes what it would
+    alone."""
+    model = build()  # type: ignore[operator]
+    identity = states(model, len(PROMPTS))
+    params = [replace(p, max_new_tokens=16) for p in PARAMS]
+    params[0] = replace(params[0], lowercase=True)
+    params[1] = replace(params[1], max_sentences=1)
+    params[2] = replace(params[2], lowercase=True, max_sentences=1)
+    expected = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, params, strict=True)]
+    batch, handles, sizes, texts = decode_joining(model, identity, True, params=params)
+    assert max(sizes) >= 3  # the rows really shared steps
+    for i, want in enumerate(expected):
+        got = batch.take(handles[i])
+        assert got.tokens == want.tokens, i
+        assert got.text == want.text == texts[i]
+        if params[i].lowercase:
+            assert got.text == got.text.lower()
+
+
 def test_a_cancelled_row_leaves_at_once_and_the_others_go_on_unchanged() -> None:
     model = llama(2, 1)
     identity = states(model, 3)

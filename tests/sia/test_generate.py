@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,11 +14,13 @@ from sia.model.generate import (
     Sampling,
     SamplingParams,
     generate,
+    lowered,
     nucleus,
     nucleus_reference,
     penalize,
     repeated_ngram_bans,
     sample_next,
+    sentences_end,
     stream,
 )
 from sia.model.native import SIAModel
@@ -183,6 +187,9 @@ def test_a_sampled_token_follows_the_filtered_distribution() -> None:
         ({"repetition_penalty": float("nan")}, "repetition_penalty"),
         ({"no_repeat_ngram": -1}, "no_repeat_ngram"),
         ({"no_repeat_ngram": 2.0}, "no_repeat_ngram"),
+        ({"lowercase": 1}, "lowercase"),
+        ({"max_sentences": -1}, "max_sentences"),
+        ({"max_sentences": True}, "max_sentences"),
     ],
 )
 def test_bad_params_raise(kwargs: dict[str, object], message: str) -> None:
@@ -310,3 +317,80 @@ def test_repetition_controls_hold_in_decoding_and_batched_rows_equal_solo_rows(
         assert solo.tokens == row.tokens
         assert not _repeats_an_ngram(row.tokens, 3), row.tokens
     assert [g.tokens for g in batched] != [g.tokens for g in loose]
+
+
+@pytest.mark.parametrize(
+    "text,n,end",
+    [
+        ("paris.", 1, None),  # no white space yet: "3.5" could still follow
+        ("paris. the", 1, 6),
+        ("Yes! It is.\nMore", 1, 4),
+        ("Yes! It is.\nMore", 2, 11),
+        ('He said "go." Then', 1, 13),
+        ("3.5 is a number", 1, None),
+        ("Wait... what? ok", 2, 13),
+    ],
+)
+def test_sentences_end_after_the_closing_marks_once_white_space_follows(text: str, n: int, end: int | None) -> None:
+    assert sentences_end(text, n) == end
+
+
+def test_a_lowercase_reply_is_the_same_decoding_written_in_lower_case(model: SIAModel, config: ModelConfig) -> None:
+    """The tiny byte model, made to like capitals, decodes the same tokens with and without the rule; with it the text
+    (whole, and as streamed) is that text in lower case, and a stop string is found in either case."""
+    bias = torch.zeros(config.vocab_size)
+    bias[ord("A") : ord("Z") + 1] = 4.0
+    liked = _biased_head(model, bias)
+    free = SamplingParams(max_new_tokens=24, temperature=1.0, seed=5)
+    lower = SamplingParams(max_new_tokens=24, temperature=1.0, seed=5, lowercase=True)
+    loose = generate(liked, PROMPTS, _cond(liked, config), free)
+    assert any(c.isupper() for g in loose for c in g.text)
+    kept = generate(liked, PROMPTS, _cond(liked, config), lower)
+    events = list(stream(liked, PROMPTS, _cond(liked, config), lower))
+    for b, (g, want) in enumerate(zip(kept, loose, strict=True)):
+        assert g.tokens == want.tokens and g.text == want.text.lower() and not any(c.isupper() for c in g.text)
+        assert "".join(e.text for e in events if e.row == b) == g.text
+    word = next(g.text for g in loose if len(g.text) > 8)[3:6]  # a piece of a reply, capitals and all
+    stopped = generate(liked, PROMPTS, _cond(liked, config), replace(lower, stop=(word,)))
+    assert any(g.finish_reason == "stop" and len(g.text) < len(w.text) for g, w in zip(stopped, kept, strict=True))
+    assert lowered("ΟΔΟΣ Σ") == "οδοσ σ" and lowered("ABC", False) == "ABC"
+
+
+def test_a_sentence_limit_ends_the_reply_after_its_last_sentence(model: SIAModel, config: ModelConfig) -> None:
+    """The tiny model, made to like full stops and spaces, is cut after its first sentence: the text ends with the
+    stop, the token that began the next sentence is the last one decoded, and the streamed text is the text."""
+    bias = torch.zeros(config.vocab_size)
+    bias[[ord("."), ord(" ")]] = 6.0
+    liked = _biased_head(model, bias)
+    free = SamplingParams(max_new_tokens=40, temperature=1.0, seed=2)
+    one = SamplingParams(max_new_tokens=40, temperature=1.0, seed=2, max_sentences=1)
+    loose = generate(liked, PROMPTS, _cond(liked, config), free)
+    assert any(sentences_end(g.text, 2) is not None for g in loose)
+    events = list(stream(liked, PROMPTS, _cond(liked, config), one))
+    cut = generate(liked, PROMPTS, _cond(liked, config), one)
+    for b, g in enumerate(cut):
+        assert "".join(e.text for e in events if e.row == b) == g.text
+        if g.finish_reason == "stop" and g.tokens[-1] not in ByteTokenizer.end_ids:
+            end = sentences_end(g.text + ByteTokenizer().decode(g.tokens[-1:]), 1)
+            assert end == len(g.text) and g.text.rstrip() == g.text
+            assert ByteTokenizer().decode(g.tokens[:-1]) == g.text
+    assert sum(g.finish_reason == "stop" and g.tokens[-1] not in ByteTokenizer.end_ids for g in cut) >= 2
+
+
+def test_sampling_choices_carry_the_form_over_the_defaults() -> None:
+    defaults = SamplingParams(lowercase=True, max_sentences=2)
+    assert Sampling().over(defaults).lowercase and Sampling().over(defaults).max_sentences == 2
+    chosen = Sampling(lowercase=False, max_sentences=0).over(defaults)
+    assert not chosen.lowercase and chosen.max_sentences == 0
+
+
+def _biased_head(model: SIAModel, bias: torch.Tensor) -> SIAModel:
+    """A copy of ``model`` whose logits are moved by ``bias`` (V,)."""
+    liked = copy.deepcopy(model)
+    head = liked.lm_head
+    if head.bias is None:
+        head.bias = torch.nn.Parameter(bias.clone())
+    else:
+        with torch.no_grad():
+            head.bias += bias
+    return liked

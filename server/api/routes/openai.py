@@ -69,6 +69,8 @@ def _request(body: ChatCompletionRequest, caller: CallerDep, settings: SettingsD
         seed=body.seed,
         repetition_penalty=body.repetition_penalty,
         no_repeat_ngram=body.no_repeat_ngram,
+        lowercase=body.lowercase,
+        max_sentences=body.max_sentences,
         stop=tuple(stops),
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
     )

@@ -194,11 +194,12 @@ function samplingFields() {
   const out = {};
   const fields = [
     ["max_tokens", parseInt], ["temperature", parseFloat], ["top_p", parseFloat], ["top_k", parseInt],
-    ["repetition_penalty", parseFloat], ["no_repeat_ngram", parseInt], ["seed", parseInt],
+    ["repetition_penalty", parseFloat], ["no_repeat_ngram", parseInt], ["max_sentences", parseInt], ["seed", parseInt],
   ];
   for (const [id, parse] of fields) {
     const raw = $(id).value.trim();
     if (raw !== "") out[id] = parse(raw, 10);
   }
+  if ($("lowercase").value !== "") out.lowercase = $("lowercase").value === "true";
   return out;
 }

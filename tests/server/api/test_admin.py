@@ -105,6 +105,9 @@ def test_persona_create_read_update_delete(client: TestClient) -> None:
     assert (updated["repetition_penalty"], updated["no_repeat_ngram"]) == (1.0, 0)  # off unless set
     controlled = ok(client.patch(f"{P}/mara.v2", json={"repetition_penalty": 1.25, "no_repeat_ngram": 3}))
     assert (controlled["repetition_penalty"], controlled["no_repeat_ngram"], controlled["top_k"]) == (1.25, 3, 20)
+    assert (controlled["lowercase"], controlled["max_sentences"]) == (False, 0)  # off unless set
+    formed = ok(client.patch(f"{P}/mara.v2", json={"lowercase": True, "max_sentences": 2}))
+    assert (formed["lowercase"], formed["max_sentences"], formed["no_repeat_ngram"]) == (True, 2, 3)
     error(client.get(f"{P}/nobody"), 404, "not_found")
 
     # a persona's identities go with it
@@ -143,6 +146,10 @@ INVALID_BODIES: list[tuple[str, str, dict[str, object], str | None]] = [
     ("POST", P, {"name": "ok", "no_repeat_ngram": -1}, "no_repeat_ngram"),
     ("PATCH", f"{P}/sia", {"repetition_penalty": None}, None),
     ("PATCH", f"{P}/sia", {"no_repeat_ngram": 2.5}, "no_repeat_ngram"),
+    ("POST", P, {"name": "ok", "max_sentences": -1}, "max_sentences"),
+    ("POST", P, {"name": "ok", "lowercase": "maybe"}, "lowercase"),
+    ("PATCH", f"{P}/sia", {"lowercase": None}, None),
+    ("PATCH", f"{P}/sia", {"max_sentences": None}, None),
     ("POST", f"{ID}/u/reset", {"layers": []}, "layers"),
     ("POST", f"{ID}/u/reset", {"layers": [0], "self_only": True}, None),
     ("POST", f"{ID}/u/rollback", {}, None),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,8 @@ from sia.backbones.llama import LlamaModel
 from sia.backbones.slot_maps import init_slot_map
 from sia.checkpoint import load_model
 from sia.identity.state import state_from_bytes, state_to_bytes
-from sia.personas import CHAT_SAMPLING, EARLIER_CHAT_PROMPTS, PERSONAS
+from sia.model.generate import sentences_end
+from sia.personas import CHAT_FORM, CHAT_SAMPLING, EARLIER_CHAT_PROMPTS, PERSONAS
 from tests.server.api.test_admin import ID, ok
 from tests.sia.conftest import build_tiny_vocab, write_tiny_gguf
 
@@ -87,6 +89,18 @@ def test_a_restart_brings_default_personas_to_this_releases_decoding_unless_an_a
         CHAT_SAMPLING["no_repeat_ngram"],
     )
     assert sia["preamble"] == PERSONAS["sia"].system_prompt and sia["temperature"] == CHAT_SAMPLING["temperature"]
+    assert (bolt["lowercase"], bolt["max_sentences"]) == (True, 1) == tuple(CHAT_FORM["bolt"].values())  # no form before
+    assert (sia["lowercase"], sia["max_sentences"]) == (False, 0)
+
+
+def test_a_restart_leaves_a_reply_form_an_admin_chose(settings: Settings, tiny_llama: LlamaModel) -> None:
+    migrate.upgrade(settings)
+    with TestClient(create_app(settings, model=tiny_llama)) as c:
+        assert (ok(c.get("/admin/personas/bolt"))["lowercase"], ok(c.get("/admin/personas/bolt"))["max_sentences"]) == (True, 1)
+        ok(c.patch("/admin/personas/bolt", json={"max_sentences": 3}))
+        ok(c.patch("/admin/personas/sia", json={"lowercase": True}))
+    with TestClient(create_app(settings, model=tiny_llama)) as c:
+        assert ok(c.get("/admin/personas/bolt"))["max_sentences"] == 3 and ok(c.get("/admin/personas/sia"))["lowercase"]
 
 
 def test_openai_logprobs_report_each_tokens_bytes(client: TestClient, tiny_llama: LlamaModel) -> None:
@@ -302,3 +316,34 @@ def test_sia_read_shift_weakens_the_served_read_and_is_checked(settings: Setting
     native = load_model(NATIVE_CHECKPOINT)
     with pytest.raises(ValueError, match="SIA_READ_SHIFT"):
         served_model(settings.model_copy(update={"read_shift": 1.0}), model=native)
+
+
+def test_bolts_replies_are_lowercase_single_sentences_unless_a_request_says_otherwise(settings: Settings, tmp_path: Path) -> None:
+    """The tiny model, made to like capitals, full stops and spaces, answers bolt (whose defaults write the reply in
+    lower case and end it after its first sentence) with the first sentence of its free reply, lowered; a request
+    that turns the form off, on either route, gets the free reply; one that asks for it gets it from sia too."""
+    liked = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab()).path, cache_dir=tmp_path / "models")
+    assert isinstance(liked, LlamaModel)
+    tok = liked.tokenizer
+    texts = {i: raw.decode("utf-8", errors="ignore") for i in range(tok.vocab_size) if (raw := tok.token_bytes(i)) is not None}
+    bias = torch.zeros(liked.lm_head.weight.shape[0])
+    bias[[i for i, t in texts.items() if t and (t.isspace() or any(c.isupper() for c in t))]] = 2.0
+    bias[[i for i, t in texts.items() if t == "."]] = 5.0
+    bias[sorted(tok.end_ids)] = -30.0  # and not to end early
+    liked.lm_head.bias = torch.nn.Parameter(bias)
+    migrate.upgrade(settings)
+    free = {"lowercase": False, "max_sentences": 0}
+    with TestClient(create_app(settings, model=liked)) as c:
+
+        def say(persona: str, user: str, **extra: object) -> str:
+            body = {"user": user, "message": "Hello there.", "temperature": 0, "max_tokens": 16, **extra}
+            return str(ok(c.post(f"/v1/personas/{persona}/chat", json=body))["reply"])
+
+        loose = say("bolt", "a", **free)
+        end = sentences_end(loose, 1)
+        assert end is not None and end < len(loose.rstrip()) and loose != loose.lower(), loose  # the form has work to do
+        assert say("bolt", "b") == loose[:end].lower()
+        body = {"model": "bolt", "user": "c", "messages": [{"role": "user", "content": "Hello there."}], "temperature": 0}
+        out = ok(c.post("/v1/chat/completions", json={**body, "max_tokens": 16, **free}))
+        assert out["choices"][0]["message"]["content"] == loose
+        assert say("sia", "d", lowercase=True, max_sentences=1) == say("sia", "e")[: sentences_end(say("sia", "f"), 1)].lower()

@@ -112,6 +112,13 @@ def test_repetition_controls_are_request_fields_and_persona_defaults(client: Tes
     assert _token_ids(client, "f", no_repeat_ngram=0) == loose  # the request overrides the persona
 
 
+def test_bad_reply_forms_are_refused(client: TestClient) -> None:
+    for extra, param in (({"lowercase": "maybe"}, "lowercase"), ({"max_sentences": -1}, "max_sentences")):
+        body = {"model": "sia", "user": "u", "messages": [{"role": "user", "content": "x"}], **extra}
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 422 and r.json()["error"]["param"] == param, (extra, r.text)
+
+
 def test_bad_repetition_controls_are_refused(client: TestClient) -> None:
     body = {"model": "sia", "user": "u", "messages": [{"role": "user", "content": "x"}]}
     for extra, param in (
