@@ -90,7 +90,7 @@ def test_a_restart_brings_default_personas_to_this_releases_decoding_unless_an_a
     )
     assert sia["preamble"] == PERSONAS["sia"].system_prompt and sia["temperature"] == CHAT_SAMPLING["temperature"]
     assert (bolt["lowercase"], bolt["max_sentences"]) == (True, 1) == tuple(CHAT_FORM["bolt"].values())  # no form before
-    assert (sia["lowercase"], sia["max_sentences"]) == (False, 0)
+    assert (sia["lowercase"], sia["max_sentences"]) == (False, 4) == (False, CHAT_FORM["sia"]["max_sentences"])
 
 
 def test_a_restart_leaves_a_reply_form_an_admin_chose(settings: Settings, tiny_llama: LlamaModel) -> None:
@@ -346,4 +346,5 @@ def test_bolts_replies_are_lowercase_single_sentences_unless_a_request_says_othe
         body = {"model": "bolt", "user": "c", "messages": [{"role": "user", "content": "Hello there."}], "temperature": 0}
         out = ok(c.post("/v1/chat/completions", json={**body, "max_tokens": 16, **free}))
         assert out["choices"][0]["message"]["content"] == loose
-        assert say("sia", "d", lowercase=True, max_sentences=1) == say("sia", "e")[: sentences_end(say("sia", "f"), 1)].lower()
+        sia = say("sia", "e", **free)
+        assert say("sia", "d", lowercase=True, max_sentences=1) == sia[: sentences_end(sia, 1)].lower()
