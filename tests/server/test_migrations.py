@@ -80,10 +80,9 @@ def test_turns_without_text_go_back_to_empty_strings_on_downgrade(settings: Sett
     assert migrate.current_revision(settings) == "0005"
 
 
-def test_personas_made_before_the_repetition_controls_get_them_off(settings: Settings) -> None:
-    """0004 adds personas.repetition_penalty and personas.no_repeat_ngram: a persona stored before has them off (1, 0);
-    downgrading drops the columns again."""
-    migrate.upgrade(settings, "0003")
+def _persona_stored_at(settings: Settings, revision: str) -> None:
+    """A persona "old" stored by the schema of ``revision`` (the columns every revision has), then the upgrade to head."""
+    migrate.upgrade(settings, revision)
     engine = make_engine(settings)
     try:
         with engine.begin() as conn:
@@ -96,6 +95,12 @@ def test_personas_made_before_the_repetition_controls_get_them_off(settings: Set
     finally:
         engine.dispose()
     migrate.upgrade(settings)
+
+
+def test_personas_made_before_the_repetition_controls_get_them_off(settings: Settings) -> None:
+    """0004 adds personas.repetition_penalty and personas.no_repeat_ngram: a persona stored before has them off (1, 0);
+    downgrading drops the columns again."""
+    _persona_stored_at(settings, "0003")
     store = Store(settings)
     try:
         old = store.get_persona("old")
@@ -116,19 +121,7 @@ def test_personas_made_before_the_repetition_controls_get_them_off(settings: Set
 def test_personas_made_before_the_reply_form_get_it_off(settings: Settings) -> None:
     """0005 adds personas.lowercase and personas.max_sentences: a persona stored before has them off (false, 0);
     downgrading drops the columns again and keeps the persona."""
-    migrate.upgrade(settings, "0004")
-    engine = make_engine(settings)
-    try:
-        with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO personas (name, description, preamble, temperature, max_tokens, created_at, updated_at) "
-                    "VALUES ('old', '', '', 0.4, 64, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
-                )
-            )
-    finally:
-        engine.dispose()
-    migrate.upgrade(settings)
+    _persona_stored_at(settings, "0004")
     store = Store(settings)
     try:
         old = store.get_persona("old")
