@@ -83,14 +83,12 @@ class SamplingParams:
         penalty = self.repetition_penalty
         if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not (math.isfinite(penalty) and penalty >= 1.0):
             raise ValueError(f"repetition_penalty must be a finite number >= 1 (1 is off); got {penalty!r}")
-        n = self.no_repeat_ngram
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"no_repeat_ngram must be an integer >= 0 (0 is off); got {n!r}")
+        for name in ("no_repeat_ngram", "max_sentences"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"{name} must be an integer >= 0 (0 is off); got {n!r}")
         if not isinstance(self.lowercase, bool):
             raise ValueError(f"lowercase must be true or false; got {self.lowercase!r}")
-        n = self.max_sentences
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"max_sentences must be an integer >= 0 (0 is off); got {n!r}")
 
     @property
     def repeats_controlled(self) -> bool:
@@ -361,6 +359,7 @@ class ReplyDecoder:
         self.text = ""
         self.emitted = 0
         self.decoder = IncrementalDecoder(tok.token_bytes)
+        self.stops = [lowered(stop, params.lowercase) for stop in params.stop]  # a lowercase reply is matched in lower case
         self.finish_reason: str | None = None
         self.generator: torch.Generator | None = None
         if not params.greedy:
@@ -378,8 +377,7 @@ class ReplyDecoder:
             self.finish_reason = "stop"
         else:
             self.text += lowered(self.decoder.push(token), params.lowercase)
-        stops = [lowered(stop, params.lowercase) for stop in params.stop]  # a lowercase reply is matched in lower case
-        for stop in stops:
+        for stop in self.stops:
             cut = self.text.find(stop)
             if cut >= 0:
                 self.text = self.text[:cut]
@@ -392,7 +390,7 @@ class ReplyDecoder:
         if self.finish_reason is None and len(self.tokens) >= params.max_new_tokens:
             self.text += lowered(self.decoder.flush(), params.lowercase)
             self.finish_reason = "length"
-        visible = len(self.text) if self.finish_reason else _visible_text(self.text, stops)
+        visible = len(self.text) if self.finish_reason else _visible_text(self.text, self.stops)
         delta, self.emitted = self.text[self.emitted : visible], max(self.emitted, visible)
         return delta
 
