@@ -9,11 +9,13 @@ kind match's own term, fitted on the natural training part's users as the write 
 user's spans, the spans holding the asked value the positives), then
 
 1. ranked on the tuning part: how often the top span holds the asked value, against ranking by the kind match;
-2. played end to end on the tuning part (``--play``): each span's logit moved by ``beta * (2 p - 1)`` with p the
-   scorer's softmax over the user's spans divided by its largest (1 for the top span), where the ask head says the message asks for a fact (p(none) < 1/2), the shipped kind match off.
+2. played end to end on the tuning part (``--play``): each span's logit moved as ``--form`` says (``two``:
+   ``beta * (2 p - 1)``) with p the scorer's softmax over the user's spans divided by its largest (1 for the top span),
+   where the ask head says the message asks for a fact (p(none) < 1/2), the shipped kind match off (``kind+...``: on).
 
-    PYTHONPATH=. python -m experiments.probes.relevance [--train-users 240] [--depth 2] [--layers 15] [--extra] [--rank 16]
-        [--play] [--beta 2] [--cache DIR] [--out FILE]
+    PYTHONPATH=. python -m experiments.probes.relevance [--train-users 240] [--depth 4] [--layers 15] [--extra]
+        [--rank 4] [--wd 0.1] [--drop 0.3] [--play] [--form two raise kind+raise kind+two] [--beta 2] [--skip-ask]
+        [--cache DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -74,7 +76,9 @@ def play(model: LlamaModel, users: Sequence[NaturalUser], depth: int, batch: int
         said = {u.id: t[i] for u, t in zip(users, turns, strict=True) if i < len(t)}
         requests = [TurnRequest(states[u.id], said[u.id], dynamics, system, True) for u in order]
         for a in range(0, len(requests), batch):
-            for u, r in zip(order[a : a + batch], stream_turns(model, requests[a : a + batch], TALK, tokenizer=tok).finish(), strict=True):
+            for u, r in zip(
+                order[a : a + batch], stream_turns(model, requests[a : a + batch], TALK, tokenizer=tok).finish(), strict=True
+            ):
                 states[u.id] = r.state
     return states
 
@@ -147,6 +151,11 @@ def kind_term(a: Asked) -> Tensor:
 
 
 class Scorer(nn.Module):
+    q_mean: Tensor
+    q_std: Tensor
+    f_mean: Tensor
+    f_std: Tensor
+
     def __init__(self, c: int, f: int, rank: int) -> None:
         super().__init__()
         self.q = nn.Linear(c, rank, bias=False)
@@ -161,7 +170,8 @@ class Scorer(nn.Module):
     def forward(self, a: Asked) -> Tensor:
         q = (a.question - self.q_mean) / self.q_std
         f = (a.spans - self.f_mean) / self.f_std
-        return self.s(f) @ self.q(q) + self.u(f).squeeze(-1) + self.kind * kind_term(a)  # (S,)
+        out: Tensor = self.s(f) @ self.q(q) + self.u(f).squeeze(-1) + self.kind * kind_term(a)  # (S,)
+        return out
 
 
 def _padded(data: Sequence[Asked]) -> tuple[Tensor, ...]:
@@ -184,7 +194,8 @@ def _batch_logits(scorer: Scorer, q: Tensor, spans: Tensor, kinds: Tensor, drop:
     if drop:
         fn = F.dropout(fn, drop)
         qn = F.dropout(qn, drop)
-    return (scorer.s(fn) * scorer.q(qn).unsqueeze(1)).sum(-1) + scorer.u(fn).squeeze(-1) + scorer.kind * kinds
+    out: Tensor = (scorer.s(fn) * scorer.q(qn).unsqueeze(1)).sum(-1) + scorer.u(fn).squeeze(-1) + scorer.kind * kinds
+    return out
 
 
 def fit(data: Sequence[Asked], rank: int, steps: int, wd: float, seed: int, drop: float = 0.0, val_users: int = 48) -> Scorer:
@@ -210,7 +221,7 @@ def fit(data: Sequence[Asked], rank: int, steps: int, wd: float, seed: int, drop
         logits = _batch_logits(scorer, q, spans, kinds, drop).masked_fill(~present, -1e9)
         loss = -(torch.logsumexp(logits.masked_fill(~holds, -1e9), 1) - torch.logsumexp(logits, 1)).mean()
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         if val and (step % 10 == 9 or step == steps - 1):
             scorer.eval()
@@ -286,7 +297,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         for wd in args.wd:
             scorer = fit(data["train"], rank, args.steps, wd, 0, args.drop, args.val_users)
             with torch.no_grad():
-                result["scorer_rank"][f"rank{rank}-wd{wd:g}-drop{args.drop:g}"] = got = {p: ranked(d, scorer) for p, d in data.items()}
+                result["scorer_rank"][f"rank{rank}-wd{wd:g}-drop{args.drop:g}"] = got = {
+                    p: ranked(d, scorer) for p, d in data.items()
+                }
             _say(f"scorer, rank {rank}, wd {wd:g}: {got}")
     torch.save(scorer.state_dict(), args.cache / "scorer.pt")
     if args.play:
@@ -366,7 +379,8 @@ def play_questions(
             "by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())},
             "replies": [[u.id, q.kind, r] for (u, q), r in zip(pairs, replies, strict=True)],
         }
-        _say(f"{name}: {sum(right) / len(right):.3f}, corrections {sum(fixed)} of {len(fixed)} ({time.perf_counter() - started:.0f} s)")
+        seconds = time.perf_counter() - started
+        _say(f"{name}: {sum(right) / len(right):.3f}, corrections {sum(fixed)} of {len(fixed)} ({seconds:.0f} s)")
     model.config = replace(model.config, imprint_ask_bias=beta_shipped)
     return out
 
