@@ -68,6 +68,7 @@ class PersonaRecord:
     lowercase: bool  # the reply written in lower case
     max_sentences: int  # the reply ended after this many sentences; 0: off
     initial_state: bytes | None
+    defaults_release: int  # the release of the default personas' defaults it was last brought to (0: none recorded)
     created_at: datetime
     updated_at: datetime
 

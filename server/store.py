@@ -52,7 +52,11 @@ from server.records import (
     VersionRecord,
 )
 
-__all__ = ["PRUNE_EVERY", "Store", "sha256"]
+__all__ = ["PRUNE_EVERY", "SERVICE_FIELDS", "Store", "sha256"]
+
+# a persona's fields that the service sets, not an admin: the state its new identities start from (set through its
+# own route) and the release of the defaults it was last brought to
+SERVICE_FIELDS = ("initial_state", "defaults_release")
 
 PRUNE_EVERY = 8  # history is pruned on every 8th version: one statement fewer in most commits
 
@@ -110,7 +114,7 @@ class Store:
     # --- personas --------------------------------------------------------------------------------------
 
     def create_persona(self, name: str, **values: Any) -> PersonaRecord:
-        unknown = set(values) - {*PERSONA_FIELDS, "initial_state"}
+        unknown = set(values) - {*PERSONA_FIELDS, *SERVICE_FIELDS}
         if unknown:
             raise ValueError(f"unknown persona fields: {sorted(unknown)}")
         try:
@@ -131,7 +135,7 @@ class Store:
             return [_persona(r) for r in s.scalars(select(PersonaRow).order_by(PersonaRow.name))]
 
     def update_persona(self, name: str, **values: Any) -> PersonaRecord:
-        unknown = set(values) - {*PERSONA_FIELDS, "initial_state"}
+        unknown = set(values) - {*PERSONA_FIELDS, *SERVICE_FIELDS}
         if unknown:
             raise ValueError(f"unknown persona fields: {sorted(unknown)}")
         with self.transaction() as s:

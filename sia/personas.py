@@ -14,6 +14,7 @@ from sia.model.generate import SamplingParams
 from sia.model.identity_model import IdentityModel
 
 __all__ = [
+    "DEFAULTS_RELEASE",
     "DEFAULT_PERSONA",
     "PERSONAS",
     "Persona",
@@ -94,6 +95,12 @@ CHAT_SAMPLING: dict[str, object] = {
 CHAT_FORM: dict[str, dict[str, object]] = {"bolt": {"lowercase": True, "max_sentences": 1}, "sia": {"max_sentences": 4}}
 
 
+# the release of the default personas' defaults: a service brings a stored default persona to them once (where a field
+# still holds an earlier release's default, EARLIER_CHAT_SAMPLING and EARLIER_CHAT_PROMPTS) and records this number with
+# it, so that an admin who later sets a field back to an earlier default keeps it. Raise it whenever a default changes.
+DEFAULTS_RELEASE = 1
+
+
 # the decoding defaults earlier releases stored for a chat backbone's personas, field by field
 EARLIER_CHAT_SAMPLING: dict[str, tuple[object, ...]] = {
     "max_tokens": (128,),
@@ -136,7 +143,8 @@ def persona_sampling(model: IdentityModel, name: str) -> SamplingParams:
 
 def outdated_defaults(model: IdentityModel, name: str, stored: Mapping[str, object]) -> dict[str, object]:
     """The fields of a stored default persona ``name`` that still hold an earlier release's default, each with the
-    current one: a service brings them up to date and leaves every field an admin changed as it is."""
+    current one: a service brings them up to date once (persona's defaults_release below DEFAULTS_RELEASE) and leaves
+    every field an admin changed as it is."""
     if name not in PERSONAS or isinstance(model.config, ModelConfig):
         return {}
     current = persona_defaults(model, name)

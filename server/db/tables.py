@@ -41,6 +41,9 @@ class PersonaRow(Base):
     # the replies' form: written in lower case; ended after this many sentences (0: off)
     lowercase: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     max_sentences: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # the release of the default personas' defaults this persona was last brought to (sia.personas.DEFAULTS_RELEASE;
+    # 0: stored before any was recorded); not an admin's field
+    defaults_release: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     initial_state: Mapped[bytes | None] = mapped_column(LargeBinary)  # safetensors state new identities start from
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)

@@ -13,7 +13,7 @@ from server.store import Store
 from sia.identity.state import Dynamics, IdentityState, StateFormatError, state_from_bytes
 from sia.model.generate import Sampling, SamplingParams
 from sia.model.identity_model import IdentityModel
-from sia.personas import DEFAULT_PERSONA, PERSONAS, outdated_defaults, persona_defaults
+from sia.personas import DEFAULT_PERSONA, DEFAULTS_RELEASE, PERSONAS, outdated_defaults, persona_defaults
 
 __all__ = ["Personas"]
 
@@ -32,19 +32,22 @@ class Personas:
 
     def ensure_defaults(self) -> list[str]:
         """Create the default personas (``sia`` first) if they are missing, each with the prompt this model reads; a
-        default persona stored by an earlier release gets today's decoding defaults in the fields that still hold that
-        release's (sia.personas.outdated_defaults). Returns the personas created."""
+        default persona last brought to an earlier release's defaults gets today's in the fields that still hold an
+        earlier release's (sia.personas.outdated_defaults), once: the release is recorded with it, so a field an admin
+        sets back later stays. Returns the personas created."""
         existing = {p.name: p for p in self.store.list_personas()}
         created = []
         for name in sorted(PERSONAS, key=lambda n: (n != DEFAULT_PERSONA, n)):
             if name not in existing:
-                self.store.create_persona(name, **persona_defaults(self.model, name))
+                self.store.create_persona(name, **persona_defaults(self.model, name), defaults_release=DEFAULTS_RELEASE)
                 created.append(name)
                 continue
             stored = existing[name]
+            if stored.defaults_release >= DEFAULTS_RELEASE:
+                continue
             changes = outdated_defaults(self.model, name, {f: getattr(stored, f) for f in PERSONA_FIELDS})
+            self.store.update_persona(name, **changes, defaults_release=DEFAULTS_RELEASE)
             if changes:
-                self.store.update_persona(name, **changes)
                 log.info("persona %s: %s brought to this release's defaults", name, ", ".join(sorted(changes)))
         return created
 

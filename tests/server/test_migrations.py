@@ -28,7 +28,7 @@ def _tables(settings: Settings) -> set[str]:
 def test_upgrade_and_downgrade(settings: Settings) -> None:
     assert migrate.current_revision(settings) is None
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0005"
+    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0006"
     assert _tables(settings) == TABLES
     migrate.downgrade(settings, "base")
     assert migrate.current_revision(settings) is None
@@ -77,7 +77,7 @@ def test_turns_without_text_go_back_to_empty_strings_on_downgrade(settings: Sett
     finally:
         engine.dispose()
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == "0005"
+    assert migrate.current_revision(settings) == "0006"
 
 
 def _persona_stored_at(settings: Settings, revision: str) -> None:
@@ -141,6 +141,27 @@ def test_personas_made_before_the_reply_form_get_it_off(settings: Settings) -> N
         engine.dispose()
 
 
+def test_personas_made_before_the_defaults_release_was_recorded_have_none(settings: Settings) -> None:
+    """0006 adds personas.defaults_release: a persona stored before has 0 (brought to no release's defaults yet);
+    downgrading drops the column and keeps the persona."""
+    _persona_stored_at(settings, "0005")
+    store = Store(settings)
+    try:
+        assert store.get_persona("old").defaults_release == 0
+        assert store.create_persona("new", defaults_release=3).defaults_release == 3
+        assert store.update_persona("old", defaults_release=2).defaults_release == 2
+    finally:
+        store.close()
+    migrate.downgrade(settings, "0005")
+    engine = make_engine(settings)
+    try:
+        assert "defaults_release" not in {c["name"] for c in inspect(engine).get_columns("personas")}
+        with engine.connect() as conn:
+            assert sorted(r[0] for r in conn.execute(text("SELECT name FROM personas"))) == ["new", "old"]
+    finally:
+        engine.dispose()
+
+
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "nested" / "dir")
     assert settings.url == f"sqlite:///{tmp_path / 'nested' / 'dir' / 'sia.db'}"
@@ -170,7 +191,7 @@ def test_db_commands(tmp_path: Path) -> None:
 
     assert sia("db", "current").stdout.startswith("empty (no revision)")
     sia("db", "upgrade")
-    assert sia("db", "current").stdout.strip() == "0005 (up to date)"
+    assert sia("db", "current").stdout.strip() == "0006 (up to date)"
     engine = create_engine(f"sqlite:///{tmp_path / 'sia.db'}")
     try:
         assert set(inspect(engine).get_table_names()) >= TABLES

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from server.core.config import Settings
 from server.db import migrate
 from server.main import create_app
+from server.store import Store
 from sia.backbones.llama import LlamaModel
 from sia.backbones.slot_maps import init_slot_map
 from sia.checkpoint import load_model
@@ -62,11 +63,22 @@ def test_personas_read_their_system_prompt_and_turns_change_the_state(client: Te
     assert state.turns == 2 and state.trace.dtype == torch.float16 and float(state.trace.float().abs().sum()) > 0
 
 
+def _stored_by_an_earlier_release(settings: Settings) -> None:
+    """Every persona marked as brought to no release's defaults yet, as a persona an earlier release stored is."""
+    store = Store(settings)
+    try:
+        for persona in store.list_personas():
+            store.update_persona(persona.name, defaults_release=0)
+    finally:
+        store.close()
+
+
 def test_a_restart_brings_default_personas_to_this_releases_decoding_unless_an_admin_changed_them(
     settings: Settings, tiny_llama: LlamaModel
 ) -> None:
     """A persona stored by an earlier release (128 tokens, no repetition control, bolt's prompt without its worked
-    examples) takes today's defaults when the service starts; a field an admin set to something else stays as it is."""
+    examples) takes today's defaults when the service starts; a field an admin set to something else stays as it is,
+    and so does a field an admin sets back to an earlier default once this release's defaults were applied."""
     migrate.upgrade(settings)
     earlier = {"max_tokens": 128, "repetition_penalty": 1.0, "no_repeat_ngram": 0}
     with TestClient(create_app(settings, model=tiny_llama)) as c:
@@ -74,13 +86,17 @@ def test_a_restart_brings_default_personas_to_this_releases_decoding_unless_an_a
         ok(c.patch("/admin/personas/bolt", json={**earlier, "max_tokens": 40, "preamble": "You are terse."}))
         ok(c.patch("/admin/personas/pip", json={"preamble": EARLIER_CHAT_PROMPTS["bolt"][0]}))  # not pip's own earlier
         ok(c.patch("/admin/personas/marlow", json={"preamble": "You are Marlow."}))
+    with TestClient(create_app(settings, model=tiny_llama)) as c:  # the same release: an admin's values stay
+        assert ok(c.get("/admin/personas/sia"))["max_tokens"] == 128
+    _stored_by_an_earlier_release(settings)
     with TestClient(create_app(settings, model=tiny_llama)) as c:
         sia, bolt = ok(c.get("/admin/personas/sia")), ok(c.get("/admin/personas/bolt"))
         assert ok(c.get("/admin/personas/pip"))["preamble"] == EARLIER_CHAT_PROMPTS["bolt"][0]
         assert ok(c.get("/admin/personas/marlow"))["preamble"] == "You are Marlow."
-        ok(c.patch("/admin/personas/bolt", json={"preamble": EARLIER_CHAT_PROMPTS["bolt"][0]}))
-    with TestClient(create_app(settings, model=tiny_llama)) as c:
-        assert ok(c.get("/admin/personas/bolt"))["preamble"] == PERSONAS["bolt"].system_prompt  # the earlier prompt
+        ok(c.patch("/admin/personas/bolt", json={"preamble": EARLIER_CHAT_PROMPTS["bolt"][0], "lowercase": False}))
+    with TestClient(create_app(settings, model=tiny_llama)) as c:  # set back after the upgrade: the admin's choice
+        again = ok(c.get("/admin/personas/bolt"))
+        assert (again["preamble"], again["lowercase"]) == (EARLIER_CHAT_PROMPTS["bolt"][0], False)
     for field in earlier:
         assert sia[field] == CHAT_SAMPLING[field]
     assert bolt["max_tokens"] == 40 and bolt["preamble"] == "You are terse."  # the admin's own choices
