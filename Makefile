@@ -56,6 +56,7 @@ bench: install
 	$(BIN)/python -m benchmarks.batching
 	$(BIN)/python -m benchmarks.served_batching
 	$(BIN)/python -m benchmarks.sampling
+	$(BIN)/python -m benchmarks.bandwidth
 	$(BIN)/python -m benchmarks.report
 
 clean:

@@ -333,6 +333,34 @@ def sampling(r: Result) -> Rendered:
     return text + table(["users", "tokens", *names, "now / full sort", "same tokens"], rows), []
 
 
+def bandwidth(r: Result) -> Rendered:
+    c = r["copy"]
+    text = (
+        f"Copy bandwidth ({c['bytes'] / 2**20:.0f} MiB, best of {r['setup']['repeats']}): {c['copy_gb_per_s']:.1f} GB/s read"
+        f" and written, so **{c['read_gb_per_s']:.1f} GB/s** read. One row, float32, {r['setup']['tokens']} tokens, median"
+        " of the rounds:\n\n"
+    )
+    rows, targets = [], []
+    names = {"dot": "state off", "imprint": "full imprint"}
+    for name, d in r["decode"].items():
+        rows.append(
+            [
+                names.get(name, name),
+                f"{d['weight_bytes'] / 1e6:.0f}",
+                f"{d['linear_maps']:.0f}",
+                f"{d['ms_per_step']:.1f}",
+                f"{d['read_limit_ms_per_step']:.1f}",
+                f"{d['weights_gb_per_s']:.1f}",
+                f"{d['share_of_read_bandwidth']:.0%}",
+            ]
+        )
+        share = 100 * d["share_of_read_bandwidth"]
+        what = f"SmolLM2 float32, 1 row ({names.get(name, name)}): weights read >= 40 % of the read bandwidth"
+        targets.append(at_least(what, share, 100 * r["target"]["share_of_read_bandwidth"], ".0f", " %"))
+    header = ["decoder", "weight MB a step", "matrices", "ms/step", "read-limit ms/step", "weights GB/s", "share"]
+    return text + table(header, rows), targets
+
+
 RENDERERS: dict[str, Callable[[Result], Rendered]] = {
     "attention": attention,
     "store": store,
@@ -344,6 +372,7 @@ RENDERERS: dict[str, Callable[[Result], Rendered]] = {
     "batching": batching,
     "served_batching": served_batching,
     "sampling": sampling,
+    "bandwidth": bandwidth,
 }
 
 # result files of benchmarks that `make bench` does not run (a check of behaviour, run by hand): not on the page
