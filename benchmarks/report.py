@@ -256,7 +256,8 @@ def backbone(r: Result) -> Rendered:
         f"{h['ttft']['p50_ms']:.0f} ms ({h['max_tokens']}-token replies), {h['http_minus_in_process_ms']:+.0f} ms against "
         "the same turn in process (a paired median)."
     )
-    targets.append(at_most("SmolLM2: a stored identity <= 256 KiB", s["after_5_turns"] / 1024, 256, ".1f", " KiB"))
+    # the open-memory issue's budget, the imprint included (the self state alone was held to 256 KiB before it)
+    targets.append(at_most("SmolLM2: a stored identity <= 1 MB", s["after_5_turns"] / 1e6, 1.0, ".3f", " MB"))
     targets.append(at_most("SmolLM2: store share of a turn <= 5 %", 100 * t["store_share"], 5, ".1f", " %"))
     return text, targets
 
