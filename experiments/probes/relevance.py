@@ -264,7 +264,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--val-users", type=int, default=48, help="training-part users kept aside to choose the step")
     ap.add_argument("--play", action="store_true", help="ask the tuning part's questions with the scorer's bias")
     ap.add_argument("--beta", type=float, nargs="+", default=[2.0])
-    ap.add_argument("--form", nargs="+", default=["two"], help="how the scores move the spans: two, raise, kind+raise, kind+two")
+    ap.add_argument(
+        "--form", nargs="+", default=["two"], help="how the scores move the spans: two, raise, kind+raise, kind+two, fallback"
+    )
     ap.add_argument("--skip-ask", action="store_true", help="leave out the shipped kind match's condition")
     ap.add_argument("--cache", type=Path, default=Path("runs/relevance"))
     ap.add_argument("--out", type=Path, default=Path("experiments/probes/results/relevance.json"))
@@ -310,7 +312,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _form(form: str, p: Tensor, kind: Tensor, beta: float, beta_kind: float) -> Tensor:
     """Each span's logit shift: ``two`` beta·(2p − 1); ``raise`` beta·p; ``kind+raise`` the shipped kind match plus
-    beta·p; ``kind+two`` the kind match plus beta·(2p − 1) where the kind match leaves the span at 0 (unlabelled)."""
+    beta·p; ``kind+two`` the kind match plus beta·(2p − 1) where the kind match leaves the span at 0 (unlabelled);
+    ``fallback`` the kind match where it raises some span, the scorer's beta·p where it raises none."""
     if form == "two":
         return beta * (2.0 * p - 1.0)
     if form == "raise":
@@ -319,6 +322,8 @@ def _form(form: str, p: Tensor, kind: Tensor, beta: float, beta_kind: float) -> 
         return beta_kind * kind + beta * p
     if form == "kind+two":
         return beta_kind * kind + torch.where(kind == 0, beta * (2.0 * p - 1.0), beta * p)
+    if form == "fallback":  # the kind match where it raises some span, else the scorer's raise
+        return beta_kind * kind if bool((kind > 0).any()) else beta * p
     raise SystemExit(f"unknown form {form!r}")
 
 
