@@ -97,6 +97,18 @@ def _persona_stored_at(settings: Settings, revision: str) -> None:
     migrate.upgrade(settings)
 
 
+def _downgraded(settings: Settings, revision: str) -> tuple[set[str], list[str]]:
+    """Downgrade to ``revision``; the personas table's columns then, and its personas' names."""
+    migrate.downgrade(settings, revision)
+    engine = make_engine(settings)
+    try:
+        columns = {c["name"] for c in inspect(engine).get_columns("personas")}
+        with engine.connect() as conn:
+            return columns, sorted(r[0] for r in conn.execute(text("SELECT name FROM personas")))
+    finally:
+        engine.dispose()
+
+
 def test_personas_made_before_the_repetition_controls_get_them_off(settings: Settings) -> None:
     """0004 adds personas.repetition_penalty and personas.no_repeat_ngram: a persona stored before has them off (1, 0);
     downgrading drops the columns again."""
@@ -109,13 +121,8 @@ def test_personas_made_before_the_repetition_controls_get_them_off(settings: Set
         assert (made.repetition_penalty, made.no_repeat_ngram) == (1.2, 4)
     finally:
         store.close()
-    migrate.downgrade(settings, "0003")
-    engine = make_engine(settings)
-    try:
-        columns = {c["name"] for c in inspect(engine).get_columns("personas")}
-        assert "repetition_penalty" not in columns and "no_repeat_ngram" not in columns
-    finally:
-        engine.dispose()
+    columns, _ = _downgraded(settings, "0003")
+    assert "repetition_penalty" not in columns and "no_repeat_ngram" not in columns
 
 
 def test_personas_made_before_the_reply_form_get_it_off(settings: Settings) -> None:
@@ -130,15 +137,9 @@ def test_personas_made_before_the_reply_form_get_it_off(settings: Settings) -> N
         assert (made.lowercase, made.max_sentences) == (True, 2)
     finally:
         store.close()
-    migrate.downgrade(settings, "0004")
-    engine = make_engine(settings)
-    try:
-        columns = {c["name"] for c in inspect(engine).get_columns("personas")}
-        assert "lowercase" not in columns and "max_sentences" not in columns
-        with engine.connect() as conn:
-            assert sorted(r[0] for r in conn.execute(text("SELECT name FROM personas"))) == ["new", "old"]
-    finally:
-        engine.dispose()
+    columns, names = _downgraded(settings, "0004")
+    assert "lowercase" not in columns and "max_sentences" not in columns
+    assert names == ["new", "old"]
 
 
 def test_personas_made_before_the_defaults_release_was_recorded_have_none(settings: Settings) -> None:
@@ -152,14 +153,9 @@ def test_personas_made_before_the_defaults_release_was_recorded_have_none(settin
         assert store.update_persona("old", defaults_release=2).defaults_release == 2
     finally:
         store.close()
-    migrate.downgrade(settings, "0005")
-    engine = make_engine(settings)
-    try:
-        assert "defaults_release" not in {c["name"] for c in inspect(engine).get_columns("personas")}
-        with engine.connect() as conn:
-            assert sorted(r[0] for r in conn.execute(text("SELECT name FROM personas"))) == ["new", "old"]
-    finally:
-        engine.dispose()
+    columns, names = _downgraded(settings, "0005")
+    assert "defaults_release" not in columns
+    assert names == ["new", "old"]
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
