@@ -67,6 +67,13 @@ class InjectedLayer:
         """Whether any row's imprint holds something: asked once per conditioning, not at every decoding step."""
         return self.imprinted is not None and bool(self.imprinted.any())
 
+    @cached_property
+    def maps(self) -> list[tuple[Tensor, Tensor, Tensor | None]]:
+        """Where the layer's inference maps (``InjectedAttention._inference_maps``) are kept once its first forward
+        without gradients has made them: made once a turn, not at every decoding step. Not a field: rows selected
+        from a batch or stacked into one make a new layer, which makes them anew."""
+        return []
+
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """RoPE in the rotate-half layout: x (B, heads, L, d), cos/sin (B, 1, L, d)."""
@@ -205,6 +212,8 @@ class InjectedAttention(nn.Module):
         H, H_kv, d, w = self.H, self.H_kv, self.d, self.w
         cos, sin = rope
         reading = lc is not None and lc.reading
+        if lc is not None and not torch.is_grad_enabled():
+            return self._infer(x, lc, rope, cache, layer, attn_mask, starts, capture, unread)
         gate = None  # (B, L, H + 1): the imprint's read gate, where some row's entries are filled (else they are closed:
         # their weights are exactly 0 whatever the gate adds)
         q, v = self.q_proj(x), self.v_proj(x)
@@ -264,6 +273,26 @@ class InjectedAttention(nn.Module):
             q_aug = F.pad(torch.cat(q_parts, dim=-1), (0, w - sum(p.shape[-1] for p in q_parts)))  # (B, H, L, w)
             k_aug = F.pad(torch.cat(k_parts, dim=-1), (0, w - sum(p.shape[-1] for p in k_parts)))  # (B, H_kv, L, w)
             v_aug = F.pad(v, (0, w - d))
+        y = self._attend(q_aug, k_aug, v_aug, lc, cache, layer, attn_mask, starts)
+        out: Tensor = self.o_proj(y)
+        if reading and self.read_rank:
+            out = out + adapted * self.imprint_read_o(y)
+        return out
+
+    def _attend(
+        self,
+        q_aug: Tensor,
+        k_aug: Tensor,
+        v_aug: Tensor,
+        lc: InjectedLayer | None,
+        cache: KVCache | None,
+        layer: int,
+        attn_mask: Tensor | None,
+        starts: list[int] | None,
+    ) -> Tensor:
+        """The augmented queries (B, H, L, w) against the state's keys, the cache's and these (B, H_kv, L, w): the
+        heads' outputs (B, L, H·d)."""
+        B, _, L, _ = q_aug.shape
         if cache is None:
             if lc is not None:
                 k_aug = torch.cat([lc.slot_key.to(k_aug.dtype), k_aug], dim=2)  # (B, H_kv, S+L, w)
@@ -271,14 +300,101 @@ class InjectedAttention(nn.Module):
         else:
             k_aug, v_aug = cache.extend(layer, k_aug, v_aug)  # (B, H_kv, slot+cached+L, w)
         if starts is None:
-            y = attend(q_aug, k_aug, v_aug, causal=True, attn_mask=attn_mask, enable_gqa=H_kv != H)  # (B, H, L, w)
+            y = attend(q_aug, k_aug, v_aug, causal=True, attn_mask=attn_mask, enable_gqa=self.H_kv != self.H)  # (B, H, L, w)
         else:
             y = self._attend_rows(q_aug, k_aug, v_aug, starts, cache.prefix if cache is not None else 0)
-        y = y[..., :d].transpose(1, 2).reshape(B, L, H * d)
+        return y[..., : self.d].transpose(1, 2).reshape(B, L, self.H * self.d)
+
+    def _infer(
+        self,
+        x: Tensor,
+        lc: InjectedLayer,
+        rope: tuple[Tensor, Tensor],
+        cache: KVCache | None,
+        layer: int,
+        attn_mask: Tensor | None,
+        starts: list[int] | None,
+        capture: list[tuple[Tensor, Tensor]] | None,
+        unread: Tensor | None,
+    ) -> Tensor:
+        """``forward`` with a state and without gradients, in fewer operators (each costs a few microseconds, the
+        state's share of a decoding step): one product gives every head's augmented query after its rotated (and
+        metric) blocks, the read gates included, and the read adapter's down maps with its scale; the same
+        arithmetic as ``forward``'s training form, to within rounding."""
+        B, L, _ = x.shape
+        H, H_kv, d = self.H, self.H_kv, self.d
+        if not lc.maps:
+            lc.maps.append(self._inference_maps(lc.reading))
+        weight, bias, up = lc.maps[0]
+        t = self.w - d - (d if self.has_trace else 0)  # the query's tail width: w less its rotated and metric blocks
+        mixed = F.linear(x, weight.to(x.dtype), bias.to(x.dtype))  # (B, L, H·t [+ 2r (+ 1)])
+        tail = mixed[..., : H * t].view(B, L, H, t).transpose(1, 2)  # (B, H, L, t): 1, g·x, a·x + c, zeros
+        if unread is not None:  # the closed gate where a token does not read the imprint
+            tail = tail.clone()
+            tail[..., self.unread_at - self.w + t] += unread.to(x.dtype).view(B, 1, L) * CLOSED_GATE
+        q, v = self.q_proj(x), self.v_proj(x)
+        scale = None
+        if up is not None:  # the read adapter, in the rows that hold an imprint
+            assert lc.imprinted is not None
+            r2 = 2 * self.read_rank
+            down = mixed[..., H * t : H * t + r2]  # (B, L, 2r)
+            scale = lc.imprinted.to(x.dtype)  # (B, 1, 1), or per token (B, L, 1): 2·sigmoid(a_H·x + c_H)
+            if self.imprint_gated:
+                scale = scale * 2.0 * torch.sigmoid(mixed[..., H * t + r2 :])
+            both = F.linear(down * scale, up.to(x.dtype))  # (B, L, H·d + H_kv·d)
+            q, v = q + both[..., : q.shape[-1]], v + both[..., q.shape[-1] :]
+        q = q.view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
+        k = self.k_proj(x).view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
+        v = v.view(B, L, H_kv, d).transpose(1, 2)
+        if capture is not None:
+            capture.append((k, v))
+        cos, sin = rope
+        q_parts = [rotate(q, cos, sin) / math.sqrt(d)]
+        k_rot = rotate(k, cos, sin)
+        if lc.metric is not None:
+            metric = lc.metric.to(q.dtype)  # (B, H_kv, d, d)
+            u = F.normalize(q, dim=-1).reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by their kv head
+            q_parts.append((2.0 * u @ metric).view(B, H, L, d))  # 2 M u (M symmetric)
+            w_k = F.normalize(k, dim=-1)  # (B, H_kv, L, d)
+            k_bias = -((w_k @ metric) * w_k).sum(-1, keepdim=True)  # (B, H_kv, L, 1) = -w^T M w
+            k_aug = F.pad(torch.cat([k_rot, w_k, k_bias], dim=-1), (0, self.w - 2 * d - 1))
+        else:
+            k_aug = F.pad(k_rot, (0, self.w - d))  # the bias column is 0: no metric
+        q_aug = torch.cat([*q_parts, tail], dim=-1)  # (B, H, L, w)
+        y = self._attend(q_aug, k_aug, F.pad(v, (0, self.w - d)), lc, cache, layer, attn_mask, starts)
         out: Tensor = self.o_proj(y)
-        if reading and self.read_rank:
-            out = out + adapted * self.imprint_read_o(y)
+        if scale is not None:
+            o = self.imprint_read_o
+            out = out + F.linear(F.linear(y, o.down.weight) * scale, o.up.weight)
         return out
+
+    def _inference_maps(self, reading: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The maps ``_infer`` multiplies: a weight (n, C) and bias (n,) whose product with a token's input gives, per
+        query head, the augmented query's tail (t columns: the bias column's 1, the read gate's g_h·x, the imprint's
+        column a_h·x + c_h, zeros) and, when ``reading`` with a read adapter, its query and value down maps (2r) and
+        the logit of its scale (1, with the imprint's gate); and the adapter's up maps, block-diagonal (H·d + H_kv·d,
+        2r), or None. The imprint's column is 0 where no entry is read (a fresh identity's are closed anyway)."""
+        H, C, d = self.H, self.q_proj.in_features, self.d
+        t = self.w - d - (d if self.has_trace else 0)
+        column = self.unread_at - self.w + t
+        ref = self.q_proj.weight
+        with torch.no_grad():
+            weight, bias = ref.new_zeros(H, t, C), ref.new_zeros(H, t)
+            bias[:, 0] = 1.0
+            if self.gated:
+                weight[:, 1] = self.slot_gate.weight
+            if reading and self.imprint_gated:
+                weight[:, column] = self.imprint_gate.weight[:H]
+                bias[:, column] = self.imprint_gate.bias[:H]
+            weight, bias = weight.view(H * t, C), bias.view(H * t)
+            if not (reading and self.read_rank):
+                return weight, bias, None
+            down, read_bias, up = self._fused_read()
+            r2 = 2 * self.read_rank
+            extra = torch.zeros_like(down[:, 0]) if read_bias is None else read_bias
+            weight = torch.cat([weight, down[:r2], down[r2 + H :]])  # the scale's gate row after the down maps
+            bias = torch.cat([bias, extra[:r2], extra[r2 + H :]])
+        return weight, bias, up
 
     _fused: tuple[tuple[tuple[int, int], ...], tuple[Tensor, Tensor | None, Tensor]] | None = None
 

@@ -400,7 +400,7 @@ class LlamaModel(IdentityModel):
             rope = self.rope((reads_from - used).view(B, 1) + torch.arange(N, device=self_state.device))  # (B, 1, N, d)
         layers = []
         for layer, attn in enumerate(self.attentions):
-            m = metric[:, slot_of[layer]] if layer in slot_of else None
+            m = metric[:, slot_of[layer]].contiguous() if layer in slot_of else None  # once, not at every step
             entries = None
             if imprint is not None:
                 at = imprint.keys.device
@@ -533,6 +533,8 @@ class LlamaModel(IdentityModel):
         first = cond.layers[0]
         reads_from = first.reads_from if isinstance(first, InjectedLayer) else None
         unread = None if reads_from is None else positions < reads_from.view(-1, 1)  # (B, L + K)
+        if unread is not None and not bool(unread.any()):  # decoding: every token reads (no column to close)
+            unread = None
         layer_inputs = []
         for i, (block, lc) in enumerate(zip(self.blocks, cond.layers, strict=True)):
             assert lc is None or isinstance(lc, InjectedLayer)

@@ -129,6 +129,47 @@ def test_inference_reads_through_the_fused_maps_as_training_does_and_follows_cha
     torch.testing.assert_close(changed, logits(True), atol=1e-5, rtol=1e-5)
 
 
+def test_cached_decoding_reads_the_whole_state_as_the_training_form_does() -> None:
+    """Inference's form of the stateful attention (one product for the query's gate columns and the adapter's down
+    maps) against training's, with every part of the state at work: a trace (layer 0), a self state read through the
+    slots' per-token gate, an imprint behind the persona's prompt with its gate and adapter; a prompt, then one token
+    a step through a cache, as decoding goes."""
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(HFLlamaConfig(**HF_TINY)).eval()
+    config = LlamaConfig.from_hf(HF_TINY, d_self=8, trace_layers=[0], slot_gate=True, imprint_span=16, imprint_min_shock=0.0)
+    model = LlamaModel(config, ByteTokenizer()).eval()
+    model.load_base(hf.state_dict())
+    model.init_identity(seed=1, slot_bias=0.0)
+    model.add_imprint(24, 4)
+    model.add_imprint_gate()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ("imprint_read" in name and name.endswith("up.weight")) or "gate" in name:
+                p.normal_(0, 0.3)
+    state = replace(
+        IdentityState.fresh(config),
+        trace=torch.randn(config.trace_shape).to(IdentityState.fresh(config).trace.dtype) * 0.3,
+        self_state=torch.rand(config.d_self) * 2 - 1,
+        imprint=imprint_of(model, list(b"sys"), ("I am Ox",)),
+    )
+    idx = torch.tensor([list(b"hello there, Ox")])
+    prompt = 11
+
+    def cond() -> Any:
+        return model.condition_states([state], [3])
+
+    with torch.enable_grad():
+        whole = model(idx, cond()).logits.detach()  # the training form, all at once
+    with torch.no_grad():
+        c = cond()
+        cache = model.new_cache(c, idx.shape[1])
+        steps = [model(idx[:, :prompt], c, cache=cache).logits]
+        steps += [model(idx[:, i : i + 1], c, cache=cache).logits for i in range(prompt, idx.shape[1])]
+    assert all(layer.maps for layer in c.layers)  # decoding took inference's form
+    assert c.layers[0].metric is not None and c.layers[0].metric.abs().max() > 0
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole, atol=1e-4, rtol=1e-4)
+
+
 def test_examples_state_the_asked_fact_among_distractors() -> None:
     rng = random.Random(0)
     p = phrases()
