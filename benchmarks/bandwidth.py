@@ -6,10 +6,10 @@ Run: ``python -m benchmarks.bandwidth [--quick] [--threads 2] [--tokens 32] [--r
 * **Copy bandwidth**: ``dst.copy_(src)`` of two ``--copy-mib`` MiB float32 tensors (far larger than any cache), with
   ``--threads`` threads, the best of ``--repeats``: bytes read plus bytes written per second (STREAM's "copy"
   convention), and the read half of it, the rate at which a step could at best stream its weights.
-* **Weight bytes per step**: every matrix one decoding step multiplies, counted by forward hooks on the model's linear
-  maps during a one-token step (each attention's query, key, value and output maps, each MLP's three, the head; the
-  identity's own small maps where they run), in the dtype it is stored in. The embedding lookup reads one row and the
-  norms are vectors: neither is counted.
+* **Weight bytes per step**: every matrix one decoding step multiplies, counted during a one-token step by forward
+  hooks on the model's linear maps (each attention's query, key, value and output maps, each MLP's three, the head)
+  and, outside them, every ``F.linear`` (the identity's own maps where they run, as inference multiplies them), in
+  the dtype it is stored in. The embedding lookup reads one row and the norms are vectors: neither is counted.
 * **Decoding**: ``benchmarks.imprint_read``'s decoders at one row, float32, greedy, ``--tokens`` tokens (the end
   tokens banned): the stateless model (``dot``) and the shipped checkpoint with a full imprint (``imprint``);
   ``--repeats`` rounds, round-robin after one warm-up each; median ms per step.
@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from benchmarks.backbone import sia_decode
 from benchmarks.imprint_read import decoders
@@ -60,25 +62,48 @@ def copy_bandwidth(mib: int, repeats: int) -> dict[str, float]:
     return {"bytes": float(n * 4), "seconds": best, "copy_gb_per_s": moved / best / 1e9, "read_gb_per_s": moved / best / 2e9}
 
 
+class _Products(TorchFunctionMode):
+    """Counts the weight of every ``F.linear`` the code calls outside the model's ``Linear`` modules (which the hooks
+    count): the identity's maps that inference multiplies as tensors (the stateful attention's inference maps)."""
+
+    def __init__(self, counted: list[int], live: list[bool], inside: list[int]) -> None:
+        super().__init__()
+        self.counted, self.live, self.inside = counted, live, inside
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is F.linear and self.live[0] and not self.inside[0]:
+            weight = args[1] if len(args) > 1 else kwargs["weight"]
+            self.counted.append(weight.numel() * weight.element_size())
+        return func(*args, **(kwargs or {}))
+
+
 def step_weight_bytes(model: LlamaModel, prompt: list[int], state: IdentityState) -> dict[str, float]:
-    """The bytes of the weights of every linear map one decoding step runs (forward hooks during the second token)."""
+    """The bytes of the weights of every linear map one decoding step runs (during the second token): forward hooks
+    on the model's linear modules, and every ``F.linear`` called outside them."""
     counted: list[int] = []
     live = [False]
+    inside = [0]  # within a linear module: its own F.linear is the hook's to count
 
-    def hook(module: nn.Module, _inputs: Any, _output: Any) -> None:
+    def enter(module: nn.Module, _inputs: Any) -> None:
+        inside[0] += 1
+
+    def leave(module: nn.Module, _inputs: Any, _output: Any) -> None:
+        inside[0] -= 1
         if live[0]:
             assert isinstance(module, nn.Linear)
             counted.append(module.weight.numel() * module.weight.element_size())
 
     passes: list[int] = []  # the first layer's calls while counting: the forward passes the count covers
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    handles = [m.register_forward_pre_hook(enter) for m in linears] + [m.register_forward_hook(leave) for m in linears]
     handles.append(model.blocks[0].register_forward_hook(lambda *_: passes.append(1) if live[0] else None))
     try:
-        run = stream(model, [prompt], model.condition_states([state]), SamplingParams(max_new_tokens=2, temperature=0.0))
-        next(run)  # the prefill and the first token
-        live[0] = True
-        for _ in run:  # the one decoding step
-            pass
+        with _Products(counted, live, inside):
+            run = stream(model, [prompt], model.condition_states([state]), SamplingParams(max_new_tokens=2, temperature=0.0))
+            next(run)  # the prefill and the first token
+            live[0] = True
+            for _ in run:  # the one decoding step
+                pass
     finally:
         for h in handles:
             h.remove()
