@@ -26,8 +26,15 @@ token (request sent to the first ``token`` event, over all turns), errors (any n
 or a transport error; target: none), and the server's peak resident memory (``VmRSS`` of the process, sampled
 every 20 ms). Then 8 users sharing 2 identities (4 per identity: turns of one identity are serial). The ratio
 batched / unbatched of the aggregate tokens/s and of the p95 time to first token against the same server's
-N = 1 (solo) figure is reported per row. Results go to ``--out`` (JSON, with machine info) and a markdown table
-to stdout.
+N = 1 (solo) figure is reported per row.
+
+Then, in this process with the servers stopped, the reference the served figures answer to: transformers'
+``generate`` of the same users' turns on the same weights (the bundled GGUF dequantised, float32, every core),
+each turn one left-padded batch of the N users' chat prompts (the persona's system prompt and that turn's message
+through the checkpoint's chat template; the served turns may also carry a recent window, so these prompts are if
+anything shorter), greedy, exactly ``--max-tokens`` new tokens a row; its tokens/s over the sum of the turns'
+generate times, and each batched row's aggregate tokens/s over it (``over_hf``; target: >= 1.0x at 8 users).
+``--no-hf`` skips it. Results go to ``--out`` (JSON, with machine info) and a markdown table to stdout.
 """
 
 from __future__ import annotations
@@ -48,9 +55,14 @@ from typing import Any
 
 import httpx
 
+from benchmarks.backbone import hf_decode, load_hf
 from benchmarks.machine import machine_info
 from server.core.config import Settings
 from server.launcher import free_port, server_process
+from sia.backbones.chat_tokenizer import ChatTokenizer
+from sia.backbones.weights import bundled_gguf, resolve_base
+from sia.checkpoint import load_model
+from sia.personas import PERSONAS
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "served_batching.json"
 PERSONA = "sia"
@@ -84,6 +96,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--torch-threads", type=int, default=defaults["torch_threads"].default)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=defaults["dtype"].default)
     p.add_argument("--servers", nargs="+", choices=sorted(SERVERS), default=["unbatched", "batched"])
+    p.add_argument("--no-hf", action="store_true", help="skip transformers' batched generate of the same turns")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p.parse_args(argv)
 
@@ -220,20 +233,52 @@ def run_server(server: str, tmp: Path, args: argparse.Namespace) -> list[dict[st
     return rows
 
 
-def compare(rows: list[dict[str, Any]]) -> None:
-    """Per row: batched / unbatched aggregate tokens/s, and the p95 TTFT against the same server's solo p50."""
+def hf_reference(users: Sequence[int], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """transformers' ``generate`` of N users' turns, for each N in ``users``: per turn one batch of the N chat prompts
+    (each user's message of that turn, as ``load`` sends them), ``--max-tokens`` new tokens a row; tokens/s over the
+    sum of the turns' times (prompt to last token)."""
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "models"
+        hf_dir = resolve_base(bundled_gguf(), cache)
+        tok = load_model(None, cache_dir=cache).tokenizer
+        assert isinstance(tok, ChatTokenizer)
+        system = tok.system_prompt(PERSONAS[PERSONA].system_prompt)
+        hf = load_hf(hf_dir)
+        hf_decode(hf, [tok.turn_prompt(MESSAGES[0], system)[0]], tok.pad_id, args.max_tokens)  # warm-up
+        for n in users:
+            seconds, tokens = 0.0, 0
+            for t in range(args.turns):
+                prompts = [tok.turn_prompt(MESSAGES[(u + t) % len(MESSAGES)], system)[0] for u in range(n)]
+                run = hf_decode(hf, prompts, tok.pad_id, args.max_tokens)
+                seconds += run.ttft_s + run.decode_s
+                tokens += sum(len(row) for row in run.tokens)
+            out.append(
+                {"users": n, "turns": n * args.turns, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+            )
+            sys.stdout.write(f"transformers generate, {n} users: {tokens / seconds:.1f} tokens/s\n")
+    return out
+
+
+def compare(rows: list[dict[str, Any]], hf: list[dict[str, Any]]) -> None:
+    """Per row: batched / unbatched aggregate tokens/s, the p95 TTFT against the same server's solo p50, and the
+    aggregate tokens/s over transformers' batched generate of as many users' turns (where measured)."""
     by = {(r["server"], r["users"], r["identities"]): r for r in rows}
+    reference = {h["users"]: h for h in hf}
     for r in rows:
         solo = by.get((r["server"], 1, 1))
         r["ttft_p95_vs_solo"] = r["ttft_p95_ms"] / solo["ttft_p50_ms"] if solo and r["ttft_p95_ms"] else None
         base = by.get(("unbatched", r["users"], r["identities"]))
         r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
+        h = reference.get(r["users"]) if r["users"] == r["identities"] else None
+        r["over_hf"] = r["tokens_per_s"] / h["tokens_per_s"] if h else None
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| users / identities | server | tokens/s | × unbatched | TTFT p50 | TTFT p95 | p95 / solo p50 | peak RSS | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| users / identities | server | tokens/s | × unbatched | × HF generate | TTFT p50 | TTFT p95 | p95 / solo p50 "
+        "| peak RSS | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def ratio(x: float | None) -> str:
@@ -242,6 +287,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in sorted(rows, key=lambda r: (r["users"] != r["identities"], r["users"], r["server"] != "unbatched")):
         lines.append(
             f"| {r['users']} / {r['identities']} | {r['server']} | {r['tokens_per_s']:.1f} | {ratio(r['speedup'])} | "
+            f"{ratio(r['over_hf'])} | "
             f"{r['ttft_p50_ms']:.0f} ms | {r['ttft_p95_ms']:.0f} ms | {ratio(r['ttft_p95_vs_solo'])} | "
             f"{r['peak_rss_mb']:.0f} MB | {r['errors']} |"
         )
@@ -255,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for server in args.servers:
             rows += run_server(server, Path(tmp), args)
-    compare(rows)
+    hf = [] if args.no_hf else hf_reference(args.users, args)
+    compare(rows, hf)
     info["loadavg_end"] = list(os.getloadavg())
     batched = {r["users"]: r for r in rows if r["server"] == "batched" and r["users"] == r["identities"]}
     per_row = None
@@ -275,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "servers": {name: SERVERS[name] for name in args.servers},
         "defaults": {k: Settings.model_fields[k].default for k in ("max_batch", "max_concurrent_turns", "batch_wait_ms")},
     }
-    payload = {"machine": info, "setup": setup, "rows": rows, "rss_mb_per_extra_row": per_row}
+    payload = {"machine": info, "setup": setup, "rows": rows, "hf_generate": hf, "rss_mb_per_extra_row": per_row}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     sys.stdout.write(f"\nwrote {args.out}\n")
