@@ -327,8 +327,11 @@ def served_batching(r: Result) -> Rendered:
     text += table([*header, "peak RSS MB", "errors"], rows)
     hf = r.get("hf_generate") or []
     if hf:
-        text += "\ntransformers' `generate` of the same turns, one batch a turn, exactly as many new tokens a row: "
-        text += ", ".join(f"{h['users']} users {h['tokens_per_s']:.1f} tokens/s" for h in hf) + ".\n"
+        text = text.rstrip("\n") + "\n\ntransformers' `generate` of the same turns, one batch a turn, exactly as many new "
+        text += "tokens a row: " + ", ".join(
+            f"{h['users']} user{'s' * (h['users'] != 1)} {h['tokens_per_s']:.1f} tokens/s" for h in hf
+        )
+        text += ".\n"
     return text, targets
 
 
