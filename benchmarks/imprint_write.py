@@ -79,8 +79,8 @@ def persona_costs(model: LlamaModel, persona: str, state: IdentityState, message
         generation = _generation(model, kept, params)
         calls: dict[str, Callable[[], object]] = {
             "turn": partial(run_turn, model, kept, params),
-            "write": partial(imprint_message, model, tok, kept, prompt, generation),
-            "write_whole": partial(imprint_message, model, tok, whole, prompt, generation),
+            "write": partial(imprint_message, model, tok, kept, prompt, generation.prompt_nll),
+            "write_whole": partial(imprint_message, model, tok, whole, prompt, generation.prompt_nll),
             "ask": partial(model.asked_kinds, [prompt.message]),
         }
         times = {name: _timed(call) for name, call in calls.items()}

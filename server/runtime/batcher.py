@@ -3,7 +3,8 @@
 A turn whose identity is held is submitted with its request and decoding parameters. A second thread, the
 prefiller, computes its conditioning and prefills it (with the turns that were waiting with it, in one padded
 forward) while the batch goes on stepping; the batcher thread joins it to the running batch between two steps. Every
-step decodes one token for every row in one forward; a row that stops is concluded (shock, summary, new state: the
+step decodes one token for every row in one forward (a joining turn's imprint is written right after its prefill, on the
+prefiller's thread: the write needs the prompt only); a row that stops is concluded (shock, summary, new state: the
 TurnResult it would reach alone) and leaves. What a turn sees, in order, through its ``deliver`` callback: its
 StreamEvents (``row`` 0), then its TurnResult, or an exception instead of the rest. Storing the result is the
 caller's: the identity's lease and transaction stay with the turn, as without batching.
@@ -39,7 +40,8 @@ import torch
 
 from server.errors import OverloadedError
 from server.observability import Metrics
-from sia.identity.turn import TurnPrompt, TurnRequest, TurnResult, conclude_turns, turn_prompt
+from sia.identity.imprint import Imprint
+from sia.identity.turn import TurnPrompt, TurnRequest, TurnResult, conclude_turns, imprint_message, turn_prompt
 from sia.model.batching import DecodeBatch, Prefilled
 from sia.model.generate import SamplingParams, StreamEvent, check_room
 from sia.model.identity_model import IdentityModel
@@ -63,6 +65,7 @@ class SubmittedTurn:
     deliver: Delivery
     cancelled: bool = False
     row: int | None = None  # its handle in the DecodeBatch once it joined
+    imprint: Imprint | None = None  # its identity's new imprint, written right after its prefill (None: none kept)
 
 
 def available_cores() -> int:
@@ -242,7 +245,10 @@ class Batcher:
             turn = rows.pop(rid)
             generation = batch.take(rid)
             if not turn.cancelled:
-                turn.deliver(conclude_turns(self.model, [turn.request], [turn.prompt], [generation], self.tokenizer)[0])
+                concluded = conclude_turns(
+                    self.model, [turn.request], [turn.prompt], [generation], self.tokenizer, [turn.imprint]
+                )
+                turn.deliver(concluded[0])
 
     def _prefill(self, batch: DecodeBatch, joining: list[SubmittedTurn]) -> list[Prefill]:
         """On the prefill thread, while the batch steps: the joining turns prefilled together, in one padded forward;
@@ -258,7 +264,13 @@ class Batcher:
                     cond = self.model.condition_states(states, reads_from, [turn.prompt.message for turn in group])
                 prompts, counted = [t.prompt.tokens for t in group], [t.prompt.counted for t in group]
                 scored = [t.prompt.scored[0] for t in group]  # the message's NLL on: no logits for the persona's prompt
-                done.append((group, batch.prefill(prompts, cond, [t.params for t in group], counted, scored)))
+                prefilled = batch.prefill(prompts, cond, [t.params for t in group], counted, scored)
+                if self.model.config.imprint_tokens:  # the write needs the prefill only: here, not on the steps' thread
+                    L = max(prefilled.lengths)
+                    for b, (turn, n) in enumerate(zip(group, prefilled.lengths, strict=True)):
+                        nll = prefilled.prompt_nll[b, L - n :]
+                        turn.imprint = imprint_message(self.model, self.tokenizer, turn.request, turn.prompt, nll)
+                done.append((group, prefilled))
             except Exception as exc:
                 if len(group) == 1:
                     done.append((group, exc))

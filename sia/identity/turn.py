@@ -109,20 +109,25 @@ def conclude_turns(
     prompts: Sequence[TurnPrompt],
     generations: Sequence[Generation],
     tokenizer: Tokenizer | None = None,
+    imprints: Sequence[Imprint | None] | None = None,
 ) -> list[TurnResult]:
     """The end of each turn once its reply is generated (alone, in a batch, or joined to a running batch): the
-    shock from the message's NLL, the summary, the new state (its imprint too, when the model keeps one)."""
+    shock from the message's NLL, the summary, the new state (its imprint too, when the model keeps one).
+    ``imprints``: per turn, its new imprint where it was already written (``imprint_message`` needs only the
+    prompt's prefill, so a batch writes it beside the decoding), None where this writes it."""
     tok = tokenizer or model.tokenizer
+    written = imprints if imprints is not None else [None] * len(requests)
     stats = SummarySums.cat([g.stats for g in generations])
     summaries = model.summarize(stats)
     results = []
-    for row, (req, prompt, gen) in enumerate(zip(requests, prompts, generations, strict=True)):
+    for row, (req, prompt, gen, imprint) in enumerate(zip(requests, prompts, generations, written, strict=True)):
         a, b = prompt.scored
         nll = float(gen.prompt_nll[a:b].mean())
         shock = standardised_shock(nll, req.state.shock, model.config)
         new_state = _advanced(model, req.state, summaries.row(row), shock=shock, nll=nll, dynamics=req.dynamics)
         if model.config.imprint_tokens:
-            new_state = replace(new_state, imprint=imprint_message(model, tok, req, prompt, gen))
+            imprint = imprint_message(model, tok, req, prompt, gen.prompt_nll) if imprint is None else imprint
+            new_state = replace(new_state, imprint=imprint)
         results.append(
             TurnResult(
                 reply=gen.text,
@@ -174,10 +179,11 @@ def _turns(
 
 
 def imprint_message(
-    model: IdentityModel, tok: Tokenizer, request: TurnRequest, prompt: TurnPrompt, generation: Generation
+    model: IdentityModel, tok: Tokenizer, request: TurnRequest, prompt: TurnPrompt, prompt_nll: Tensor
 ) -> Imprint:
     """The identity's imprint after this turn: the clauses of the message that surprised the identity (token shock,
-    read from the turn's own prefill), as the base model reads them in the turn's prompt (sia.identity.imprint)."""
+    read from the turn's own prefill: ``prompt_nll`` (len(prompt.tokens) - 1,), its ``Generation.prompt_nll``), as the
+    base model reads them in the turn's prompt (sia.identity.imprint). The reply plays no part."""
     c = model.config
     assert isinstance(c, LlamaConfig)  # only a model that keeps an imprint calls this
     imprint = request.state.imprint or Imprint.empty(c)
@@ -185,7 +191,7 @@ def imprint_message(
     start, end = a + 1, b  # the message's own tokens: prompt.tokens[start:end]
     if end <= start:
         return imprint
-    surprisal = generation.prompt_nll[a : b - 1].float().cpu()  # (n,) each message token's NLL under the identity
+    surprisal = prompt_nll[a : b - 1].float().cpu()  # (n,) each message token's NLL under the identity
     shared = len(request.context) if request.shared is None else request.shared
     words = model.read_words(torch.tensor([prompt.tokens[:end]], device=model.device), shared=shared)
     imprint, _ = write_imprint(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch
 from server.errors import OverloadedError
 from server.observability import Metrics
 from server.runtime.batcher import Batcher, SubmittedTurn
+from sia.backbones.llama import LlamaModel
 from sia.identity.state import Dynamics, IdentityState, StateFormatError
 from sia.identity.turn import TurnRequest, TurnResult, run_turn
 from sia.model.generate import SamplingParams, StreamEvent
@@ -345,3 +347,26 @@ def test_bad_settings_are_refused(model: IdentityModel) -> None:
     ):
         with pytest.raises(ValueError, match="need max_batch"):
             Batcher(model, **kw)  # type: ignore[arg-type]
+
+
+def test_turns_of_a_model_with_an_imprint_write_it_as_they_would_alone() -> None:
+    """The imprint's write needs a turn's prefill only, so the batcher writes it on the prefiller's thread, beside the
+    decoding: each turn's new imprint is still the one it writes alone."""
+    model = llama(2, 2)
+    assert isinstance(model, LlamaModel)
+    model.add_imprint(24, 4)
+    model.config = replace(model.config, imprint_min_shock=0.0)  # a tiny random model: every clause surprises enough
+    requests = requests_for(model, 3)
+    alone = [run_turn(model, r, p) for r, p in zip(requests, PARAMS[:3], strict=True)]
+    assert all(a.state.imprint is not None and a.state.imprint.used > 0 for a in alone)
+    for b in batcher_of(model):
+        readers = [Reader() for _ in requests]
+        for reader, request, params in zip(readers, requests, PARAMS[:3], strict=True):
+            reader.turn = b.submit(request, params, reader.deliver)
+        got = [reader.result() for reader in readers]
+    for g, a in zip(got, alone, strict=True):
+        assert_same_turn(g, a)
+        assert g.state.imprint is not None and a.state.imprint is not None
+        for name in ("span", "token", "turn", "offset", "kind", "keys", "values"):
+            assert torch.equal(getattr(g.state.imprint, name), getattr(a.state.imprint, name)), name
+        torch.testing.assert_close(g.state.imprint.score, a.state.imprint.score)
