@@ -266,9 +266,8 @@ class Batcher:
                 scored = [t.prompt.scored[0] for t in group]  # the message's NLL on: no logits for the persona's prompt
                 prefilled = batch.prefill(prompts, cond, [t.params for t in group], counted, scored)
                 if self.model.config.imprint_tokens:  # the write needs the prefill only: here, not on the steps' thread
-                    L = max(prefilled.lengths)
-                    for b, (turn, n) in enumerate(zip(group, prefilled.lengths, strict=True)):
-                        nll = prefilled.prompt_nll[b, L - n :]
+                    for b, turn in enumerate(group):
+                        nll = prefilled.row_nll(b)
                         turn.imprint = imprint_message(self.model, self.tokenizer, turn.request, turn.prompt, nll)
                 done.append((group, prefilled))
             except Exception as exc:

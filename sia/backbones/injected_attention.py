@@ -104,6 +104,9 @@ class InjectedAttention(nn.Module):
         # padding. The imprint's column: 1 on its entries, and on a query 0 where it reads them, the closed gate where not
         self.w = _round8(self.d + (self.d if has_trace else 0) + 2 + int(self.gated)) if self.stateful else self.d
         self.unread_at = self.d + (self.d if has_trace else 0) + 1 + int(self.gated)
+        self.tail = (
+            self.w - self.d - (self.d if has_trace else 0)
+        )  # a stateful query's columns after its rotated (and metric) blocks
         C, d = config.n_embd, config.head_dim
         self.S = config.self_slots
         self.q_proj = Linear(C, self.H * d, bias=False)
@@ -326,7 +329,7 @@ class InjectedAttention(nn.Module):
         if not lc.maps:
             lc.maps.append(self._inference_maps(lc.reading))
         weight, bias, up = lc.maps[0]
-        t = self.w - d - (d if self.has_trace else 0)  # the query's tail width: w less its rotated and metric blocks
+        t = self.tail
         mixed = F.linear(x, weight.to(x.dtype), bias.to(x.dtype))  # (B, L, H·t [+ 2r (+ 1)])
         tail = mixed[..., : H * t].view(B, L, H, t).transpose(1, 2)  # (B, H, L, t): 1, g·x, a·x + c, zeros
         if unread is not None:  # the closed gate where a token does not read the imprint
@@ -374,8 +377,8 @@ class InjectedAttention(nn.Module):
         column a_h·x + c_h, zeros) and, when ``reading`` with a read adapter, its query and value down maps (2r) and
         the logit of its scale (1, with the imprint's gate); and the adapter's up maps, block-diagonal (H·d + H_kv·d,
         2r), or None. The imprint's column is 0 where no entry is read (a fresh identity's are closed anyway)."""
-        H, C, d = self.H, self.q_proj.in_features, self.d
-        t = self.w - d - (d if self.has_trace else 0)
+        H, C = self.H, self.q_proj.in_features
+        t = self.tail
         column = self.unread_at - self.w + t
         ref = self.q_proj.weight
         with torch.no_grad():

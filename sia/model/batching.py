@@ -99,6 +99,10 @@ class Prefilled:
     stats: SummarySums  # (B rows)
     last: Tensor  # (B, V) the logits of each row's first reply token
 
+    def row_nll(self, b: int) -> Tensor:
+        """Row ``b``'s prompt NLL (lengths[b] - 1,): its own tokens' entries of the left-padded ``prompt_nll``."""
+        return self.prompt_nll[b, max(self.lengths) - self.lengths[b] :]
+
 
 def _stack(parts: Sequence[Prefilled], cond: Conditioning, n_memory: int) -> Prefilled:
     """Rows prefilled one by one, as one left-padded Prefilled (what a padded prefill of them all returns)."""
@@ -274,10 +278,10 @@ class DecodeBatch:
         self.valid = torch.cat([self.valid, own_columns[:, : P + columns]], dim=0)
         self.cond = pre.cond if self.cond is None else cat_conditioning([self.cond, pre.cond])
         rids: list[int] = []
-        for b, (n, p) in enumerate(zip(pre.lengths, pre.params, strict=True)):
+        for b, (_, p) in enumerate(zip(pre.lengths, pre.params, strict=True)):
             rids.append(self._next)
             row = ReplyDecoder(p, device, self.tok)
-            self.members.append(_Member(self._next, p, row, pre.prompt_nll[b, L - n :], pre.stats.row(b), pre.last[b]))
+            self.members.append(_Member(self._next, p, row, pre.row_nll(b), pre.stats.row(b), pre.last[b]))
             self._next += 1
         return rids
 
