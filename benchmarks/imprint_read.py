@@ -107,8 +107,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=32, help="new tokens per row")
     p.add_argument("--repeats", type=int, default=15, help="timed rounds (each calls every decoder once)")
     p.add_argument("--checkpoint", type=Path, default=None, help="default: the bundled one")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both models cast to it")
+    p.add_argument("--out", type=Path, default=None, help="default: results/imprint_read.json, _bfloat16 before .json for that")
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = DEFAULT_OUT if args.dtype == "float32" else DEFAULT_OUT.with_name(f"{DEFAULT_OUT.stem}_{args.dtype}.json")
     if args.quick:
         args.tokens, args.repeats = 8, 2
     return args
@@ -125,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         model, twin, fresh, held, prompts = decoders(args.checkpoint, cache, hf_dir)
         imprint = held.imprint
         assert imprint is not None
+        for m in (model, twin):
+            m.to(getattr(torch, args.dtype))
         result["decode"] = {}
         for rows in (1, 8):
             sys.stdout.write(f"decoding, {rows} rows...\n")
@@ -143,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "entries": imprint.capacity,
         "read_rank": model.config.imprint_read_rank,
         "imprint_gate": model.config.imprint_gate,
-        "dtype": "float32",
+        "dtype": args.dtype,
     }
     result["target"] = {"imprint_over_dot": TARGET}
     args.out.parent.mkdir(parents=True, exist_ok=True)

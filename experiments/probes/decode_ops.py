@@ -2,7 +2,7 @@
 decoders: ``dot``, ``fresh``, ``imprint``, one row), counted and timed by the profiler per decode step, and each
 decoder's excess over ``dot`` by operator.
 
-    PYTHONPATH=. python -m experiments.probes.decode_ops [--tokens 16] [--rows 1] [--out FILE]
+    PYTHONPATH=. python -m experiments.probes.decode_ops [--tokens 16] [--rows 1] [--dtype bfloat16] [--shapes] [--out FILE]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def main() -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--shapes", action="store_true", help="operators told apart by their inputs' shapes too")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = p.parse_args()
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
@@ -36,6 +37,8 @@ def main() -> None:
         hf_dir = resolve_base(bundled_gguf(), cache)
         model, twin, fresh, held, prompts = decoders(None, cache, hf_dir)
         prompts = prompts[: args.rows]
+        for m in (model, twin):
+            m.to(getattr(torch, args.dtype))
         runs = {"dot": (twin, fresh), "fresh": (model, fresh), "imprint": (model, held)}
         table: dict[str, dict[str, tuple[float, float]]] = {}
         for name, (m, state) in runs.items():

@@ -155,6 +155,30 @@ def test_uniform_self_bias_is_a_no_op_but_the_self_slot_is_not() -> None:
     torch.testing.assert_close(fast, ref, atol=1e-10, rtol=0)
 
 
+@pytest.mark.parametrize("mask", [None, "rows", "heads"])
+def test_a_bfloat16_decoding_step_folds_query_heads_into_the_same_grouped_attention(mask: str | None) -> None:
+    """One query per head in bfloat16 (a decoding step): ``attend`` groups each key/value head's query heads as its
+    queries instead of calling the kernel with ``enable_gqa``; the result is grouped-query attention computed in float64
+    from the same inputs, to bfloat16's rounding, with a mask per row or per query head."""
+    g = torch.Generator().manual_seed(3)
+    B, H, H_kv, Lk, w = 3, 6, 2, 9, 8
+    q, k, v = (torch.randn(B, h, n, w, generator=g).to(torch.bfloat16) for h, n in ((H, 1), (H_kv, Lk), (H_kv, Lk)))
+    visible = torch.rand(B, H if mask == "heads" else 1, 1, Lk, generator=g) > 0.3
+    visible[..., 0] = True
+    attn_mask = None if mask is None else visible
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        out = attend(q, k, v, causal=True, attn_mask=attn_mask, enable_gqa=True)
+    assert out.shape == (B, H, 1, w) and out.dtype == torch.bfloat16
+    kernel = [e.input_shapes[0] for e in prof.events() if e.name == "aten::scaled_dot_product_attention"]
+    assert kernel == [[B, H_kv, H // H_kv, w]]  # the kernel saw each key/value head's query heads as its queries
+    group = H // H_kv
+    wide_k, wide_v = (x.double().repeat_interleave(group, dim=1) for x in (k, v))  # every query head its own keys
+    ref = F.scaled_dot_product_attention(q.double(), wide_k, wide_v, attn_mask=attn_mask, scale=1.0)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    if mask is not None:  # the mask mattered
+        assert (F.scaled_dot_product_attention(q.double(), wide_k, wide_v, scale=1.0) - ref).abs().max() > 0.1
+
+
 def test_attend_rejects_more_queries_than_keys() -> None:
     x = torch.randn(1, 1, 4, 3)
     with pytest.raises(ValueError, match="Lq <= Lk"):
