@@ -45,8 +45,9 @@ Measured, CPU, ``torch.set_num_threads(--threads)``, float32 and bfloat16 (``mod
    first token), so the HTTP path's own cost is a paired difference under the same machine load.
 7. **Where a decoding step goes** (per dtype, batch 1 and 8, a mid-reply step): the SDPA kernel timed alone at
    every width the models use (SIA: wider in its trace layers and by the self slot's bias column elsewhere),
-   called as ``sia.model.attention.attend`` calls it (``enable_gqa``) and with each key/value head's query heads folded
-   into the query length (as transformers calls it for a padded batch), summed over the layers; and a
+   called with ``enable_gqa`` (as ``sia.model.attention.attend`` calls it in float32) and with each key/value head's
+   query heads folded into the query length (as it calls it in a bfloat16 step on a CPU, and transformers for a padded
+   batch), summed over the layers; and a
    ``torch.profiler`` count of ATen ops per step of ``sia`` and ``dot`` with their self time by kind.
 
 Results go to ``--out`` (JSON, with machine info and load average) and markdown tables to stdout. Nothing here
@@ -438,8 +439,9 @@ def table(result: dict[str, Any]) -> str:
         "",
     ]
     lines += [
-        "where a decoding step goes (mid-reply, batch 1 and 8): the attention kernel over all layers as sia calls it "
-        "(enable_gqa) and folded; ATen ops per step and their self time under the profiler (matmul / kernel / other)",
+        "where a decoding step goes (mid-reply, batch 1 and 8): the attention kernel over all layers with enable_gqa (sia's "
+        "float32 form) and folded (its bfloat16 form on a CPU); ATen ops per step and their self time under the profiler "
+        "(matmul / kernel / other)",
         "",
         "| dtype | rows | kernel ms SIA / dot | folded ms SIA / dot | ops SIA / dot | SIA ms | dot ms |",
         "|---|---|---|---|---|---|---|",

@@ -29,6 +29,7 @@ def machine_info(threads: int) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # AVX2: bfloat16 products converted, not native
         "loadavg_start": list(os.getloadavg()),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -59,6 +59,8 @@ def machine(name: str, result: Result) -> str:
     when = info.get("when") or info.get("timestamp") or result.get("date") or "an unrecorded date"
     cpu = info.get("cpu") or info.get("processor") or info.get("machine") or "an unrecorded CPU"
     parts = [f"{cpu}, {info.get('cpu_count') or info.get('cores') or '?'} CPUs"]
+    if info.get("cpu_capability"):
+        parts.append(f"{info['cpu_capability']} products")
     if "device" in info and info["device"] != "cpu":
         parts.append(str(info["device"]))
     if "torch" in info:

@@ -1,6 +1,6 @@
 """Where a decoding step goes (section 7 of ``benchmarks.backbone``): the SDPA kernel alone at every width the models
-use, called as SIA calls it and with query heads folded, and a profile of the ATen ops of one step with and without
-the state."""
+use, called with ``enable_gqa`` and with query heads folded (SIA's float32 and bfloat16 forms on a CPU), and a profile
+of the ATen ops of one step with and without the state."""
 
 from __future__ import annotations
 
@@ -23,13 +23,15 @@ MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
 def sdpa_gqa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """How sia.model.attention.attend calls the kernel at a decoding step: q (B, H, 1, w), k and v (B, H_kv, Lk, w)."""
+    """How sia.model.attention.attend calls the kernel at a float32 decoding step: q (B, H, 1, w), k and v (B, H_kv, Lk,
+    w)."""
     return F.scaled_dot_product_attention(q, k, v, scale=1.0, enable_gqa=True)
 
 
 def sdpa_folded(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """The same result with the G query heads of each key/value head folded into the query length (exact for one new
-    query, which sees every key): q (B, H_kv, G, w), as transformers calls it for a padded batch."""
+    query, which sees every key): q (B, H_kv, G, w), as sia.model.attention.attend calls it at a bfloat16 step on a CPU
+    and transformers for a padded batch."""
     B, H, _, w = q.shape
     H_kv = k.shape[1]
     return F.scaled_dot_product_attention(q.view(B, H_kv, H // H_kv, w), k, v, scale=1.0)
