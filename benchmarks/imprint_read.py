@@ -108,10 +108,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=15, help="timed rounds (each calls every decoder once)")
     p.add_argument("--checkpoint", type=Path, default=None, help="default: the bundled one")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both models cast to it")
-    p.add_argument("--out", type=Path, default=None, help="default: results/imprint_read.json, _bfloat16 before .json for that")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="a bfloat16 run goes under the file's 'bfloat16' key")
     args = p.parse_args(argv)
-    if args.out is None:
-        args.out = DEFAULT_OUT if args.dtype == "float32" else DEFAULT_OUT.with_name(f"{DEFAULT_OUT.stem}_{args.dtype}.json")
     if args.quick:
         args.tokens, args.repeats = 8, 2
     return args
@@ -152,7 +150,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     result["target"] = {"imprint_over_dot": TARGET}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    stored = result
+    if args.dtype != "float32":  # beside the float32 run, which the file's top level holds
+        stored = {**(json.loads(args.out.read_text()) if args.out.exists() else {}), args.dtype: result}
+    args.out.write_text(json.dumps(stored, indent=1) + "\n")
     sys.stdout.write(table(result))
 
 
