@@ -295,10 +295,6 @@ def served_batching(r: Result) -> Rendered:
     header = ["server", "users / identities", "tokens/s", "x unbatched", "x HF generate", "TTFT p50 ms", "TTFT p95 ms"]
     header.append("p95 / solo p50")
     rows, targets = [], []
-
-    def ratio(value: float | None) -> str:  # "–" where a run had nothing to be set against
-        return "–" if value is None else f"{value:.2f}"
-
     for x in r["rows"]:
         over_hf = x.get("over_hf")
         rows.append(
@@ -306,11 +302,11 @@ def served_batching(r: Result) -> Rendered:
                 x["server"],
                 f"{x['users']} / {x['identities']}",
                 f"{x['tokens_per_s']:.1f}",
-                ratio(x["speedup"]),
-                ratio(over_hf),
+                ms(x["speedup"], ".2f"),
+                ms(over_hf, ".2f"),
                 f"{x['ttft_p50_ms']:.0f}",
                 f"{x['ttft_p95_ms']:.0f}",
-                ratio(x["ttft_p95_vs_solo"]),
+                ms(x["ttft_p95_vs_solo"], ".2f"),
                 f"{x['peak_rss_mb']:.0f}",
                 str(x["errors"]),
             ]

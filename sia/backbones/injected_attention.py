@@ -104,9 +104,8 @@ class InjectedAttention(nn.Module):
         # padding. The imprint's column: 1 on its entries, and on a query 0 where it reads them, the closed gate where not
         self.w = _round8(self.d + (self.d if has_trace else 0) + 2 + int(self.gated)) if self.stateful else self.d
         self.unread_at = self.d + (self.d if has_trace else 0) + 1 + int(self.gated)
-        self.tail = (
-            self.w - self.d - (self.d if has_trace else 0)
-        )  # a stateful query's columns after its rotated (and metric) blocks
+        # a stateful query's columns after its rotated (and metric) blocks
+        self.tail = self.w - self.d - (self.d if has_trace else 0)
         C, d = config.n_embd, config.head_dim
         self.S = config.self_slots
         self.q_proj = Linear(C, self.H * d, bias=False)

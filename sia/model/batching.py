@@ -278,7 +278,7 @@ class DecodeBatch:
         self.valid = torch.cat([self.valid, own_columns[:, : P + columns]], dim=0)
         self.cond = pre.cond if self.cond is None else cat_conditioning([self.cond, pre.cond])
         rids: list[int] = []
-        for b, (_, p) in enumerate(zip(pre.lengths, pre.params, strict=True)):
+        for b, p in enumerate(pre.params):
             rids.append(self._next)
             row = ReplyDecoder(p, device, self.tok)
             self.members.append(_Member(self._next, p, row, pre.row_nll(b), pre.stats.row(b), pre.last[b]))
