@@ -12,7 +12,10 @@ per row (the end tokens banned, ``benchmarks.fixed_length.endless``), the chat p
   still in every layer's keys, all closed);
 * ``imprint``: the shipped checkpoint with a full imprint (every entry filled: natural-set users' messages imprinted
   one after another, as turns imprint them), so the entries are read and the read adapter (and the imprint's read
-  gate, where the checkpoint has one) acts on every token.
+  gate, where the checkpoint has one) acts on every token; the copy read (``imprint_copy``, where the checkpoint has
+  it) on every token too, as in a turn that asks for one of the user's facts (the decoders read no message, so no ask
+  head turns it off);
+* ``imprint_no_copy`` (a checkpoint with the copy read): the same without it, as in every turn that asks for no fact.
 
 Timing as ``benchmarks.backbone``'s decode: one untimed warm-up call each, then ``--repeats`` rounds in which the
 decoders run round-robin; decode rate = tokens after the first ones / time from the first token event to the last;
@@ -24,6 +27,7 @@ median of each round's ratio (``over_dot_paired``: steadier where other work on 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -82,6 +86,13 @@ def decoders(
     return model, dot_twin(model, hf_dir), fresh, replace(fresh, imprint=imprint), prompts
 
 
+def without_copy(model: LlamaModel) -> LlamaModel:
+    """The same weights read without the copy read: a shallow copy whose config says ``imprint_copy`` 0."""
+    twin = copy.copy(model)
+    twin.config = replace(model.config, imprint_copy=0.0)
+    return twin
+
+
 def measure(calls: dict[str, Callable[[], Decode]], repeats: int, n: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, runs in timed_rounds(calls, repeats, n).items():
@@ -137,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "fresh": partial(sia_decode, model, batch, [fresh] * rows, args.tokens),
                 "imprint": partial(sia_decode, model, batch, [held] * rows, args.tokens),
             }
+            if model.config.imprint_copy:
+                calls["imprint_no_copy"] = partial(sia_decode, without_copy(model), batch, [held] * rows, args.tokens)
             result["decode"][str(rows)] = measure(calls, args.repeats, args.tokens)
     info["loadavg_end"] = list(os.getloadavg())
     result["setup"] = {
@@ -146,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "entries": imprint.capacity,
         "read_rank": model.config.imprint_read_rank,
         "imprint_gate": model.config.imprint_gate,
+        "imprint_copy": model.config.imprint_copy,
         "dtype": args.dtype,
     }
     result["target"] = {"imprint_over_dot": TARGET}

@@ -61,6 +61,10 @@ class InjectedLayer:
     slot_value: Tensor  # (B, H_kv, S [+ N], w)
     reads_from: Tensor | None = None  # (B,) the first position that reads the imprint (the persona's prompt does not)
     imprinted: Tensor | None = None  # (B, 1, 1): 1 in a row whose imprint holds something (its read adapter acts), else 0
+    # the copy read's layers only (config.imprint_copy): each entry's token id (B, N), -1 none, and each row's weight
+    # (B,) of the copy (0: none)
+    copy_tokens: Tensor | None = None
+    copy_weight: Tensor | None = None
 
     @cached_property
     def reading(self) -> bool:
@@ -205,17 +209,19 @@ class InjectedAttention(nn.Module):
         starts: list[int] | None = None,
         capture: list[tuple[Tensor, Tensor]] | None = None,
         unread: Tensor | None = None,
+        reads: list[Tensor] | None = None,
     ) -> Tensor:
         """``starts``: instead of ``attn_mask``, each row's keys as the prefix and the columns from its start on
         (``row_starts``): every row then attends alone, as it would unbatched, bit for bit. ``capture``: a list that
         receives this layer's pre-rotation keys and values (B, H_kv, L, d), what an imprint keeps. ``unread`` (B, L):
-        the tokens that do not read the imprint (the persona's prompt)."""
+        the tokens that do not read the imprint (the persona's prompt). ``reads``: a list that receives each token's
+        attention weights on the imprint's entries, the mean over query heads (B, L, N) (the copy read's pointer)."""
         B, L, _ = x.shape
         H, H_kv, d, w = self.H, self.H_kv, self.d, self.w
         cos, sin = rope
         reading = lc is not None and lc.reading
         if lc is not None and not torch.is_grad_enabled():
-            return self._infer(x, lc, rope, cache, layer, attn_mask, starts, capture, unread)
+            return self._infer(x, lc, rope, cache, layer, attn_mask, starts, capture, unread, reads)
         gate = None  # (B, L, H + 1): the imprint's read gate, where some row's entries are filled (else they are closed:
         # their weights are exactly 0 whatever the gate adds)
         q, v = self.q_proj(x), self.v_proj(x)
@@ -275,7 +281,7 @@ class InjectedAttention(nn.Module):
             q_aug = F.pad(torch.cat(q_parts, dim=-1), (0, w - sum(p.shape[-1] for p in q_parts)))  # (B, H, L, w)
             k_aug = F.pad(torch.cat(k_parts, dim=-1), (0, w - sum(p.shape[-1] for p in k_parts)))  # (B, H_kv, L, w)
             v_aug = F.pad(v, (0, w - d))
-        y = self._attend(q_aug, k_aug, v_aug, lc, cache, layer, attn_mask, starts)
+        y = self._attend(q_aug, k_aug, v_aug, lc, cache, layer, attn_mask, starts, reads)
         out: Tensor = self.o_proj(y)
         if reading and self.read_rank:
             out = out + adapted * self.imprint_read_o(y)
@@ -291,9 +297,10 @@ class InjectedAttention(nn.Module):
         layer: int,
         attn_mask: Tensor | None,
         starts: list[int] | None,
+        reads: list[Tensor] | None = None,
     ) -> Tensor:
         """The augmented queries (B, H, L, w) against the state's keys, the cache's and these (B, H_kv, L, w): the
-        heads' outputs (B, L, H·d)."""
+        heads' outputs (B, L, H·d); ``reads`` receives the weights on the imprint's entries (``entry_weights``)."""
         B, _, L, _ = q_aug.shape
         if cache is None:
             if lc is not None:
@@ -305,7 +312,31 @@ class InjectedAttention(nn.Module):
             y = attend(q_aug, k_aug, v_aug, causal=True, attn_mask=attn_mask, enable_gqa=self.H_kv != self.H)  # (B, H, L, w)
         else:
             y = self._attend_rows(q_aug, k_aug, v_aug, starts, cache.prefix if cache is not None else 0)
+        if reads is not None and lc is not None:
+            prefix = cache.prefix if cache is not None else lc.slot_key.shape[2]
+            reads.append(self.entry_weights(q_aug, k_aug, lc.slot_key.shape[2] - self.S, prefix, attn_mask, starts))
         return y[..., : self.d].transpose(1, 2).reshape(B, L, self.H * self.d)
+
+    def entry_weights(
+        self, q: Tensor, k: Tensor, N: int, prefix: int, attn_mask: Tensor | None, starts: list[int] | None
+    ) -> Tensor:
+        """The attention weights (B, L, N) the queries q (B, H, L, w) give the imprint's N entries among all the
+        keys k (B, H_kv, Lk, w) they see (the slots and entries first, ``prefix`` columns, then the tokens, causal;
+        ``attn_mask`` or ``starts`` as ``_attend`` takes them), averaged over the query heads; float32. Written out,
+        not fused: the kernel does not return its weights."""
+        B, H, L, _ = q.shape
+        Lk = k.shape[2]
+        logits = q.float().reshape(B, self.H_kv, H // self.H_kv * L, -1) @ k.float().transpose(-1, -2)  # (B, H_kv, G·L, Lk)
+        logits = logits.view(B, H, L, Lk)
+        at = torch.arange(Lk, device=q.device)
+        visible = (at.view(1, Lk) <= torch.arange(Lk - L, Lk, device=q.device).view(L, 1)).expand(B, 1, L, Lk)
+        if attn_mask is not None:
+            visible = visible & attn_mask
+        elif starts is not None:
+            own = (at < prefix) | (at >= torch.tensor(starts, device=q.device).view(B, 1))  # (B, Lk)
+            visible = visible & own.view(B, 1, 1, Lk)
+        weights = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)  # (B, H, L, Lk)
+        return weights[..., self.S : self.S + N].mean(1)
 
     def _infer(
         self,
@@ -318,6 +349,7 @@ class InjectedAttention(nn.Module):
         starts: list[int] | None,
         capture: list[tuple[Tensor, Tensor]] | None,
         unread: Tensor | None,
+        reads: list[Tensor] | None = None,
     ) -> Tensor:
         """``forward`` with a state and without gradients, in fewer operators (each costs a few microseconds, the
         state's share of a decoding step): one product gives every head's augmented query after its rotated (and
@@ -363,7 +395,7 @@ class InjectedAttention(nn.Module):
         else:
             k_aug = F.pad(k_rot, (0, self.w - d))  # the bias column is 0: no metric
         q_aug = torch.cat([*q_parts, tail], dim=-1)  # (B, H, L, w)
-        y = self._attend(q_aug, k_aug, F.pad(v, (0, self.w - d)), lc, cache, layer, attn_mask, starts)
+        y = self._attend(q_aug, k_aug, F.pad(v, (0, self.w - d)), lc, cache, layer, attn_mask, starts, reads)
         out: Tensor = self.o_proj(y)
         if scale is not None:
             o = self.imprint_read_o

@@ -32,7 +32,7 @@ from sia.model.kv_cache import KVCache
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
-__all__ = ["IDENTITY_PARAMETERS", "LlamaModel", "hf_name"]
+__all__ = ["IDENTITY_PARAMETERS", "LlamaModel", "copied", "hf_name"]
 
 # Untrained, the slot is shut: its value is zero, and any mass it took would dilute the base model's attention. A
 # finite bias cannot shut it everywhere (some heads' logits all lie far below zero, e.g. -15, where a slot at -12
@@ -89,11 +89,25 @@ class Block(nn.Module):
         starts: list[int] | None = None,
         capture: list[tuple[Tensor, Tensor]] | None = None,
         unread: Tensor | None = None,
+        reads: list[Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
         h = self.attn_norm(x)  # (B, L, C), also the input the turn summary reads
-        x = x + self.attn(h, lc, rope, cache, layer, attn_mask, starts, capture, unread)
+        x = x + self.attn(h, lc, rope, cache, layer, attn_mask, starts, capture, unread, reads)
         x = x + self.mlp(self.mlp_norm(x))
         return x, h
+
+
+def copied(logits: Tensor, pointer: Tensor, tokens: Tensor, weight: Tensor) -> Tensor:
+    """The copy read (config.imprint_copy): logits (B, L, V) -> log-probabilities of the model's distribution mixed
+    with the imprinted tokens, p = (softmax(logits) + lam·a) / (1 + lam·|a|), a(v) the attention ``pointer`` (B, L, N)
+    gives the entries whose token ``tokens`` (B, N) is v (-1: none) and lam each row's ``weight`` (B,). A row of
+    weight 0 keeps its logits as they are."""
+    a = pointer.float() * (tokens >= 0).unsqueeze(1) * weight.float().view(-1, 1, 1)  # (B, L, N)
+    log_p = F.log_softmax(logits.float(), dim=-1)
+    ids = tokens.clamp_min(0).unsqueeze(1).expand_as(a)
+    added = torch.zeros_like(log_p).scatter_add_(-1, ids, a)  # the empty entries add 0 (to token 0)
+    mixed = torch.logaddexp(log_p, added.log()) - torch.log1p(a.sum(-1, keepdim=True))
+    return torch.where((weight > 0).view(-1, 1, 1), mixed.to(logits.dtype), logits)
 
 
 def _untrained_ask(head: nn.Linear) -> None:
@@ -373,7 +387,7 @@ class LlamaModel(IdentityModel):
         turn, the persona's prompt does not read it, the user's message and the reply do; its u filled entries sit
         at the u positions just before ``reads_from``, in order, as if the user had just said them. ``asked`` (B,
         len(KINDS)): what kind of fact each row's message asks about (``asked_kinds``), which moves its entries'
-        logits (``entry_bias``); None: none asked."""
+        logits (``entry_bias``) and weighs the copy read (``copy_weight``); None: none asked."""
         c = self.config
         self._check_state_shapes(trace, self_state)
         if not self.stateful:
@@ -399,6 +413,7 @@ class LlamaModel(IdentityModel):
             used = imprint.filled.sum(-1).to(self_state.device)  # (B,)
             rope = self.rope((reads_from - used).view(B, 1) + torch.arange(N, device=self_state.device))  # (B, 1, N, d)
         layers = []
+        copies = self.copy_weight(imprint, asked)
         for layer, attn in enumerate(self.attentions):
             m = metric[:, slot_of[layer]].contiguous() if layer in slot_of else None  # once, not at every step
             entries = None
@@ -418,7 +433,24 @@ class LlamaModel(IdentityModel):
                     entry_bias=bias,
                 )
             )
+            if copies is not None and layer in (c.imprint_copy_layers or ()):
+                assert imprint is not None
+                layers[-1].copy_tokens, layers[-1].copy_weight = imprint.token.to(self_state.device), copies
         return Conditioning(layers=layers, self_state=self_state)
+
+    def copy_weight(self, imprint: ImprintEntries | None, asked: Tensor | None) -> Tensor | None:
+        """Each row's weight of the copy read (B,): config.imprint_copy where the imprint holds an entry whose token is
+        kept, times 1 - p(no fact asked) where ``asked`` is given, and 0 where the message more likely asks for none
+        (as ``entry_bias``: "What is the capital of France?" must not copy the user's city); None where no row copies
+        (the read is then the attention's alone, at no cost, and a fresh identity stays the base model)."""
+        lam = self.config.imprint_copy
+        if not lam or imprint is None or not bool((imprint.token >= 0).any()):
+            return None
+        weight = lam * (imprint.token >= 0).any(-1).float()  # (B,)
+        if asked is not None:
+            p_none = asked.float()[:, 0].to(weight.device)
+            weight = torch.where(p_none < 0.5, weight * (1.0 - p_none), torch.zeros_like(weight))
+        return weight.to(self.wte.weight.device) if bool((weight > 0).any()) else None
 
     def entry_bias(self, kind: Tensor, asked: Tensor) -> Tensor | None:
         """Each entry's logit shift (B, N) for rows whose messages ask ``asked`` (B, len(KINDS)) (probabilities, KINDS[0]:
@@ -536,9 +568,14 @@ class LlamaModel(IdentityModel):
         if unread is not None and not bool(unread.any()):  # decoding: every token reads (no column to close)
             unread = None
         layer_inputs = []
+        reads: list[Tensor] = []  # the copy read's layers' weights on the imprint's entries (B, L + K, N)
+        copying = None
         for i, (block, lc) in enumerate(zip(self.blocks, cond.layers, strict=True)):
             assert lc is None or isinstance(lc, InjectedLayer)
-            x, h = block(x, lc, rope, cache, i, None if starts is not None else attn_mask, starts, None, unread)
+            copies = lc is not None and lc.copy_weight is not None
+            copying = lc if copies else copying
+            mask = None if starts is not None else attn_mask
+            x, h = block(x, lc, rope, cache, i, mask, starts, None, unread, reads if copies else None)
             if i in self.trace_layers:
                 layer_inputs.append((h.float() * weight).sum(dim=1))  # (B, C)
         if cache is not None:
@@ -547,6 +584,10 @@ class LlamaModel(IdentityModel):
         hidden, pool_max, pool_norm = self._pool(x[:, :L].float(), weight[:, :L])
         stats = SummarySums(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
         logits = self.lm_head(x[:, logits_from:L])
+        if copying is not None:
+            assert copying.copy_tokens is not None and copying.copy_weight is not None
+            pointer = torch.stack(reads).mean(0)[:, logits_from:L]  # (B, L - logits_from, N)
+            logits = copied(logits, pointer, copying.copy_tokens, copying.copy_weight)
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
 
     @torch.no_grad()

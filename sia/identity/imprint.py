@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -232,16 +232,18 @@ class ImprintEntries:
     values: Tensor  # (B, n_layer, H_kv, N, d)
     filled: Tensor  # (B, N) bool
     kind: Tensor  # (B, N) int64: each entry's kind, an index into KINDS (0: unknown, and for empty entries)
+    token: Tensor  # (B, N) int64: each entry's token id; -1 where the text is not kept (and for empty entries)
 
     @classmethod
     def stack(cls, imprints: Sequence[Imprint | None], shape: tuple[int, int, int, int], dtype: torch.dtype) -> ImprintEntries:
         """One row per imprint (None: an empty one of ``shape``, (n_layer, H_kv, N, d))."""
         held = [imprint or Imprint.blank(*shape) for imprint in imprints]
         keys, values, filled = (torch.stack(parts) for parts in zip(*(i.entries(dtype) for i in held), strict=True))
-        return cls(keys, values, filled, torch.stack([i.kind.long() for i in held]))
+        kinds, tokens = (torch.stack([getattr(i, name).long() for i in held]) for name in ("kind", "token"))
+        return cls(keys, values, filled, kinds, tokens)
 
     def to(self, device: torch.device | str) -> ImprintEntries:
-        return ImprintEntries(self.keys.to(device), self.values.to(device), self.filled.to(device), self.kind.to(device))
+        return ImprintEntries(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
 _FIELDS = ("keys", "key_scale", "values", "value_scale", "span", "token", "turn", "offset", "kind", "score")

@@ -175,6 +175,10 @@ class ModelConfig(IdentityConfig):
         return 0.0
 
     @property
+    def imprint_copy(self) -> float:
+        return 0.0
+
+    @property
     def state_dtype(self) -> str:
         return "float32"
 
@@ -240,6 +244,12 @@ class LlamaConfig(IdentityConfig):
     # kind of fact a message asks about; its entries' logits are raised by this, another kind's lowered by it, those
     # of unknown kind left alone, for the whole turn. 0: no such head (every entry read alike)
     imprint_ask_bias: float = 0.0
+    # the imprint's copy read: each next token's distribution mixed with the imprinted tokens, an entry's token weighted
+    # by the attention the query heads of ``imprint_copy_layers`` give that entry (their mean), times this (and by the
+    # ask head's 1 - p(no fact asked)): p = (p_model + lam·a) / (1 + lam·|a|). Needs the entries' token ids: an imprint
+    # that keeps no text (SIA_STORE_TURN_TEXT=false) is read without it. 0: none
+    imprint_copy: float = 0.0
+    imprint_copy_layers: list[int] | None = None  # the layers whose attention points the copy; None: the last third
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "intermediate_size")
@@ -308,7 +318,27 @@ class LlamaConfig(IdentityConfig):
             raise ValueError("imprint_ask_bias needs an imprint and its kind tagger (imprint_kinds_layer)")
         if not math.isfinite(self.imprint_min_shock):
             raise ValueError(f"imprint_min_shock must be a finite number of nats; got {self.imprint_min_shock}")
+        self._check_copy()
         self._check_identity()
+
+    def _check_copy(self) -> None:
+        copy = self.imprint_copy
+        if isinstance(copy, bool) or not isinstance(copy, (int, float)) or not math.isfinite(copy) or copy < 0:
+            raise ValueError(f"imprint_copy must be a finite number >= 0; got {copy!r}")
+        self.imprint_copy = float(copy)
+        if copy and not self.imprint_tokens:
+            raise ValueError("imprint_copy needs an imprint (imprint_tokens > 0)")
+        if self.imprint_copy_layers is None:
+            self.imprint_copy_layers = list(range(self.n_layer - max(1, self.n_layer // 3), self.n_layer))
+        layers = self.imprint_copy_layers
+        if (
+            not isinstance(layers, list)
+            or not layers
+            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.n_layer for i in layers)
+            or len(set(layers)) != len(layers)
+        ):
+            raise ValueError(f"imprint_copy_layers must be distinct layer indices in [0, {self.n_layer}); got {layers!r}")
+        self.imprint_copy_layers = sorted(layers)
 
     # --- derived values ---
     @property

@@ -154,7 +154,7 @@ class IdentityModel(nn.Module):
         """Stack one IdentityState per row into a Conditioning; ``reads_from``: per row, the first position that reads
         the imprint (a turn's context, the persona's prompt, does not); ``messages``: per row, the tokens of the
         user's message, whose asked kind moves the imprint's entries (config.imprint_ask_bias; asked only where some
-        row's imprint holds an entry of known kind)."""
+        row's imprint holds an entry of known kind, or a kept token the copy read weighs)."""
         if not states:
             raise ValueError("need at least one identity state")
         for state in states:
@@ -168,7 +168,8 @@ class IdentityModel(nn.Module):
             start = None if reads_from is None else torch.tensor(list(reads_from), dtype=torch.long, device=self.device)
             if messages is not None and len(messages) != len(states):
                 raise ValueError(f"need one message per state; got {len(messages)} for {len(states)}")
-            if messages is not None and self.config.imprint_ask_bias and bool((entries.kind > 0).any()):
+            copies = self.config.imprint_copy and bool((entries.token >= 0).any())
+            if messages is not None and self.config.imprint_ask_bias and (copies or bool((entries.kind > 0).any())):
                 return self.condition(trace, selves, imprint, start, self.asked_kinds(messages))
         return self.condition(trace, selves, imprint, start)
 

@@ -82,8 +82,19 @@ def test_a_removed_option_given_over_a_base_config_is_refused_unless_it_asks_for
         ({"imprint_tokens": 8, "imprint_bits": 2}, "imprint_bits must be 8 or 4"),
         ({"imprint_tokens": 8, "imprint_bits": True}, "imprint_bits must be 8 or 4"),
         ({"imprint_tokens": -1}, "imprint_tokens must be an integer >= 0"),
+        ({"imprint_tokens": 8, "imprint_copy": -1.0}, "imprint_copy must be a finite number >= 0"),
+        ({"imprint_tokens": 8, "imprint_copy": float("nan")}, "imprint_copy must be a finite number >= 0"),
+        ({"imprint_copy": 2.0}, "imprint_copy needs an imprint"),
+        ({"imprint_tokens": 8, "imprint_copy_layers": [99]}, "imprint_copy_layers must be distinct layer indices"),
+        ({"imprint_tokens": 8, "imprint_copy_layers": [1, 1]}, "imprint_copy_layers must be distinct layer indices"),
+        ({"imprint_tokens": 8, "imprint_copy_layers": []}, "imprint_copy_layers must be distinct layer indices"),
     ],
 )
 def test_bad_imprint_settings_raise(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         LlamaConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_the_copy_read_points_with_the_last_third_of_the_layers_by_default() -> None:
+    assert LlamaConfig(n_layer=30, imprint_tokens=8).imprint_copy_layers == list(range(20, 30))
+    assert LlamaConfig(n_layer=4, imprint_tokens=8, imprint_copy_layers=[3, 1]).imprint_copy_layers == [1, 3]

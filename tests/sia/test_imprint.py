@@ -13,11 +13,12 @@ from safetensors.torch import save as st_save
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
-from sia.backbones.llama import PREFIX_READS, LlamaModel
+from sia.backbones.llama import PREFIX_READS, LlamaModel, copied
 from sia.checkpoint import DEFAULT_CHECKPOINT
 from sia.identity.imprint import (
     KINDS,
     Imprint,
+    ImprintEntries,
     SpanChoice,
     asking,
     clause_breaks,
@@ -577,3 +578,98 @@ def test_the_imprint_shift_weakens_the_read(hf_model: LlamaForCausalLM) -> None:
     torch.testing.assert_close(shut, fresh, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="imprint_shift"):
         replace(model.config, imprint_shift=float("inf"))
+
+
+# --- the copy read ---
+
+
+def test_the_copy_read_mixes_the_imprinted_tokens_into_the_next_token_distribution() -> None:
+    """p = (softmax(logits) + lam·a) / (1 + lam·|a|), a(v) the pointer's weight on the entries holding token v (a token
+    held twice gets both weights; an entry without a token, none); a row of weight 0 keeps its logits bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    B, L, V, n = 2, 3, 11, 4
+    logits = torch.randn(B, L, V, generator=g)
+    pointer = torch.rand(B, L, n, generator=g) / n  # shares of a softmax over more keys than the entries
+    tokens = torch.tensor([[5, 7, 5, -1], [2, 3, 4, 6]])
+    weight = torch.tensor([3.0, 0.0])
+    got = copied(logits, pointer, tokens, weight)
+    a = torch.zeros(L, V)
+    for j, t in enumerate(tokens[0].tolist()):
+        if t >= 0:
+            a[:, t] += 3.0 * pointer[0, :, j]
+    expected = (torch.softmax(logits[0], -1) + a) / (1.0 + a.sum(-1, keepdim=True))
+    torch.testing.assert_close(got[0].exp(), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got[0].exp().sum(-1), torch.ones(L), atol=1e-6, rtol=0)
+    assert torch.equal(got[1], logits[1])
+    assert bool((got[0, :, 5] > torch.log_softmax(logits[0], -1)[:, 5]).all())  # the held token gains
+
+
+def _copying(hf_model: LlamaForCausalLM, lam: float = 4.0) -> LlamaModel:
+    return build(hf_model, imprint_copy=lam, imprint_copy_layers=[1, 2])
+
+
+def test_the_copy_read_raises_the_imprinted_tokens_and_leaves_a_fresh_identity_the_base_model(
+    hf_model: LlamaForCausalLM,
+) -> None:
+    model, plain = _copying(hf_model), build(hf_model)
+    words, prompt = "Ana Kowalski, Lisbon", "Where do I live?"
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, words))
+    fresh = IdentityState.fresh(model.config)
+    idx = torch.tensor([model.tokenizer.encode(prompt)])
+    held = sorted(set(model.tokenizer.encode(words)))
+    with torch.no_grad():
+        copying = torch.log_softmax(model(idx, model.condition_states([state])).logits[0], -1)
+        reading = torch.log_softmax(plain(idx, plain.condition_states([state])).logits[0], -1)
+        assert torch.equal(model(idx, model.condition_states([fresh])).logits, plain(idx, plain.condition_states([fresh])).logits)
+    gained = copying[:, held].exp().sum(-1) - reading[:, held].exp().sum(-1)  # (L,): the held tokens' probability
+    assert bool((gained > 0).all()) and float(gained.max()) > 0.01
+    others = [t for t in range(copying.shape[-1]) if t not in held]
+    assert bool((copying[:, others] <= reading[:, others] + 1e-5).all())  # every other token loses (or keeps) mass
+    # an imprint that keeps no text (privacy mode) is read by attention alone: the copy has no token to give
+    untexted = replace(state, imprint=replace(state.imprint, token=torch.full_like(state.imprint.token, -1)))
+    with torch.no_grad():
+        a = model(idx, model.condition_states([untexted])).logits
+        b = plain(idx, plain.condition_states([untexted])).logits
+    assert torch.equal(a, b)
+
+
+def test_the_copy_read_is_the_same_uncached_cached_and_batched(hf_model: LlamaForCausalLM) -> None:
+    """The pointer's weights are written out with the kernel's own visibility (causal, padding, each row alone): the
+    whole sequence read at once, token by token through the cache and in a padded batch give the same logits."""
+    model = _copying(hf_model)
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, "Ana Kowalski, Lisbon"))
+    fresh = IdentityState.fresh(model.config)
+    prompts = [model.tokenizer.encode("Where do I live?"), model.tokenizer.encode("Name?")]
+    params = SamplingParams(max_new_tokens=6, temperature=0)
+    with torch.no_grad():
+        whole = model(torch.tensor([prompts[0]]), model.condition_states([state])).logits[0]
+        cond = model.condition_states([state])
+        cache = model.new_cache(cond, len(prompts[0]))
+        steps = torch.cat([model(torch.tensor([[t]]), cond, cache=cache).logits[0] for t in prompts[0]])
+    torch.testing.assert_close(steps, whole, atol=1e-4, rtol=0)
+    solo = [generate(model, [p], model.condition_states([s]), params)[0] for p, s in zip(prompts, [state, fresh], strict=True)]
+    both = generate(model, prompts, model.condition_states([state, fresh]), params)
+    assert [g.tokens for g in both] == [g.tokens for g in solo]
+    uncached = generate(model, prompts[:1], model.condition_states([state]), params, use_cache=False)
+    assert uncached[0].tokens == solo[0].tokens
+    for a, b in zip(both, solo, strict=True):
+        torch.testing.assert_close(a.prompt_nll, b.prompt_nll, atol=1e-4, rtol=0, equal_nan=True)
+
+
+def test_the_copy_read_is_weighed_by_the_ask_head(hf_model: LlamaForCausalLM) -> None:
+    """A row copies lam·(1 - p(no fact asked)), nothing where no fact is the likelier; a row whose imprint keeps no
+    token copies nothing."""
+    model = _copying(hf_model, lam=3.0)
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, "Ana Kowalski, Lisbon"))
+    imprints = [state.imprint, replace(state.imprint, token=torch.full_like(state.imprint.token, -1))]
+    entries = ImprintEntries.stack(imprints, model.config.imprint_shape, torch.float32)
+    asked = torch.zeros(2, len(KINDS))
+    asked[:, 0], asked[:, 2] = 0.25, 0.75
+    weight = model.copy_weight(entries, asked)
+    assert weight is not None
+    torch.testing.assert_close(weight, torch.tensor([3.0 * 0.75, 0.0]))
+    asked[0, 0], asked[0, 2] = 0.6, 0.4  # more likely no fact asked: no copy
+    assert model.copy_weight(entries, asked) is None
+    torch.testing.assert_close(model.copy_weight(entries, None), torch.tensor([3.0, 0.0]))
+    assert model.copy_weight(ImprintEntries.stack(imprints[1:], model.config.imprint_shape, torch.float32), None) is None
+    assert build(hf_model).copy_weight(entries, asked) is None  # imprint_copy 0: no copy
