@@ -110,6 +110,14 @@ def copied(logits: Tensor, pointer: Tensor, tokens: Tensor, weight: Tensor) -> T
     return torch.where((weight > 0).view(-1, 1, 1), mixed.to(logits.dtype), logits)
 
 
+def _copying(layers: Sequence[object]) -> InjectedLayer | None:
+    """The first copy layer's conditioning where some row copies (config.imprint_copy), else None."""
+    for lc in layers:
+        if isinstance(lc, InjectedLayer) and lc.copy_weight is not None:
+            return lc if bool((lc.copy_weight > 0).any()) else None
+    return None
+
+
 def _untrained_ask(head: nn.Linear) -> None:
     """An ask head that asks for no kind whatever it reads: p(none) = 1 - 10·e^-40, so every entry's bias is 0 to
     within 1e-16 of config.imprint_ask_bias."""
@@ -441,16 +449,18 @@ class LlamaModel(IdentityModel):
     def copy_weight(self, imprint: ImprintEntries | None, asked: Tensor | None) -> Tensor | None:
         """Each row's weight of the copy read (B,): config.imprint_copy where the imprint holds an entry whose token is
         kept, times 1 - p(no fact asked) where ``asked`` is given, and 0 where the message more likely asks for none
-        (as ``entry_bias``: "What is the capital of France?" must not copy the user's city); None where no row copies
-        (the read is then the attention's alone, at no cost, and a fresh identity stays the base model)."""
+        (as ``entry_bias``: "What is the capital of France?" must not copy the user's city); None without the copy read
+        or an imprint. Where every row's weight is 0 the forward skips the copy (the read is the attention's alone, at
+        no cost, and a fresh identity stays the base model); the weights are kept all the same, so that the rows of
+        turns conditioned apart stack into one batch."""
         lam = self.config.imprint_copy
-        if not lam or imprint is None or not bool((imprint.token >= 0).any()):
+        if not lam or imprint is None:
             return None
         weight = lam * (imprint.token >= 0).any(-1).float()  # (B,)
         if asked is not None:
             p_none = asked.float()[:, 0].to(weight.device)
             weight = torch.where(p_none < 0.5, weight * (1.0 - p_none), torch.zeros_like(weight))
-        return weight.to(self.wte.weight.device) if bool((weight > 0).any()) else None
+        return weight.to(self.wte.weight.device)
 
     def entry_bias(self, kind: Tensor, asked: Tensor) -> Tensor | None:
         """Each entry's logit shift (B, N) for rows whose messages ask ``asked`` (B, len(KINDS)) (probabilities, KINDS[0]:
@@ -569,11 +579,10 @@ class LlamaModel(IdentityModel):
             unread = None
         layer_inputs = []
         reads: list[Tensor] = []  # the copy read's layers' weights on the imprint's entries (B, L + K, N)
-        copying = None
+        copying = _copying(cond.layers)
         for i, (block, lc) in enumerate(zip(self.blocks, cond.layers, strict=True)):
             assert lc is None or isinstance(lc, InjectedLayer)
-            copies = lc is not None and lc.copy_weight is not None
-            copying = lc if copies else copying
+            copies = copying is not None and lc is not None and lc.copy_weight is not None
             mask = None if starts is not None else attn_mask
             x, h = block(x, lc, rope, cache, i, mask, starts, None, unread, reads if copies else None)
             if i in self.trace_layers:

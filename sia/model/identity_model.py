@@ -168,7 +168,7 @@ class IdentityModel(nn.Module):
             start = None if reads_from is None else torch.tensor(list(reads_from), dtype=torch.long, device=self.device)
             if messages is not None and len(messages) != len(states):
                 raise ValueError(f"need one message per state; got {len(messages)} for {len(states)}")
-            copies = self.config.imprint_copy and bool((entries.token >= 0).any())
+            copies = bool(self.config.imprint_copy) and bool((entries.token >= 0).any())
             if messages is not None and self.config.imprint_ask_bias and (copies or bool((entries.kind > 0).any())):
                 return self.condition(trace, selves, imprint, start, self.asked_kinds(messages))
         return self.condition(trace, selves, imprint, start)

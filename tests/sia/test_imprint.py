@@ -669,7 +669,27 @@ def test_the_copy_read_is_weighed_by_the_ask_head(hf_model: LlamaForCausalLM) ->
     assert weight is not None
     torch.testing.assert_close(weight, torch.tensor([3.0 * 0.75, 0.0]))
     asked[0, 0], asked[0, 2] = 0.6, 0.4  # more likely no fact asked: no copy
-    assert model.copy_weight(entries, asked) is None
+    torch.testing.assert_close(model.copy_weight(entries, asked), torch.tensor([0.0, 0.0]))
     torch.testing.assert_close(model.copy_weight(entries, None), torch.tensor([3.0, 0.0]))
-    assert model.copy_weight(ImprintEntries.stack(imprints[1:], model.config.imprint_shape, torch.float32), None) is None
     assert build(hf_model).copy_weight(entries, asked) is None  # imprint_copy 0: no copy
+
+
+def test_rows_conditioned_apart_decode_together_with_and_without_the_copy(hf_model: LlamaForCausalLM) -> None:
+    """A row that copies and one that does not (a fresh identity), each conditioned alone, joined into one decoding
+    batch: each gives the tokens it gives alone, and the copying row's are not those it gives without the copy."""
+    from sia.model.batching import DecodeBatch
+
+    model = _copying(hf_model, lam=50.0)
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, "Ana Kowalski, Lisbon"))
+    fresh = IdentityState.fresh(model.config)
+    prompts = [model.tokenizer.encode("Where do I live?"), model.tokenizer.encode("Name?")]
+    params = SamplingParams(max_new_tokens=6, temperature=0)
+    rows = list(zip(prompts, [state, fresh], strict=True))
+    alone = [generate(model, [p], model.condition_states([s]), params)[0].tokens for p, s in rows]
+    plain = build(hf_model)
+    assert generate(plain, prompts[:1], plain.condition_states([state]), params)[0].tokens != alone[0]
+    batch = DecodeBatch(model)
+    rids = [batch.join(p, model.condition_states([s]), params) for p, s in rows]
+    while len(batch):
+        batch.step()
+    assert [batch.take(r).tokens for r in rids] == alone
