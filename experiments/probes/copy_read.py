@@ -12,9 +12,12 @@ Copy decoding (``--copy L1,L2,..:lam ...``): the next-token distribution mixed w
 p = (softmax(logits) + lam·a) / (1 + lam·|a|), a(v) = the mean over the named layers and their query heads of the
 attention weight on entries whose token is v (the weights are shares of the whole softmax, so a small read moves
 little). ``--heads K``: only the K (layer, head) pairs that point right most often in the diagnostic of the same run.
+``--shipped LAM ...``: the model's own copy read (``config.imprint_copy``, with the ask head's weight and the wait
+for a word's previous piece) at LAM; ``LAMu`` without that wait; ``LAMk`` each entry of known kind weighed by how
+likely the question asks its kind. ``--states DIR`` keeps the states after talking (or reads them from an earlier run).
 
     PYTHONPATH=. python -m experiments.probes.copy_read [--part tune] [--users 60] [--depth 4] [--copy 20-29:1 ...]
-        [--heads 16] [--out FILE]
+        [--heads 16] [--shipped 4 4u] [--out FILE]
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from torch import Tensor
 from sia.backbones import injected_attention, llama
 from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
-from sia.identity.state import Dynamics, IdentityState
+from sia.identity.state import Dynamics, IdentityState, state_from_bytes, state_to_bytes
 from sia.identity.turn import TurnRequest, stream_turns
 from sia.learn.natural import ASK, TALK, answered, load_fillers, load_users
 from sia.personas import PERSONAS
@@ -56,8 +59,9 @@ def _attend(
     layer: int,
     attn_mask: Tensor | None,
     starts: list[int] | None,
+    reads: list[Tensor] | None = None,
 ) -> Tensor:
-    y = _original_attend(self, q_aug, k_aug, v_aug, lc, cache, layer, attn_mask, starts)
+    y = _original_attend(self, q_aug, k_aug, v_aug, lc, cache, layer, attn_mask, starts, reads)
     if not _REC["on"] or lc is None or cache is None:
         return y
     B, H, Lq, _ = q_aug.shape
@@ -137,6 +141,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--checkpoint", type=Path, default=None)
     ap.add_argument("--copy", nargs="*", default=[], help="LAYERS:LAMBDA, LAYERS as 20-29 or 3,5,9 or 'top'")
     ap.add_argument("--heads", type=int, default=16, help="pairs for 'top': the K that point right most often")
+    ap.add_argument(
+        "--shipped",
+        nargs="*",
+        default=[],
+        help="LAMBDA[u][k]: the model's own copy read (config.imprint_copy) at LAMBDA; u: every entry copied "
+        "anywhere (no wait for the word's previous piece); k: entries weighed by p(their kind asked)",
+    )
+    ap.add_argument("--states", type=Path, default=None, help="a folder: the states after talking kept there, or read")
     ap.add_argument("--out", type=Path, default=Path("experiments/probes/results/copy_read.json"))
     args = ap.parse_args(argv)
     if args.part not in ("tune", "train"):
@@ -151,8 +163,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     dynamics = Dynamics.from_config(model.config)
     states = {u.id: IdentityState.fresh(model.config) for u in users}
     started = time.perf_counter()
-    turns = [[*u.messages, *(fillers[(7 * n + j) % len(fillers)] for j in range(args.depth))] for n, u in enumerate(users)]
-    for i in range(max(len(t) for t in turns)):
+    kept = args.states is not None and args.states.is_dir()
+    if kept:
+        states = {u.id: state_from_bytes((args.states / u.id).read_bytes(), model.config) for u in users}
+    turns = (
+        []
+        if kept
+        else [[*u.messages, *(fillers[(7 * n + j) % len(fillers)] for j in range(args.depth))] for n, u in enumerate(users)]
+    )
+    for i in range(max((len(t) for t in turns), default=0)):
         order = [u for u, t in zip(users, turns, strict=True) if i < len(t)]
         said = {u.id: t[i] for u, t in zip(users, turns, strict=True) if i < len(t)}
         requests = [TurnRequest(states[u.id], said[u.id], dynamics, system, True) for u in order]
@@ -162,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             ):
                 states[u.id] = r.state
     _say(f"talked in {time.perf_counter() - started:.0f} s")
+    if args.states is not None and not kept:
+        args.states.mkdir(parents=True)
+        for u in users:
+            (args.states / u.id).write_bytes(state_to_bytes(states[u.id]))
     pairs_q = [(u, q) for u in users for q in u.questions]
     N = model.config.imprint_tokens
     held = [states[u.id].imprint for u, _ in pairs_q]
@@ -205,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _say(f"{name}: {sum(right) / len(right):.3f} {results['conditions'][name]['by_kind']}")
         return right
 
+    shipped_lam = model.config.imprint_copy
+    model.config.imprint_copy = 0.0  # the diagnostic and the probe's own pointers read without the model's copy
     started = time.perf_counter()
     replies, tokens, weights = ask(None, 0.0)
     right = score("none", replies)
@@ -271,6 +296,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         replies, _, _ = ask(pairs, float(lam_s))
         score(f"copy {spec}", replies)
         _say(f"  ({time.perf_counter() - started:.0f} s)")
+    gated, weighed = LlamaModel.copy_after, LlamaModel.copy_weight
+
+    def of_kind(self: LlamaModel, imprint: Any, asked: Tensor | None) -> Tensor | None:
+        """An entry of known kind copies lam·p(its kind asked); one of unknown kind lam·(1 - p(none))."""
+        weight = weighed(self, imprint, asked)
+        if weight is None or asked is None:
+            return weight
+        p = asked.float().to(weight.device)
+        share = p.gather(1, imprint.kind.to(weight.device)) / (1.0 - p[:, :1]).clamp_min(1e-6)
+        return weight * torch.where(imprint.kind.to(weight.device) > 0, share, torch.ones_like(share))
+
+    for spec in args.shipped:
+        model.config.imprint_copy = float(spec.rstrip("uk"))
+        if "u" in spec:
+            LlamaModel.copy_after = lambda self, imprint: torch.full_like(imprint.token, -1)  # type: ignore[method-assign]
+        if "k" in spec:
+            LlamaModel.copy_weight = of_kind  # type: ignore[method-assign]
+        started = time.perf_counter()
+        replies, _, _ = ask(None, 0.0)
+        LlamaModel.copy_after, LlamaModel.copy_weight = gated, weighed  # type: ignore[method-assign]
+        score(f"shipped {spec}", replies)
+        _say(f"  ({time.perf_counter() - started:.0f} s)")
+    model.config.imprint_copy = shipped_lam
     args.out.write_text(json.dumps(results, indent=1) + "\n")
 
 

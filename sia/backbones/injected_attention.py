@@ -61,9 +61,11 @@ class InjectedLayer:
     slot_value: Tensor  # (B, H_kv, S [+ N], w)
     reads_from: Tensor | None = None  # (B,) the first position that reads the imprint (the persona's prompt does not)
     imprinted: Tensor | None = None  # (B, 1, 1): 1 in a row whose imprint holds something (its read adapter acts), else 0
-    # the copy read's layers only (config.imprint_copy): each entry's token id (B, N), -1 none, and each row's weight
-    # (B,) of the copy (0: none)
+    # the copy read's layers only (config.imprint_copy): each entry's token id (B, N), -1 none; the token that must
+    # come just before for the entry to be copied (B, N): its span's previous token where it goes on a word, -1 where
+    # it begins one; and each entry's weight (B, N) in the copy (0: none)
     copy_tokens: Tensor | None = None
+    copy_after: Tensor | None = None
     copy_weight: Tensor | None = None
 
     @cached_property

@@ -97,17 +97,20 @@ class Block(nn.Module):
         return x, h
 
 
-def copied(logits: Tensor, pointer: Tensor, tokens: Tensor, weight: Tensor) -> Tensor:
+def copied(logits: Tensor, pointer: Tensor, tokens: Tensor, weight: Tensor, after: Tensor, previous: Tensor) -> Tensor:
     """The copy read (config.imprint_copy): logits (B, L, V) -> log-probabilities of the model's distribution mixed
-    with the imprinted tokens, p = (softmax(logits) + lam·a) / (1 + lam·|a|), a(v) the attention ``pointer`` (B, L, N)
-    gives the entries whose token ``tokens`` (B, N) is v (-1: none) and lam each row's ``weight`` (B,). A row of
-    weight 0 keeps its logits as they are."""
-    a = pointer.float() * (tokens >= 0).unsqueeze(1) * weight.float().view(-1, 1, 1)  # (B, L, N)
+    with the imprinted tokens, p = (softmax(logits) + a) / (1 + |a|), a(v) the attention ``pointer`` (B, L, N) gives
+    the entries whose token ``tokens`` (B, N) is v (-1: none), each times its ``weight`` (B, N). An entry that goes on
+    a word is copied only right after the token before it in its span: ``after`` (B, N) that token (-1: the entry
+    begins a word, copied anywhere), ``previous`` (B, L) the token each position reads (so "Magenta" is copied as
+    " Mag" then "enta", never "enta" alone). A row whose weights are all 0 keeps its logits as they are."""
+    at = (after < 0).unsqueeze(1) | (after.unsqueeze(1) == previous.unsqueeze(-1))  # (B, L, N)
+    a = pointer.float() * (at & (tokens >= 0).unsqueeze(1)) * weight.float().unsqueeze(1)  # (B, L, N)
     log_p = F.log_softmax(logits.float(), dim=-1)
     ids = tokens.clamp_min(0).unsqueeze(1).expand_as(a)
     added = torch.zeros_like(log_p).scatter_add_(-1, ids, a)  # the empty entries add 0 (to token 0)
     mixed = torch.logaddexp(log_p, added.log()) - torch.log1p(a.sum(-1, keepdim=True))
-    return torch.where((weight > 0).view(-1, 1, 1), mixed.to(logits.dtype), logits)
+    return torch.where((weight > 0).any(-1).view(-1, 1, 1), mixed.to(logits.dtype), logits)
 
 
 def _copying(layers: Sequence[object]) -> InjectedLayer | None:
@@ -139,6 +142,7 @@ class LlamaModel(IdentityModel):
         if tokenizer.vocab_size > config.vocab_size:
             raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens; the model only {config.vocab_size}")
         self.tokenizer = tokenizer
+        self._word_starts: Tensor | None = None  # (V,) bool: which tokens begin a word (the copy read's), made once
         self.trace_layers = config.trace_layer_ids
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         # the base model's keys and values of the prefixes read_words was told are shared (a persona's prompt), newest last
@@ -422,6 +426,9 @@ class LlamaModel(IdentityModel):
             rope = self.rope((reads_from - used).view(B, 1) + torch.arange(N, device=self_state.device))  # (B, 1, N, d)
         layers = []
         copies = self.copy_weight(imprint, asked)
+        if copies is not None:
+            assert imprint is not None
+            tokens, after = imprint.token.to(self_state.device), self.copy_after(imprint).to(self_state.device)
         for layer, attn in enumerate(self.attentions):
             m = metric[:, slot_of[layer]].contiguous() if layer in slot_of else None  # once, not at every step
             entries = None
@@ -443,24 +450,40 @@ class LlamaModel(IdentityModel):
             )
             if copies is not None and layer in (c.imprint_copy_layers or ()):
                 assert imprint is not None
-                layers[-1].copy_tokens, layers[-1].copy_weight = imprint.token.to(self_state.device), copies
+                copy = layers[-1]
+                copy.copy_tokens, copy.copy_after, copy.copy_weight = tokens, after, copies
         return Conditioning(layers=layers, self_state=self_state)
 
     def copy_weight(self, imprint: ImprintEntries | None, asked: Tensor | None) -> Tensor | None:
-        """Each row's weight of the copy read (B,): config.imprint_copy where the imprint holds an entry whose token is
-        kept, times 1 - p(no fact asked) where ``asked`` is given, and 0 where the message more likely asks for none
-        (as ``entry_bias``: "What is the capital of France?" must not copy the user's city); None without the copy read
-        or an imprint. Where every row's weight is 0 the forward skips the copy (the read is the attention's alone, at
+        """Each entry's weight in the copy read (B, N): config.imprint_copy for an entry whose token is kept (0 for the
+        others), times 1 - p(no fact asked) where ``asked`` is given, and 0 in a row whose message more likely asks for
+        none (as ``entry_bias``: "What is the capital of France?" must not copy the user's city); None without the copy
+        read or an imprint. Where every weight is 0 the forward skips the copy (the read is the attention's alone, at
         no cost, and a fresh identity stays the base model); the weights are kept all the same, so that the rows of
         turns conditioned apart stack into one batch."""
         lam = self.config.imprint_copy
         if not lam or imprint is None:
             return None
-        weight = lam * (imprint.token >= 0).any(-1).float()  # (B,)
+        weight = lam * (imprint.token >= 0).float()  # (B, N)
         if asked is not None:
-            p_none = asked.float()[:, 0].to(weight.device)
+            p_none = asked.float()[:, :1].to(weight.device)
             weight = torch.where(p_none < 0.5, weight * (1.0 - p_none), torch.zeros_like(weight))
         return weight.to(self.wte.weight.device)
+
+    def copy_after(self, imprint: ImprintEntries) -> Tensor:
+        """The token each entry must follow to be copied (B, N): the previous entry's token where the entry goes on a
+        word within its span (its token begins with a letter or a digit: "enta" after " Mag"), -1 where it begins one
+        (a space or a mark first, or its span's first token) and for empty entries."""
+        if self._word_starts is None:
+            starts = torch.ones(self.config.vocab_size, dtype=torch.bool)
+            for i in range(self.tokenizer.vocab_size):
+                head = self.tokenizer.token_bytes(i)
+                starts[i] = not head or not chr(head[0]).isalnum()  # a byte >= 0x80 reads as a letter's part
+            self._word_starts = starts
+        token = imprint.token
+        begins = self._word_starts.to(token.device)[token.clamp_min(0)]
+        goes_on = F.pad(imprint.span[:, 1:] == imprint.span[:, :-1], (1, 0), value=False) & ~begins & (token >= 0)
+        return torch.where(goes_on, F.pad(token[:, :-1], (1, 0), value=-1), -1)
 
     def entry_bias(self, kind: Tensor, asked: Tensor) -> Tensor | None:
         """Each entry's logit shift (B, N) for rows whose messages ask ``asked`` (B, len(KINDS)) (probabilities, KINDS[0]:
@@ -594,9 +617,11 @@ class LlamaModel(IdentityModel):
         stats = SummarySums(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
         logits = self.lm_head(x[:, logits_from:L])
         if copying is not None:
-            assert copying.copy_tokens is not None and copying.copy_weight is not None
+            tokens, after, weight = copying.copy_tokens, copying.copy_after, copying.copy_weight
+            assert tokens is not None and after is not None and weight is not None
             pointer = torch.stack(reads).mean(0)[:, logits_from:L]  # (B, L - logits_from, N)
-            logits = copied(logits, pointer, copying.copy_tokens, copying.copy_weight)
+            previous = idx[:, logits_from:L].to(after.device)
+            logits = copied(logits, pointer, tokens, weight, after, previous)
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
 
     @torch.no_grad()

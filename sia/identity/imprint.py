@@ -233,14 +233,15 @@ class ImprintEntries:
     filled: Tensor  # (B, N) bool
     kind: Tensor  # (B, N) int64: each entry's kind, an index into KINDS (0: unknown, and for empty entries)
     token: Tensor  # (B, N) int64: each entry's token id; -1 where the text is not kept (and for empty entries)
+    span: Tensor  # (B, N) int64: the span each entry belongs to (consecutive entries of one span); -1 empty
 
     @classmethod
     def stack(cls, imprints: Sequence[Imprint | None], shape: tuple[int, int, int, int], dtype: torch.dtype) -> ImprintEntries:
         """One row per imprint (None: an empty one of ``shape``, (n_layer, H_kv, N, d))."""
         held = [imprint or Imprint.blank(*shape) for imprint in imprints]
         keys, values, filled = (torch.stack(parts) for parts in zip(*(i.entries(dtype) for i in held), strict=True))
-        kinds, tokens = (torch.stack([getattr(i, name).long() for i in held]) for name in ("kind", "token"))
-        return cls(keys, values, filled, kinds, tokens)
+        kinds, tokens, spans = (torch.stack([getattr(i, name).long() for i in held]) for name in ("kind", "token", "span"))
+        return cls(keys, values, filled, kinds, tokens, spans)
 
     def to(self, device: torch.device | str) -> ImprintEntries:
         return ImprintEntries(*(getattr(self, f.name).to(device) for f in fields(self)))

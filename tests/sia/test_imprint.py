@@ -584,24 +584,42 @@ def test_the_imprint_shift_weakens_the_read(hf_model: LlamaForCausalLM) -> None:
 
 
 def test_the_copy_read_mixes_the_imprinted_tokens_into_the_next_token_distribution() -> None:
-    """p = (softmax(logits) + lam·a) / (1 + lam·|a|), a(v) the pointer's weight on the entries holding token v (a token
-    held twice gets both weights; an entry without a token, none); a row of weight 0 keeps its logits bit for bit."""
+    """p = (softmax(logits) + a) / (1 + |a|), a(v) the pointer's weight on the entries holding token v, each times its
+    own weight (a token held twice gets both; an entry without a token, none; an entry that goes on a word, only at a
+    position that reads the token before it); a row whose weights are all 0 keeps its logits bit for bit."""
     g = torch.Generator().manual_seed(0)
     B, L, V, n = 2, 3, 11, 4
     logits = torch.randn(B, L, V, generator=g)
     pointer = torch.rand(B, L, n, generator=g) / n  # shares of a softmax over more keys than the entries
     tokens = torch.tensor([[5, 7, 5, -1], [2, 3, 4, 6]])
-    weight = torch.tensor([3.0, 0.0])
-    got = copied(logits, pointer, tokens, weight)
+    after = torch.tensor([[-1, 5, -1, -1], [-1, 2, 3, -1]])  # row 0: token 7 goes on a word after token 5
+    previous = torch.tensor([[5, 9, 5], [1, 1, 1]])  # the token each position reads
+    weight = torch.tensor([[3.0, 2.0, 1.0, 3.0], [0.0, 0.0, 0.0, 0.0]])
+    got = copied(logits, pointer, tokens, weight, after, previous)
     a = torch.zeros(L, V)
     for j, t in enumerate(tokens[0].tolist()):
-        if t >= 0:
-            a[:, t] += 3.0 * pointer[0, :, j]
+        for i in range(L):
+            if t >= 0 and (after[0, j] < 0 or after[0, j] == previous[0, i]):
+                a[i, t] += weight[0, j] * pointer[0, i, j]
     expected = (torch.softmax(logits[0], -1) + a) / (1.0 + a.sum(-1, keepdim=True))
     torch.testing.assert_close(got[0].exp(), expected, atol=1e-6, rtol=0)
     torch.testing.assert_close(got[0].exp().sum(-1), torch.ones(L), atol=1e-6, rtol=0)
     assert torch.equal(got[1], logits[1])
     assert bool((got[0, :, 5] > torch.log_softmax(logits[0], -1)[:, 5]).all())  # the held token gains
+    assert float(a[1, 7]) == 0 and float(a[0, 7]) > 0 and float(a[2, 7]) > 0  # the word's second piece: after its first
+
+
+def test_the_copy_read_copies_a_word_s_inner_pieces_only_after_the_piece_before(hf_model: LlamaForCausalLM) -> None:
+    """copy_after: an entry whose token goes on a word (a letter or digit first) waits for its span's previous token;
+    one that begins a word (a space or a mark first), its span's first, and an empty one wait for nothing."""
+    model = build(hf_model, imprint_copy=1.0)
+    ids = model.tokenizer.encode(" ab c")
+    token = torch.tensor([[*ids, *model.tokenizer.encode("x")] + [-1] * (N - 6)])
+    span = torch.tensor([[0, 0, 0, 0, 0, 1] + [-1] * (N - 6)])
+    entries = ImprintEntries.stack([None], model.config.imprint_shape, torch.float32)
+    entries = replace(entries, token=token, span=span)
+    after = model.copy_after(entries)
+    assert after.tolist() == [[-1, ids[0], ids[1], -1, ids[3], -1] + [-1] * (N - 6)]
 
 
 def _copying(hf_model: LlamaForCausalLM, lam: float = 4.0) -> LlamaModel:
@@ -657,20 +675,22 @@ def test_the_copy_read_is_the_same_uncached_cached_and_batched(hf_model: LlamaFo
 
 
 def test_the_copy_read_is_weighed_by_the_ask_head(hf_model: LlamaForCausalLM) -> None:
-    """A row copies lam·(1 - p(no fact asked)), nothing where no fact is the likelier; a row whose imprint keeps no
-    token copies nothing."""
+    """An entry copies lam·(1 - p(no fact asked)), nothing where no fact is the likelier; an entry whose token is not
+    kept (empty, or in an imprint that keeps no text) copies nothing."""
     model = _copying(hf_model, lam=3.0)
     state = replace(IdentityState.fresh(model.config), imprint=planted(model, "Ana Kowalski, Lisbon"))
     imprints = [state.imprint, replace(state.imprint, token=torch.full_like(state.imprint.token, -1))]
     entries = ImprintEntries.stack(imprints, model.config.imprint_shape, torch.float32)
     asked = torch.zeros(2, len(KINDS))
     asked[:, 0], asked[:, 2] = 0.25, 0.75
+    kept = (entries.token >= 0).float()  # (2, N): row 0's filled entries, none of row 1's
+    assert 0 < int(kept[0].sum()) < kept.shape[1] and not bool(kept[1].any())
     weight = model.copy_weight(entries, asked)
     assert weight is not None
-    torch.testing.assert_close(weight, torch.tensor([3.0 * 0.75, 0.0]))
+    torch.testing.assert_close(weight, 3.0 * 0.75 * kept)
     asked[0, 0], asked[0, 2] = 0.6, 0.4  # more likely no fact asked: no copy
-    torch.testing.assert_close(model.copy_weight(entries, asked), torch.tensor([0.0, 0.0]))
-    torch.testing.assert_close(model.copy_weight(entries, None), torch.tensor([3.0, 0.0]))
+    torch.testing.assert_close(model.copy_weight(entries, asked), torch.zeros_like(kept))
+    torch.testing.assert_close(model.copy_weight(entries, None), 3.0 * kept)
     assert build(hf_model).copy_weight(entries, asked) is None  # imprint_copy 0: no copy
 
 
