@@ -160,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "read_rank": model.config.imprint_read_rank,
         "imprint_gate": model.config.imprint_gate,
         "imprint_copy": model.config.imprint_copy,
+        "imprint_copy_heads": model.config.imprint_copy_heads,
         "dtype": args.dtype,
     }
     result["target"] = {"imprint_over_dot": TARGET}

@@ -14,7 +14,8 @@ attention weight on entries whose token is v (the weights are shares of the whol
 little). ``--heads K``: only the K (layer, head) pairs that point right most often in the diagnostic of the same run.
 ``--shipped LAM ...``: the model's own copy read (``config.imprint_copy``, with the ask head's weight and the wait
 for a word's previous piece) at LAM; ``LAMu`` without that wait; ``LAMk`` each entry of known kind weighed by how
-likely the question asks its kind. ``--states DIR`` keeps the states after talking (or reads them from an earlier run).
+likely the question asks its kind; ``LAM@24.4,23.0`` pointed by those [layer, query head] pairs
+(``imprint_copy_heads``). ``--states DIR`` keeps the states after talking (or reads them from an earlier run).
 
     PYTHONPATH=. python -m experiments.probes.copy_read [--part tune] [--users 60] [--depth 4] [--copy 20-29:1 ...]
         [--heads 16] [--shipped 4 4u] [--out FILE]
@@ -107,7 +108,7 @@ def _forward(self: LlamaModel, idx: Tensor, cond: Any, **kw: Any) -> Any:
     return type(out)(logits=logits, stats=out.stats, memory=out.memory)
 
 
-injected_attention.InjectedAttention._attend = _attend  # type: ignore[method-assign,assignment]
+injected_attention.InjectedAttention._attend = _attend  # type: ignore[method-assign]
 llama.LlamaModel.forward = _forward  # type: ignore[method-assign]
 
 
@@ -145,8 +146,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--shipped",
         nargs="*",
         default=[],
-        help="LAMBDA[u][k]: the model's own copy read (config.imprint_copy) at LAMBDA; u: every entry copied "
-        "anywhere (no wait for the word's previous piece); k: entries weighed by p(their kind asked)",
+        help="LAMBDA[u][k][@L.H,...]: the model's own copy read (config.imprint_copy) at LAMBDA; u: every entry "
+        "copied anywhere (no wait for the word's previous piece); k: entries weighed by p(their kind asked); "
+        "@: pointed by those [layer, query head] pairs only",
     )
     ap.add_argument("--states", type=Path, default=None, help="a folder: the states after talking kept there, or read")
     ap.add_argument("--out", type=Path, default=Path("experiments/probes/results/copy_read.json"))
@@ -307,8 +309,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         share = p.gather(1, imprint.kind.to(weight.device)) / (1.0 - p[:, :1]).clamp_min(1e-6)
         return weight * torch.where(imprint.kind.to(weight.device) > 0, share, torch.ones_like(share))
 
+    copy_layers, copy_heads = model.config.imprint_copy_layers, model.config.imprint_copy_heads
     for spec in args.shipped:
-        model.config.imprint_copy = float(spec.rstrip("uk"))
+        lam_s, _, at = spec.partition("@")
+        model.config.imprint_copy = float(lam_s.rstrip("uk"))
+        if at:
+            named = sorted([int(x) for x in p.split(".")] for p in at.split(","))
+            model.config.imprint_copy_heads = named
+            model.config.imprint_copy_layers = sorted({p[0] for p in named})
         if "u" in spec:
             LlamaModel.copy_after = lambda self, imprint: torch.full_like(imprint.token, -1)  # type: ignore[method-assign]
         if "k" in spec:
@@ -316,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         started = time.perf_counter()
         replies, _, _ = ask(None, 0.0)
         LlamaModel.copy_after, LlamaModel.copy_weight = gated, weighed  # type: ignore[method-assign]
+        model.config.imprint_copy_layers, model.config.imprint_copy_heads = copy_layers, copy_heads
         score(f"shipped {spec}", replies)
         _say(f"  ({time.perf_counter() - started:.0f} s)")
     model.config.imprint_copy = shipped_lam

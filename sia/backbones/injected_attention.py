@@ -322,10 +322,10 @@ class InjectedAttention(nn.Module):
     def entry_weights(
         self, q: Tensor, k: Tensor, N: int, prefix: int, attn_mask: Tensor | None, starts: list[int] | None
     ) -> Tensor:
-        """The attention weights (B, L, N) the queries q (B, H, L, w) give the imprint's N entries among all the
+        """The attention weights (B, H, L, N) the queries q (B, H, L, w) give the imprint's N entries among all the
         keys k (B, H_kv, Lk, w) they see (the slots and entries first, ``prefix`` columns, then the tokens, causal;
-        ``attn_mask`` or ``starts`` as ``_attend`` takes them), averaged over the query heads; float32. Written out,
-        not fused: the kernel does not return its weights."""
+        ``attn_mask`` or ``starts`` as ``_attend`` takes them); float32. Written out, not fused: the kernel does not
+        return its weights."""
         B, H, L, _ = q.shape
         Lk = k.shape[2]
         logits = q.float().reshape(B, self.H_kv, H // self.H_kv * L, -1) @ k.float().transpose(-1, -2)  # (B, H_kv, G·L, Lk)
@@ -338,7 +338,7 @@ class InjectedAttention(nn.Module):
             own = (at < prefix) | (at >= torch.tensor(starts, device=q.device).view(B, 1))  # (B, Lk)
             visible = visible & own.view(B, 1, 1, Lk)
         weights = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)  # (B, H, L, Lk)
-        return weights[..., self.S : self.S + N].mean(1)
+        return weights[..., self.S : self.S + N]
 
     def _infer(
         self,

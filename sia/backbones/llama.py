@@ -601,7 +601,7 @@ class LlamaModel(IdentityModel):
         if unread is not None and not bool(unread.any()):  # decoding: every token reads (no column to close)
             unread = None
         layer_inputs = []
-        reads: list[Tensor] = []  # the copy read's layers' weights on the imprint's entries (B, L + K, N)
+        reads: list[Tensor] = []  # the copy read's layers' weights on the imprint's entries (B, H, L + K, N)
         copying = _copying(cond.layers)
         for i, (block, lc) in enumerate(zip(self.blocks, cond.layers, strict=True)):
             assert lc is None or isinstance(lc, InjectedLayer)
@@ -617,11 +617,14 @@ class LlamaModel(IdentityModel):
         stats = SummarySums(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
         logits = self.lm_head(x[:, logits_from:L])
         if copying is not None:
-            tokens, after, weight = copying.copy_tokens, copying.copy_after, copying.copy_weight
-            assert tokens is not None and after is not None and weight is not None
-            pointer = torch.stack(reads).mean(0)[:, logits_from:L]  # (B, L - logits_from, N)
-            previous = idx[:, logits_from:L].to(after.device)
-            logits = copied(logits, pointer, tokens, weight, after, previous)
+            held, follows, lam = copying.copy_tokens, copying.copy_after, copying.copy_weight
+            assert held is not None and follows is not None and lam is not None
+            assert self.config.imprint_copy_layers is not None
+            heads = [self.config.copy_heads(layer) for layer in self.config.imprint_copy_layers]
+            pointer = torch.cat([r if h is None else r[:, h] for r, h in zip(reads, heads, strict=True)], 1).mean(1)
+            pointer = pointer[:, logits_from:L]  # (B, L - logits_from, N): the mean over the copy's query heads
+            previous = idx[:, logits_from:L].to(follows.device)
+            logits = copied(logits, pointer, held, lam, follows, previous)
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
 
     @torch.no_grad()

@@ -245,11 +245,14 @@ class LlamaConfig(IdentityConfig):
     # of unknown kind left alone, for the whole turn. 0: no such head (every entry read alike)
     imprint_ask_bias: float = 0.0
     # the imprint's copy read: each next token's distribution mixed with the imprinted tokens, an entry's token weighted
-    # by the attention the query heads of ``imprint_copy_layers`` give that entry (their mean), times this (and by the
-    # ask head's 1 - p(no fact asked)): p = (p_model + lam·a) / (1 + lam·|a|). Needs the entries' token ids: an imprint
-    # that keeps no text (SIA_STORE_TURN_TEXT=false) is read without it. 0: none
+    # by the attention the query heads of ``imprint_copy_layers`` (or ``imprint_copy_heads``) give that entry (their
+    # mean), times this (and by the ask head's 1 - p(no fact asked)): p = (p_model + lam·a) / (1 + lam·|a|). Needs the
+    # entries' token ids: an imprint that keeps no text (SIA_STORE_TURN_TEXT=false) is read without it. 0: none
     imprint_copy: float = 0.0
     imprint_copy_layers: list[int] | None = None  # the layers whose attention points the copy; None: the last third
+    # [layer, query head] pairs whose attention points the copy (their layers are the copy layers); None: every query
+    # head of imprint_copy_layers
+    imprint_copy_heads: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "intermediate_size")
@@ -328,6 +331,25 @@ class LlamaConfig(IdentityConfig):
         self.imprint_copy = float(copy)
         if copy and not self.imprint_tokens:
             raise ValueError("imprint_copy needs an imprint (imprint_tokens > 0)")
+        heads = self.imprint_copy_heads
+        if heads is not None:
+            if (
+                not isinstance(heads, list)
+                or not heads
+                or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in heads)
+                or not all(isinstance(i, int) and not isinstance(i, bool) for p in heads for i in p)
+                or not all(0 <= p[0] < self.n_layer and 0 <= p[1] < self.n_head for p in heads)
+                or len({tuple(p) for p in heads}) != len(heads)
+            ):
+                raise ValueError(
+                    f"imprint_copy_heads must be distinct [layer, query head] pairs, layers in [0, {self.n_layer}), "
+                    f"heads in [0, {self.n_head}); got {heads!r}"
+                )
+            self.imprint_copy_heads = sorted([int(p[0]), int(p[1])] for p in heads)
+            of_heads = sorted({p[0] for p in self.imprint_copy_heads})
+            if self.imprint_copy_layers is not None and sorted(self.imprint_copy_layers) != of_heads:
+                raise ValueError(f"imprint_copy_layers {self.imprint_copy_layers} are not imprint_copy_heads' layers {of_heads}")
+            self.imprint_copy_layers = of_heads
         if self.imprint_copy_layers is None:
             self.imprint_copy_layers = list(range(self.n_layer - max(1, self.n_layer // 3), self.n_layer))
         layers = self.imprint_copy_layers
@@ -339,6 +361,12 @@ class LlamaConfig(IdentityConfig):
         ):
             raise ValueError(f"imprint_copy_layers must be distinct layer indices in [0, {self.n_layer}); got {layers!r}")
         self.imprint_copy_layers = sorted(layers)
+
+    def copy_heads(self, layer: int) -> list[int] | None:
+        """The query heads of a copy layer whose attention points the copy read; None: every one."""
+        if self.imprint_copy_heads is None:
+            return None
+        return [head for at, head in self.imprint_copy_heads if at == layer]
 
     # --- derived values ---
     @property

@@ -88,6 +88,15 @@ def test_a_removed_option_given_over_a_base_config_is_refused_unless_it_asks_for
         ({"imprint_tokens": 8, "imprint_copy_layers": [99]}, "imprint_copy_layers must be distinct layer indices"),
         ({"imprint_tokens": 8, "imprint_copy_layers": [1, 1]}, "imprint_copy_layers must be distinct layer indices"),
         ({"imprint_tokens": 8, "imprint_copy_layers": []}, "imprint_copy_layers must be distinct layer indices"),
+        ({"imprint_tokens": 8, "imprint_copy_heads": []}, "imprint_copy_heads must be distinct"),
+        ({"imprint_tokens": 8, "imprint_copy_heads": [[1, 99]]}, "imprint_copy_heads must be distinct"),
+        ({"imprint_tokens": 8, "imprint_copy_heads": [[1, 0], [1, 0]]}, "imprint_copy_heads must be distinct"),
+        ({"imprint_tokens": 8, "imprint_copy_heads": [[1, True]]}, "imprint_copy_heads must be distinct"),
+        ({"imprint_tokens": 8, "imprint_copy_heads": [3]}, "imprint_copy_heads must be distinct"),
+        (
+            {"imprint_tokens": 8, "imprint_copy_heads": [[1, 0]], "imprint_copy_layers": [1, 2]},
+            "are not imprint_copy_heads' layers",
+        ),
     ],
 )
 def test_bad_imprint_settings_raise(kwargs: dict[str, object], message: str) -> None:
@@ -98,3 +107,6 @@ def test_bad_imprint_settings_raise(kwargs: dict[str, object], message: str) -> 
 def test_the_copy_read_points_with_the_last_third_of_the_layers_by_default() -> None:
     assert LlamaConfig(n_layer=30, imprint_tokens=8).imprint_copy_layers == list(range(20, 30))
     assert LlamaConfig(n_layer=4, imprint_tokens=8, imprint_copy_layers=[3, 1]).imprint_copy_layers == [1, 3]
+    named = LlamaConfig(n_layer=4, imprint_tokens=8, imprint_copy_heads=[[3, 2], [1, 0], [3, 0]])
+    assert named.imprint_copy_layers == [1, 3] and named.copy_heads(3) == [0, 2] and named.copy_heads(1) == [0]
+    assert LlamaConfig(n_layer=4, imprint_tokens=8).copy_heads(3) is None

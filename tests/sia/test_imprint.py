@@ -674,6 +674,24 @@ def test_the_copy_read_is_the_same_uncached_cached_and_batched(hf_model: LlamaFo
         torch.testing.assert_close(a.prompt_nll, b.prompt_nll, atol=1e-4, rtol=0, equal_nan=True)
 
 
+def test_the_copy_read_points_with_the_named_query_heads_only(hf_model: LlamaForCausalLM) -> None:
+    """imprint_copy_heads: the pointer is the mean over the named [layer, head] pairs; naming every head of the copy
+    layers is the default read exactly, a subset points otherwise (and the cache still agrees with the whole)."""
+    every = build(hf_model, imprint_copy=4.0, imprint_copy_heads=[[layer, h] for layer in (1, 2) for h in range(4)])
+    model, some = _copying(hf_model), build(hf_model, imprint_copy=4.0, imprint_copy_heads=[[2, 1], [1, 3]])
+    assert every.config.imprint_copy_layers == [1, 2] and some.config.imprint_copy_heads == [[1, 3], [2, 1]]
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, "Ana Kowalski, Lisbon"))
+    idx = torch.tensor([model.tokenizer.encode("Where do I live?")])
+    with torch.no_grad():
+        base, named, fewer = (m(idx, m.condition_states([state])).logits for m in (model, every, some))
+        cond = some.condition_states([state])
+        cache = some.new_cache(cond, idx.shape[1])
+        steps = torch.cat([some(idx[:, i : i + 1], cond, cache=cache).logits for i in range(idx.shape[1])], 1)
+    torch.testing.assert_close(named, base, atol=1e-5, rtol=0)
+    assert float((fewer - base).abs().max()) > 1e-3
+    torch.testing.assert_close(steps, fewer, atol=1e-4, rtol=0)
+
+
 def test_the_copy_read_is_weighed_by_the_ask_head(hf_model: LlamaForCausalLM) -> None:
     """An entry copies lam·(1 - p(no fact asked)), nothing where no fact is the likelier; an entry whose token is not
     kept (empty, or in an imprint that keeps no text) copies nothing."""
