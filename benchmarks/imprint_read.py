@@ -165,9 +165,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     result["target"] = {"imprint_over_dot": TARGET}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    stored = result
+    kept = json.loads(args.out.read_text()) if args.out.exists() else {}
     if args.dtype != "float32":  # beside the float32 run, which the file's top level holds
-        stored = {**(json.loads(args.out.read_text()) if args.out.exists() else {}), args.dtype: result}
+        stored = {**kept, args.dtype: result}
+    else:  # the float32 run replaces the top level and keeps a bfloat16 run beside it
+        stored = {**result, **{k: kept[k] for k in ("bfloat16",) if k in kept}}
     args.out.write_text(json.dumps(stored, indent=1) + "\n")
     sys.stdout.write(table(result))
 
