@@ -216,8 +216,8 @@ class InjectedAttention(nn.Module):
         """``starts``: instead of ``attn_mask``, each row's keys as the prefix and the columns from its start on
         (``row_starts``): every row then attends alone, as it would unbatched, bit for bit. ``capture``: a list that
         receives this layer's pre-rotation keys and values (B, H_kv, L, d), what an imprint keeps. ``unread`` (B, L):
-        the tokens that do not read the imprint (the persona's prompt). ``reads``: a list that receives each token's
-        attention weights on the imprint's entries, the mean over query heads (B, L, N) (the copy read's pointer)."""
+        the tokens that do not read the imprint (the persona's prompt). ``reads``: a list that receives each query head's
+        attention weights on the imprint's entries (B, H, L, N) (the copy read's pointer)."""
         B, L, _ = x.shape
         H, H_kv, d, w = self.H, self.H_kv, self.d, self.w
         cos, sin = rope

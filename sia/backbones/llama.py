@@ -449,7 +449,6 @@ class LlamaModel(IdentityModel):
                 )
             )
             if copies is not None and layer in (c.imprint_copy_layers or ()):
-                assert imprint is not None
                 copy = layers[-1]
                 copy.copy_tokens, copy.copy_after, copy.copy_weight = tokens, after, copies
         return Conditioning(layers=layers, self_state=self_state)
