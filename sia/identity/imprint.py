@@ -20,7 +20,7 @@ Nothing here mutates an Imprint: every function returns a new one.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -40,6 +40,8 @@ __all__ = [
     "dequantise",
     "fitted",
     "forget_span",
+    "forget_words",
+    "given_up",
     "imprint_spans",
     "message_spans",
     "quantise",
@@ -349,15 +351,92 @@ _CORRECTING = re.compile(
 )
 
 
-def superseded(pieces: Sequence[str], breaks: Tensor | None = None) -> Tensor:
+# a clause that denies something ("technically not Lyon", "it is NOT a chinchilla"), or in a message that corrects, one
+# that opens with what was ("Correction: was an actuary"), is superseded too; the first word after its "not" (or "was")
+# that names something is what it gives up
+_DENIAL = re.compile(r"\bnot\b")
+_WAS = re.compile(r"(?:^|:)\W*(?:i\s+)?(?:was|used to be)\b")
+_WORDS = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
+# words of a superseded clause that name no value: they never take a span away (``given_up``)
+_PLAIN_WORDS = frozenset({
+    "a", "an", "the", "my", "your", "his", "her", "our", "their", "its", "it", "it's", "this", "that", "that's", "these",
+    "those", "i", "i'm", "i've", "i'd", "me", "we", "we're", "you", "he", "she", "they", "is", "are", "was", "were",
+    "be", "been", "being", "am", "do", "does", "did", "have", "has", "had", "not", "no", "in", "on", "at", "of", "to",
+    "for", "from", "with", "by", "as", "about", "into", "over", "after", "before", "and", "or", "but", "so", "if",
+    "then", "than", "any", "anymore", "more", "longer", "used", "use", "take", "back", "scratch", "old", "info", "news",
+    "outdated", "thing", "things", "stuff", "really", "actually", "technically", "exactly", "just", "well", "even",
+    "still", "very", "quite", "all", "anything", "something", "nothing", "one", "now", "there", "here", "what",
+    "which", "who", "too", "also", "much", "many", "some", "anyway", "though", "totally", "sure", "true", "right",
+    "correct", "kind", "sort", "bit", "lot", "way", "time", "day", "days", "today", "year", "years", "week", "weeks",
+    "since", "ago", "yet", "ever", "never", "always", "like", "get", "got", "going", "go", "went", "say", "says",
+    "said", "tell", "will", "would", "could", "should", "can", "let", "let's", "please", "ok", "okay", "yes", "yeah",
+    "fine", "honest", "honestly", "oh", "hmm", "wait", "fan", "big", "huge", "person", "people", "only", "mine",
+})  # fmt: skip
+
+
+def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Collection[str] = ()) -> Tensor:
     """(n,) bool for a message's token texts: True on every token of a clause (cut at ``breaks``, by default
-    ``clause_breaks``) that says what is no longer so ("i'm not in cusco anymore", "bouldering used to be my thing").
-    Such a clause is never imprinted: the older value it names would compete with the newer one."""
+    ``clause_breaks``) that says what is no longer so ("i'm not in cusco anymore", "bouldering used to be my thing"),
+    or that denies one of the words ``denied`` (its ``given_up`` word: "technically not Lyon" where an earlier turn's
+    span named Lyon, ``forget_words``). Such a clause is never imprinted: the older value it names would compete with
+    the newer one. (A denial of something the user never said, "when I'm not chasing poachers off I go fly fishing", is
+    imprinted as any clause.)"""
     out = torch.zeros(len(pieces), dtype=torch.bool)
+    correcting = bool(denied) and corrects(pieces)
     for a, b in _clauses(clause_breaks(pieces) if breaks is None else breaks):
-        if _SUPERSEDED.search(_plain(pieces[a:b])):
+        text = _plain(pieces[a:b])
+        if _SUPERSEDED.search(text) or (denied and _denial_word(text, correcting) in denied):
             out[a:b] = True
     return out
+
+
+def _denial_word(clause: str, correcting: bool) -> str | None:
+    """The first word that names something after a clause's denial (its "not"; in a message that corrects, an opening
+    "was" or one after a colon), or None."""
+    denial = _DENIAL.search(clause) or (_WAS.search(clause) if correcting else None)
+    if denial is None:
+        return None
+    return next((w for w in _WORDS.findall(clause[denial.end() :]) if w not in _PLAIN_WORDS), None)
+
+
+def given_up(pieces: Sequence[str]) -> list[str]:
+    """The words (lower case) a message's token texts may give up: of each clause that denies, the first word after its
+    "not" that names something ("not Lyon", "NOT a chinchilla": lyon, chinchilla; in a message that corrects, after an
+    opening "was": "Correction: was an actuary": actuary); of each clause saying what is no longer so, every word that
+    names something ("roller derby used to be my thing": roller, derby). ``forget_words`` takes those an earlier turn
+    imprinted out of the imprint."""
+    words: list[str] = []
+    correcting = corrects(pieces)
+    for a, b in _clauses(clause_breaks(pieces)):
+        text = _plain(pieces[a:b])
+        denied = _denial_word(text, correcting)
+        if denied is not None:
+            words.append(denied)
+        elif _SUPERSEDED.search(text):
+            words += [w for w in _WORDS.findall(text) if w not in _PLAIN_WORDS]
+    return list(dict.fromkeys(words))
+
+
+def forget_words(
+    imprint: Imprint, words: Sequence[str], decode: Callable[[list[int]], str], turn: int
+) -> tuple[Imprint, list[str]]:
+    """``imprint`` without the spans that turns before ``turn`` imprinted whose text (``decode`` of their token ids)
+    holds one of ``words`` as a word (an s after it allowed: "cats" for "cat"), as a message that gives them up
+    (``given_up``) says; and the words found (what the message denies of what the user said: ``superseded``). A span
+    kept without its text stays: in privacy mode nothing is matched."""
+    patterns = {w: re.compile(r"(?<!\w)" + re.escape(w) + r"s?(?!\w)") for w in words}
+    spans = _unpack(imprint)
+    found: list[str] = []
+    kept = []
+    for s in spans:
+        if s.turn < turn and s.token is not None:
+            text = decode(s.token.tolist()).lower().replace("\u2019", "'")
+            held = [w for w, p in patterns.items() if p.search(text)]
+            if held:
+                found += [w for w in held if w not in found]
+                continue
+        kept.append(s)
+    return (imprint if len(kept) == len(spans) else _pack(imprint, kept)), found
 
 
 def corrects(pieces: Sequence[str]) -> bool:
@@ -440,11 +519,12 @@ def message_spans(
     max_span: int,
     min_score: float,
     min_label: float | None = None,
+    denied: Collection[str] = (),
 ) -> list[SpanChoice]:
     """``select_spans`` for a message's token texts ``pieces``: cut into clauses (``clause_breaks``), its questions
-    and requests left out (``asking``) and the clauses saying what is no longer so (``superseded``); in a message that
-    corrects what the user said before (``corrects``), every labelled clause is sure: it goes first and replaces the
-    older spans of its kind."""
+    and requests left out (``asking``) and the clauses saying what is no longer so or denying one of the words
+    ``denied`` (``superseded``); in a message that corrects what the user said before (``corrects``), every labelled
+    clause is sure: it goes first and replaces the older spans of its kind."""
     breaks = clause_breaks(pieces)
     label = 0.5 if min_label is None else min_label
     return select_spans(
@@ -456,7 +536,7 @@ def message_spans(
         kinds=kinds,
         min_kind=min(label, 0.5) if corrects(pieces) else 0.5,
         min_label=min_label,
-        questions=asking(pieces) | superseded(pieces, breaks),
+        questions=asking(pieces) | superseded(pieces, breaks, denied),
     )
 
 

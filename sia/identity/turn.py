@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sia.identity.imprint import Imprint, SpanChoice, imprint_spans, message_spans
+from sia.identity.imprint import Imprint, SpanChoice, forget_words, given_up, imprint_spans, message_spans
 from sia.identity.shock import standardised_shock
 from sia.identity.state import Dynamics, IdentityState, TurnSummary, advance
 from sia.model.config import LlamaConfig
@@ -221,14 +221,18 @@ def write_imprint(
     if read.start < 0:
         raise ValueError(f"the read starts at token {words.start}, after the message's start {at.start}")
     kinds = None if words.kinds is None else words.kinds[read].cpu()
+    pieces = [tok.token_text(t) for t in message]
+    # "technically not Lyon": the older spans naming Lyon go, and so does the clause (it would name Lyon again)
+    imprint, denied = forget_words(imprint, given_up(pieces), tok.decode, turn)
     choices = message_spans(
         surprisal,
-        [tok.token_text(t) for t in message],
+        pieces,
         kinds,
         budget=config.imprint_per_turn,
         max_span=config.imprint_span,
         min_score=config.imprint_min_shock,
         min_label=config.imprint_label_min,
+        denied=denied,
     )
     if not choices:
         return imprint, []

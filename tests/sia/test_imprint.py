@@ -26,6 +26,8 @@ from sia.identity.imprint import (
     dequantise,
     fitted,
     forget_span,
+    forget_words,
+    given_up,
     imprint_spans,
     message_spans,
     quantise,
@@ -171,6 +173,28 @@ def test_the_imprint_survives_a_turn_and_shapes_the_next(hf_model: LlamaForCausa
     assert torch.equal(private.keys, imprint.keys) and [s.tokens for s in private.spans()] == [None] * len(spans)
 
 
+def test_a_turn_that_denies_a_value_takes_it_out_of_the_imprint_where_text_is_kept(hf_model: LlamaForCausalLM) -> None:
+    """A turn's write drops what an earlier turn imprinted of a value the message denies ("technically not Lyon"); in
+    privacy mode (no text kept) nothing can be matched and the older span stays."""
+    model = build(hf_model, imprint_tokens=48)  # room for every span: none leaves for want of it
+    dynamics = Dynamics.from_config(model.config)
+    params = SamplingParams(max_new_tokens=2, temperature=0)
+
+    def texts(keep_text: bool) -> tuple[list[int], list[str]]:
+        state = IdentityState.fresh(model.config)
+        for message in ("Lyon, my home.", "A cat, mine.", "Well, technically not Lyon."):
+            state = run_turn(model, TurnRequest(state, message, dynamics, keep_text=keep_text), params).state
+        assert state.imprint is not None
+        spans = state.imprint.spans()
+        return [s.turn for s in spans], [model.tokenizer.decode(s.tokens or ()) for s in spans]
+
+    turns, kept = texts(True)
+    assert [t for n, t in zip(turns, kept, strict=True) if n == 0] == [" my home."]  # "Lyon," went
+    assert any("cat" in t for n, t in zip(turns, kept, strict=True) if n == 1)
+    private_turns, _ = texts(False)
+    assert private_turns.count(0) == 2  # without text the older span is not found
+
+
 def test_a_read_after_a_shared_prefix_is_the_read_of_the_whole(hf_model: LlamaForCausalLM) -> None:
     """``read_words(..., shared=P)`` keeps the base model's read of the first P tokens (a persona's prompt) and reads
     only the rest: the same keys, values, logits and kinds as reading all of it, the prefix read once for every
@@ -292,6 +316,35 @@ def test_a_clause_saying_what_is_no_longer_so_is_not_imprinted() -> None:
     assert not any(superseded(text).any() for text in kept)
     assert superseded(["Bould", "ering", " used", " to", " be", " my", " thing", "."]).all()
     assert superseded(["I", "'m", " no", " longer", " at", " the", " fish", " plant"]).all()
+
+
+def test_a_message_that_gives_a_value_up_takes_it_out_of_what_earlier_turns_imprinted() -> None:
+    """ "technically not Lyon", "it is NOT a chinchilla", "Correction: was an actuary", "roller derby used to be my
+    thing": such a clause is not imprinted, and every span an earlier turn imprinted that names what it gives up goes
+    (as a word, an s after it allowed); the other spans, the same turn's and those kept without their text stay."""
+    denial = ["Well", ",", " technically", " not", " Ly", "on", "."]
+    assert given_up(denial) == ["lyon"] and superseded(denial, denied=["lyon"]).all()
+    assert not superseded(denial).any()  # a denial of what the user never said is a clause like any other
+    assert given_up(["it", " is", " NOT", " a", " chin", "chilla", ",", " it", " is", " a", " degu", "."]) == ["chinchilla"]
+    assert given_up(["Correction", ":", " was", " an", " actuary", "."]) == ["actuary"]
+    assert given_up(["I", " was", " an", " actuary", "."]) == []  # "was" gives up something only in a correction
+    assert given_up(["roller", " derby", " used", " to", " be", " my", " thing"]) == ["roller", "derby"]
+    assert given_up(["I", " live", " in", " Lyon", " and", " I", " love", " it", "."]) == []
+    texts = {0: "living in Lyon for two years", 10: "my two cats", 20: "Lyonnaise cooking", 30: "Lyon again, today"}
+    imprint = _add(_add(_add(_imprint(20), 3, 5.0, seed=0), 3, 5.0, seed=1), 3, 5.0, seed=2)  # turn 0
+    imprint = _add(imprint, 3, 5.0, turn=3, seed=3)  # the giving-up turn's own span
+    keys, values = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4)
+    imprint = imprint_spans(imprint, keys, values, [SpanChoice(0, 3, 5.0)], turn=0, tokens=None)  # no text kept
+
+    def decode(ids: list[int]) -> str:
+        return texts[ids[0]]
+
+    kept, found = forget_words(imprint, ["lyon", "degu"], decode, turn=3)
+    assert [s.tokens[0] if s.tokens else None for s in kept.spans()] == [10, 20, 30, None] and kept.used == 12
+    assert found == ["lyon"]
+    no_cat, found = forget_words(imprint, ["cat"], decode, 3)
+    assert [s.tokens[0] if s.tokens else None for s in no_cat.spans()] == [0, 20, 30, None] and found == ["cat"]
+    assert forget_words(imprint, [], decode, 3) == (imprint, []) and forget_words(imprint, ["degu"], decode, 3) == (imprint, [])
 
 
 def test_a_correcting_message_replaces_older_values_even_with_an_unsure_label() -> None:
