@@ -352,8 +352,8 @@ _CORRECTING = re.compile(
 
 
 # a clause that denies something ("technically not Lyon", "it is NOT a chinchilla"), or in a message that corrects, one
-# that opens with what was ("Correction: was an actuary"), is superseded too; the first word after its "not" (or "was")
-# that names something is what it gives up
+# that opens with what was ("Correction: was an actuary"): the first word after its "not" (or "was") that names
+# something is what it gives up, and the clause is superseded where an earlier turn's span held that word
 _DENIAL = re.compile(r"\bnot\b")
 _WAS = re.compile(r"(?:^|:)\W*(?:i\s+)?(?:was|used to be)\b")
 _WORDS = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
