@@ -424,6 +424,8 @@ def forget_words(
     holds one of ``words`` as a word (an s after it allowed: "cats" for "cat"), as a message that gives them up
     (``given_up``) says; and the words found (what the message denies of what the user said: ``superseded``). A span
     kept without its text stays: in privacy mode nothing is matched."""
+    if not words:  # most messages give nothing up: no span is unpacked or decoded
+        return imprint, []
     patterns = {w: re.compile(r"(?<!\w)" + re.escape(w) + r"s?(?!\w)") for w in words}
     spans = _unpack(imprint)
     found: list[str] = []
