@@ -67,6 +67,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--lowercase", choices=("on", "off"), default=None, help="override the persona's lowercase decoding")
     p.add_argument("--max-sentences", type=int, default=None, help="override the persona's sentence limit (0: off)")
     p.add_argument(
+        "--logit-bias", type=json.loads, default=None, help='override the persona\'s: a JSON object {"token id": bias}'
+    )
+    p.add_argument(
         "--prompts", type=Path, default=None, help="a JSON object of persona -> system prompt tried in place of the persona's"
     )
     p.add_argument("--batch", type=int, default=8, help="questions decoded together")
@@ -187,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         overrides["lowercase"] = args.lowercase == "on"
     if args.max_sentences is not None:
         overrides["max_sentences"] = args.max_sentences
+    if args.logit_bias is not None:
+        overrides["logit_bias"] = tuple((int(k), float(v)) for k, v in args.logit_bias.items())
     prompts: dict[str, str] = {}
     if args.prompts is not None:
         prompts = {str(k): str(v) for k, v in json.loads(args.prompts.read_text()).items()}

@@ -34,6 +34,9 @@ PERSONA_FIELDS = (
     "max_tokens",
     "repetition_penalty",
     "no_repeat_ngram",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
     "lowercase",
     "max_sentences",
 )
@@ -65,6 +68,9 @@ class PersonaRecord:
     max_tokens: int
     repetition_penalty: float  # 1: off
     no_repeat_ngram: int  # 0: off
+    frequency_penalty: float  # 0: off
+    presence_penalty: float  # 0: off
+    logit_bias: dict[str, float]  # token id (decimal) -> bias; {}: none
     lowercase: bool  # the reply written in lower case
     max_sentences: int  # the reply ended after this many sentences; 0: off
     initial_state: bytes | None

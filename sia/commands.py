@@ -32,9 +32,22 @@ def sampling_choices(args: argparse.Namespace) -> Sampling:
         stop=tuple(args.stop),
         repetition_penalty=args.repetition_penalty,
         no_repeat_ngram=args.no_repeat_ngram,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
+        logit_bias=None if args.logit_bias is None else tuple(args.logit_bias),
         lowercase=args.lowercase,
         max_sentences=args.max_sentences,
     )
+
+
+def _bias_pair(text: str) -> tuple[int, float]:
+    token, sep, bias = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TOKEN=BIAS (a token id and a number); got {text!r}") from None
 
 
 def _sampling(args: argparse.Namespace, model: IdentityModel) -> SamplingParams:
@@ -239,6 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
             "--repetition-penalty", type=float, default=None, help="> 1 discourages tokens the reply already holds (1: off)"
         )
         p.add_argument("--no-repeat-ngram", type=int, default=None, help="ban repeating an n-gram of the reply (0: off)")
+        p.add_argument("--frequency-penalty", type=float, default=None, help="OpenAI's, in [-2, 2] (0: off)")
+        p.add_argument("--presence-penalty", type=float, default=None, help="OpenAI's, in [-2, 2] (0: off)")
+        p.add_argument(
+            "--logit-bias",
+            type=_bias_pair,
+            action="append",
+            default=None,
+            metavar="TOKEN=BIAS",
+            help="add BIAS (in [-100, 100]) to token id TOKEN's logit (repeatable)",
+        )
         p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None, help="write the reply in lower case")
         p.add_argument("--max-sentences", type=int, default=None, help="end the reply after this many sentences (0: off)")
         p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")

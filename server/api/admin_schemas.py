@@ -10,11 +10,12 @@ import math
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from server.api.schemas import SamplingFields, Usage
+from server.api.schemas import SamplingFields, Usage, checked_logit_bias
 from server.records import IdentityRecord, TurnRecord
 from server.runtime.identities import ImprintedSpan, ImprintListing, Inspection, StateDiff
+from sia.model.generate import MAX_LOGIT_BIAS
 
 PersonaName = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="1 to 64 of A-Z a-z 0-9 _ . -")
@@ -57,8 +58,22 @@ class PersonaFields(_Strict):
     no_repeat_ngram: int | None = Field(
         None, ge=0, le=MAX_INT, description="bans a token that would repeat an n-gram of the reply; 0: off"
     )
+    frequency_penalty: float | None = Field(
+        None, ge=-2, le=2, description="subtracted from a token's logit once per time the reply holds it; 0: off"
+    )
+    presence_penalty: float | None = Field(
+        None, ge=-2, le=2, description="subtracted from the logit of every token the reply holds; 0: off"
+    )
+    logit_bias: dict[str, float] | None = Field(
+        None, max_length=MAX_LOGIT_BIAS, description="token id -> bias in [-100, 100] added to its logit; {}: none"
+    )
     lowercase: bool | None = Field(None, description="replies written in lower case")
     max_sentences: int | None = Field(None, ge=0, le=MAX_INT, description="replies end after this many sentences; 0: off")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        return checked_logit_bias(value)
 
 
 class PersonaCreate(PersonaFields):
@@ -67,8 +82,8 @@ class PersonaCreate(PersonaFields):
 
 class PersonaUpdate(PersonaFields):
     """Only the fields sent change. alpha, decay, eta, top_p and top_k may be set to null (back to the default);
-    description, preamble, temperature, max_tokens, repetition_penalty, no_repeat_ngram, lowercase and max_sentences may
-    not."""
+    description, preamble, temperature, max_tokens, repetition_penalty, no_repeat_ngram, frequency_penalty,
+    presence_penalty, logit_bias, lowercase and max_sentences may not."""
 
     @model_validator(mode="after")
     def _not_null(self) -> PersonaUpdate:
@@ -79,6 +94,9 @@ class PersonaUpdate(PersonaFields):
             "max_tokens",
             "repetition_penalty",
             "no_repeat_ngram",
+            "frequency_penalty",
+            "presence_penalty",
+            "logit_bias",
             "lowercase",
             "max_sentences",
         ):
@@ -100,6 +118,9 @@ class Persona(BaseModel):
     max_tokens: int
     repetition_penalty: float
     no_repeat_ngram: int
+    frequency_penalty: float
+    presence_penalty: float
+    logit_bias: dict[str, float]
     lowercase: bool
     max_sentences: int
     has_initial_state: bool = Field(description="new identities start from an uploaded state, not from zero")

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sia.model.generate import MAX_TOP_LOGPROBS, Sampling
+from sia.model.generate import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, Sampling
 
 RepetitionPenalty = Annotated[
     float | None,
@@ -26,12 +26,48 @@ NoRepeatNgram = Annotated[
         None, ge=0, le=2**31 - 1, description="bans a token that would repeat an n-gram of the reply; 0 is off (persona default)"
     ),
 ]
+FrequencyPenalty = Annotated[
+    float | None,
+    Field(
+        None,
+        ge=-2,
+        le=2,
+        description="subtracted from a token's logit once per time the reply holds it; 0 is off (persona default)",
+    ),
+]
+PresencePenalty = Annotated[
+    float | None,
+    Field(None, ge=-2, le=2, description="subtracted from the logit of every token the reply holds; 0 is off (persona default)"),
+]
+LogitBias = Annotated[
+    dict[str, float] | None,
+    Field(
+        None,
+        max_length=MAX_LOGIT_BIAS,
+        description='token id -> bias in [-100, 100] added to its logit at every step, e.g. {"38061": 2} (persona default)',
+    ),
+]
 Lowercase = Annotated[bool | None, Field(None, description="the reply written in lower case (persona default)")]
 MaxSentences = Annotated[
     int | None,
     Field(None, ge=0, le=2**31 - 1, description="the reply ends after this many sentences; 0 is off (persona default)"),
 ]
 UserId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$", description="the user's id")]
+
+
+def checked_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
+    """OpenAI's logit_bias: keys token ids written as decimal integers, values in [-100, 100] (whether an id is in
+    the model's vocabulary is checked with the persona's decoding, before the identity is held)."""
+    for key, bias in (value or {}).items():
+        if not key.isascii() or not key.isdecimal():
+            raise ValueError(f"logit_bias keys are token ids (non-negative integers); got {key!r}")
+        if not -100.0 <= bias <= 100.0:
+            raise ValueError(f"logit_bias values must be in [-100, 100]; got {bias} for token {key}")
+    return value
+
+
+def logit_bias_pairs(value: dict[str, float] | None) -> tuple[tuple[int, float], ...] | None:
+    return None if value is None else tuple((int(k), float(v)) for k, v in value.items())
 
 
 class Usage(BaseModel):
@@ -60,8 +96,16 @@ class SamplingFields(BaseModel):
     stop: list[str] = Field(default_factory=list, max_length=4)
     repetition_penalty: RepetitionPenalty = None
     no_repeat_ngram: NoRepeatNgram = None
+    frequency_penalty: FrequencyPenalty = None
+    presence_penalty: PresencePenalty = None
+    logit_bias: LogitBias = None
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        return checked_logit_bias(value)
 
     def sampling(self) -> Sampling:
         return Sampling(
@@ -73,6 +117,9 @@ class SamplingFields(BaseModel):
             stop=tuple(self.stop),
             repetition_penalty=self.repetition_penalty,
             no_repeat_ngram=self.no_repeat_ngram,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            logit_bias=logit_bias_pairs(self.logit_bias),
             lowercase=self.lowercase,
             max_sentences=self.max_sentences,
         )
@@ -124,9 +171,9 @@ class StreamOptions(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    """OpenAI's chat completion request; fields SIA has no use for (OpenAI's additive frequency and presence penalties,
-    tools, ...) are accepted and ignored. ``repetition_penalty``, ``no_repeat_ngram``, ``lowercase`` and
-    ``max_sentences`` are SIA's own (as in vLLM's and Hugging Face's extra sampling parameters)."""
+    """OpenAI's chat completion request; fields SIA has no use for (tools, ...) are accepted and ignored.
+    ``repetition_penalty``, ``no_repeat_ngram``, ``lowercase`` and ``max_sentences`` are SIA's own (as in vLLM's and
+    Hugging Face's extra sampling parameters)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -140,6 +187,9 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     repetition_penalty: RepetitionPenalty = None
     no_repeat_ngram: NoRepeatNgram = None
+    frequency_penalty: FrequencyPenalty = None
+    presence_penalty: PresencePenalty = None
+    logit_bias: LogitBias = None
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
     stop: str | list[str] | None = None
@@ -148,6 +198,11 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(1, ge=1, le=1, description="only one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        return checked_logit_bias(value)
 
     @field_validator("stop")
     @classmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, LargeBinary, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, LargeBinary, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql import false
 
@@ -38,6 +38,10 @@ class PersonaRow(Base):
     max_tokens: Mapped[int] = mapped_column(Integer, default=64)
     repetition_penalty: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")  # 1: off
     no_repeat_ngram: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # 0: off
+    # OpenAI's additive penalties (0: off) and logit bias (token id, as a string, -> bias; {}: none)
+    frequency_penalty: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    presence_penalty: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    logit_bias: Mapped[dict[str, float]] = mapped_column(JSON, default=dict, server_default=text("'{}'"))
     # the replies' form: written in lower case; ended after this many sentences (0: off)
     lowercase: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     max_sentences: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

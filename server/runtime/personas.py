@@ -66,6 +66,9 @@ class Personas:
             top_k=None if values.get("top_k") is None else int(str(values.get("top_k"))),
             repetition_penalty=_float(values.get("repetition_penalty"), 1.0),
             no_repeat_ngram=_int(values.get("no_repeat_ngram"), 0),
+            frequency_penalty=_float(values.get("frequency_penalty"), 0.0),
+            presence_penalty=_float(values.get("presence_penalty"), 0.0),
+            logit_bias=self.logit_bias(values.get("logit_bias")),
             lowercase=_bool(values.get("lowercase"), False),
             max_sentences=_int(values.get("max_sentences"), 0),
         )
@@ -125,10 +128,37 @@ class Personas:
             top_k=persona.top_k,
             repetition_penalty=persona.repetition_penalty,
             no_repeat_ngram=persona.no_repeat_ngram,
+            frequency_penalty=persona.frequency_penalty,
+            presence_penalty=persona.presence_penalty,
+            logit_bias=self.logit_bias(persona.logit_bias),
             lowercase=persona.lowercase,
             max_sentences=persona.max_sentences,
         )
-        return sampling.over(defaults)
+        params = sampling.over(defaults)
+        for token, _ in params.logit_bias:  # a request's ids, checked before the identity is used
+            self.in_vocabulary(token)
+        return params
+
+    def logit_bias(self, value: object) -> tuple[tuple[int, float], ...]:
+        """A stored or sent logit bias (token id as a decimal string -> bias) as SamplingParams takes it; ValueError
+        for a key that is not a token id of this model or a bias that is not a number."""
+        if value is None:
+            return ()
+        if not isinstance(value, dict):
+            raise ValueError(f"logit_bias must be an object of token id -> bias; got {type(value).__name__}")
+        pairs = []
+        for key, bias in value.items():
+            if not isinstance(key, str) or not key.isascii() or not key.isdecimal():
+                raise ValueError(f"logit_bias keys are token ids (non-negative integers); got {key!r}")
+            self.in_vocabulary(int(key))
+            if isinstance(bias, bool) or not isinstance(bias, int | float):
+                raise ValueError(f"logit_bias values must be numbers; got {bias!r} for token {key}")
+            pairs.append((int(key), float(bias)))
+        return tuple(pairs)
+
+    def in_vocabulary(self, token: int) -> None:
+        if token >= self.config.vocab_size:
+            raise ValueError(f"logit_bias: token {token} is not in the model's vocabulary of {self.config.vocab_size}")
 
     def initial_state(self, persona: PersonaRecord) -> IdentityState:
         """The state a new (or fully reset) identity of the persona starts from."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -49,6 +50,7 @@ __all__ = [
 
 
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # tokens a logit_bias may name (OpenAI's limit)
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,12 @@ class SamplingParams:
     # repetition controls over the row's own reply so far (``penalize``), applied before any of the above
     repetition_penalty: float = 1.0  # > 1 pushes down every token the reply already holds; 1 is off
     no_repeat_ngram: int = 0  # n > 0 bans a token that would repeat an n-gram of the reply; 0 is off
+    # OpenAI's additive rules: a token's logit less frequency_penalty times its count in the reply so far, less
+    # presence_penalty once if it is there at all (each in [-2, 2]; 0 is off)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # (token id, bias) pairs added to those tokens' logits at every step (each bias in [-100, 100]; OpenAI's logit_bias)
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # the persona's form, kept by the decoding itself (a small backbone does not keep it from its prompt alone)
     lowercase: bool = False  # the reply's text is written in lower case, character by character (``lowered``)
     max_sentences: int = 0  # n > 0 ends the reply after its n-th sentence (``sentences_end``); 0 is off
@@ -89,10 +97,29 @@ class SamplingParams:
                 raise ValueError(f"{name} must be an integer >= 0 (0 is off); got {n!r}")
         if not isinstance(self.lowercase, bool):
             raise ValueError(f"lowercase must be true or false; got {self.lowercase!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not isinstance(x, int | float) or not -2.0 <= x <= 2.0:
+                raise ValueError(f"{name} must be a number in [-2, 2] (0 is off); got {x!r}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens; got {len(self.logit_bias)}")
+        for pair in self.logit_bias:
+            token, bias = pair if isinstance(pair, tuple) and len(pair) == 2 else (None, None)
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias must map token ids (integers >= 0) to biases; got {pair!r}")
+            if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100.0 <= bias <= 100.0:
+                raise ValueError(f"a logit_bias must be a number in [-100, 100]; got {bias!r} for token {token}")
 
     @property
     def repeats_controlled(self) -> bool:
-        return self.repetition_penalty != 1.0 or self.no_repeat_ngram > 0
+        """Whether ``penalize`` changes anything: a repetition control or a logit bias is set."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.no_repeat_ngram > 0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+            or bool(self.logit_bias)
+        )
 
     @property
     def greedy(self) -> bool:
@@ -114,6 +141,9 @@ class Sampling:
     top_logprobs: int = 0  # report this many alternatives with every generated token
     repetition_penalty: float | None = None
     no_repeat_ngram: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] | None = None
     lowercase: bool | None = None
     max_sentences: int | None = None
 
@@ -132,6 +162,9 @@ class Sampling:
             top_logprobs=self.top_logprobs,
             repetition_penalty=defaults.repetition_penalty if self.repetition_penalty is None else self.repetition_penalty,
             no_repeat_ngram=defaults.no_repeat_ngram if self.no_repeat_ngram is None else self.no_repeat_ngram,
+            frequency_penalty=defaults.frequency_penalty if self.frequency_penalty is None else self.frequency_penalty,
+            presence_penalty=defaults.presence_penalty if self.presence_penalty is None else self.presence_penalty,
+            logit_bias=defaults.logit_bias if self.logit_bias is None else self.logit_bias,
             lowercase=defaults.lowercase if self.lowercase is None else self.lowercase,
             max_sentences=defaults.max_sentences if self.max_sentences is None else self.max_sentences,
         )
@@ -223,7 +256,21 @@ def penalize(logits: Tensor, generated: Sequence[int], params: SamplingParams) -
     ``generated`` becomes z / r if positive, z * r if not. ``no_repeat_ngram`` n: a token that would complete an
     n-gram already present in ``generated`` is banned (-inf). Only the reply counts, never the prompt: the persona's
     prompt and the user's message hold the very words an answer must use (the question's subject, its names).
+    ``frequency_penalty`` and ``presence_penalty`` (OpenAI's rule): z - c·frequency_penalty - [c > 0]·presence_penalty
+    for a token generated c times; ``logit_bias`` adds each pair's bias to its token's logit (a token id outside the
+    vocabulary is a ValueError).
     Greedy decoding applies them too; they depend on the row alone, so a batched row stays its solo self."""
+    if params.logit_bias:
+        ids, biases = zip(*params.logit_bias, strict=True)
+        if max(ids) >= logits.shape[-1]:
+            raise ValueError(f"logit_bias names token {max(ids)}; the vocabulary has {logits.shape[-1]}")
+        index = torch.tensor(ids, dtype=torch.long, device=logits.device)
+        logits = logits.index_add(0, index, torch.tensor(biases, dtype=logits.dtype, device=logits.device))
+    if (params.frequency_penalty != 0.0 or params.presence_penalty != 0.0) and generated:
+        counts = Counter(generated)
+        seen = torch.tensor(list(counts), dtype=torch.long, device=logits.device)
+        c = torch.tensor(list(counts.values()), dtype=logits.dtype, device=logits.device)
+        logits = logits.index_add(0, seen, -(c * params.frequency_penalty + params.presence_penalty))
     if params.repetition_penalty != 1.0 and generated:
         seen = torch.tensor(sorted(set(generated)), dtype=torch.long, device=logits.device)
         z = logits[seen]

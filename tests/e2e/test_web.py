@@ -131,6 +131,8 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
         page.fill("#repetition_penalty", "1.2")
         page.fill("#no_repeat_ngram", "3")
         page.fill("#max_sentences", "2")
+        page.fill("#frequency_penalty", "0.5")
+        page.fill("#logit_bias", '{"101": 1.5}')
         page.select_option("#lowercase", "true")
 
         with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/chat")) as sent:
@@ -138,6 +140,9 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
         body = sent.value.post_data_json
         assert body["repetition_penalty"] == 1.2 and body["no_repeat_ngram"] == 3 and body["temperature"] == 1
         assert body["max_sentences"] == 2 and body["lowercase"] is True
+        assert body["frequency_penalty"] == 0.5 and body["logit_bias"] == {"101": 1.5} and "presence_penalty" not in body
+        page.fill("#frequency_penalty", "")
+        page.fill("#logit_bias", "")
         page.fill("#repetition_penalty", "")  # the rest of the page's requests leave them to the persona
         page.fill("#no_repeat_ngram", "")
         page.fill("#max_sentences", "")

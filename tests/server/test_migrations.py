@@ -28,7 +28,7 @@ def _tables(settings: Settings) -> set[str]:
 def test_upgrade_and_downgrade(settings: Settings) -> None:
     assert migrate.current_revision(settings) is None
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0006"
+    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0007"
     assert _tables(settings) == TABLES
     migrate.downgrade(settings, "base")
     assert migrate.current_revision(settings) is None
@@ -77,7 +77,7 @@ def test_turns_without_text_go_back_to_empty_strings_on_downgrade(settings: Sett
     finally:
         engine.dispose()
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == "0006"
+    assert migrate.current_revision(settings) == "0007"
 
 
 def _persona_stored_at(settings: Settings, revision: str) -> None:
@@ -158,6 +158,25 @@ def test_personas_made_before_the_defaults_release_was_recorded_have_none(settin
     assert names == ["new", "old"]
 
 
+def test_personas_made_before_the_openai_penalties_get_them_off(settings: Settings) -> None:
+    """0007 adds personas.frequency_penalty, personas.presence_penalty and personas.logit_bias: a persona stored before
+    has them off (0, 0, {}); a bias is stored as given and read back; downgrading drops the columns, keeps the persona."""
+    _persona_stored_at(settings, "0006")
+    store = Store(settings)
+    try:
+        old = store.get_persona("old")
+        assert (old.frequency_penalty, old.presence_penalty, old.logit_bias) == (0.0, 0.0, {})
+        made = store.create_persona("new", frequency_penalty=0.5, presence_penalty=-0.25, logit_bias={"38061": 2.5})
+        assert store.get_persona("new").logit_bias == {"38061": 2.5} == made.logit_bias
+        assert (made.frequency_penalty, made.presence_penalty) == (0.5, -0.25)
+        assert store.update_persona("old", logit_bias={"17": -100.0}).logit_bias == {"17": -100.0}
+    finally:
+        store.close()
+    columns, names = _downgraded(settings, "0006")
+    assert not {"frequency_penalty", "presence_penalty", "logit_bias"} & columns
+    assert names == ["new", "old"]
+
+
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "nested" / "dir")
     assert settings.url == f"sqlite:///{tmp_path / 'nested' / 'dir' / 'sia.db'}"
@@ -187,7 +206,7 @@ def test_db_commands(tmp_path: Path) -> None:
 
     assert sia("db", "current").stdout.startswith("empty (no revision)")
     sia("db", "upgrade")
-    assert sia("db", "current").stdout.strip() == "0006 (up to date)"
+    assert sia("db", "current").stdout.strip() == "0007 (up to date)"
     engine = create_engine(f"sqlite:///{tmp_path / 'sia.db'}")
     try:
         assert set(inspect(engine).get_table_names()) >= TABLES

@@ -51,6 +51,18 @@ def test_bad_options_are_errors(checkpoint: Path) -> None:
     assert main(["generate", "hi", "--checkpoint", str(checkpoint.parent / "nope")]) == 2
 
 
+def test_a_logit_bias_and_the_openai_penalties_are_options(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bias of +100 makes every greedy token the byte model's token 100 ("d"); a bad pair or a token outside the
+    vocabulary is an error."""
+    args = ["generate", "hi", "--checkpoint", str(checkpoint), "--temperature", "0", "--max-tokens", "6"]
+    assert main([*args, "--logit-bias", "100=100", "--frequency-penalty", "0.5", "--presence-penalty", "0.5"]) == 0
+    assert capsys.readouterr().out.strip() == "dddddd"
+    with pytest.raises(SystemExit):
+        main([*args, "--logit-bias", "d=1"])
+    assert main([*args, "--logit-bias", "260=1"]) == 2
+    assert main([*args, "--presence-penalty", "3"]) == 2
+
+
 def test_the_bundled_model_answers_and_keeps_its_state(
     smollm2_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

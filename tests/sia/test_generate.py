@@ -298,6 +298,38 @@ def test_sampling_choices_carry_the_repetition_controls_over_the_defaults() -> N
         Sampling(repetition_penalty=0.5)
 
 
+def test_frequency_and_presence_penalties_subtract_per_count_and_once_as_openai_defines_them() -> None:
+    logits = torch.tensor([4.0, -2.0, 1.0, 3.0])
+    out = penalize(logits, [0, 0, 0, 1], SamplingParams(frequency_penalty=0.5, presence_penalty=0.25))
+    assert out.tolist() == [4.0 - 1.5 - 0.25, -2.0 - 0.5 - 0.25, 1.0, 3.0]
+    favoured = penalize(logits, [0, 2], SamplingParams(frequency_penalty=-1.0))  # a negative penalty favours repeats
+    assert favoured.tolist() == [5.0, -2.0, 2.0, 3.0]
+    assert torch.equal(penalize(logits, [], SamplingParams(frequency_penalty=2.0, presence_penalty=2.0)), logits)
+    assert sample_next(logits, SamplingParams(temperature=0.0, presence_penalty=1.5), None, [0]) == 3
+    for name in ("frequency_penalty", "presence_penalty"):
+        with pytest.raises(ValueError, match=name):
+            SamplingParams(**{name: 2.5})
+
+
+def test_a_logit_bias_is_added_to_its_tokens_at_every_step_and_checked() -> None:
+    logits = torch.tensor([4.0, -2.0, 1.0, 3.0])
+    params = SamplingParams(temperature=0.0, logit_bias=((2, 5.0), (0, -100.0)))
+    assert penalize(logits, [], params).tolist() == [-96.0, -2.0, 6.0, 3.0]
+    assert sample_next(logits, params, None) == 2
+    assert sample_next(logits, SamplingParams(temperature=0.0, logit_bias=((0, -100.0),)), None) == 3  # a ban
+    with pytest.raises(ValueError, match="vocabulary has 4"):
+        penalize(logits, [], SamplingParams(logit_bias=((4, 1.0),)))
+    with pytest.raises(ValueError, match=r"\[-100, 100\]"):
+        SamplingParams(logit_bias=((1, 101.0),))
+    with pytest.raises(ValueError, match="token ids"):
+        SamplingParams(logit_bias=((-1, 1.0),))
+    with pytest.raises(ValueError, match="at most 300"):
+        SamplingParams(logit_bias=tuple((i, 1.0) for i in range(301)))
+    chosen = Sampling(logit_bias=((1, 2.0),), presence_penalty=0.5).over(SamplingParams(logit_bias=((3, 1.0),)))
+    assert chosen.logit_bias == ((1, 2.0),) and chosen.presence_penalty == 0.5
+    assert Sampling().over(SamplingParams(logit_bias=((3, 1.0),), frequency_penalty=0.2)).logit_bias == ((3, 1.0),)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.1])
 def test_repetition_controls_hold_in_decoding_and_batched_rows_equal_solo_rows(
     model: SIAModel, config: ModelConfig, temperature: float
@@ -305,7 +337,16 @@ def test_repetition_controls_hold_in_decoding_and_batched_rows_equal_solo_rows(
     """Each row's controls read its own reply only: batched rows of different lengths give what each gives alone, with
     and without the cache, and no row repeats a 3-gram (which the same decoding without the ban does)."""
     plain = SamplingParams(max_new_tokens=40, temperature=temperature, seed=3)
-    controlled = SamplingParams(max_new_tokens=40, temperature=temperature, seed=3, repetition_penalty=1.3, no_repeat_ngram=3)
+    controlled = SamplingParams(
+        max_new_tokens=40,
+        temperature=temperature,
+        seed=3,
+        repetition_penalty=1.3,
+        no_repeat_ngram=3,
+        frequency_penalty=0.3,
+        presence_penalty=0.2,
+        logit_bias=((ord("e"), 1.5),),
+    )
     loose = generate(model, PROMPTS, _cond(model, config), plain)
     assert any(_repeats_an_ngram(g.tokens, 3) for g in loose)  # the tiny model loops: the ban has work to do
     batched = generate(model, PROMPTS, _cond(model, config), controlled)

@@ -31,6 +31,7 @@ from server.api.schemas import (
     TokenLogprob,
     TopLogprob,
     Usage,
+    logit_bias_pairs,
 )
 from server.errors import StoreError
 from server.runtime.turns import CommittedTurn
@@ -69,6 +70,9 @@ def _request(body: ChatCompletionRequest, caller: CallerDep, settings: SettingsD
         seed=body.seed,
         repetition_penalty=body.repetition_penalty,
         no_repeat_ngram=body.no_repeat_ngram,
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        logit_bias=logit_bias_pairs(body.logit_bias),
         lowercase=body.lowercase,
         max_sentences=body.max_sentences,
         stop=tuple(stops),

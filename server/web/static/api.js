@@ -190,11 +190,21 @@ function identityPath(suffix = "", query = {}) {
   return `/admin/personas/${enc(page.persona)}/identities/${enc(page.user)}${suffix}${q ? `?${q}` : ""}`;
 }
 
+// what is not JSON goes as typed: the service answers 422 with what it expected, shown like any refused turn
+function jsonOrText(raw) {
+  try {
+    return JSON.parse(raw);
+  } catch {
+    return raw;
+  }
+}
+
 function samplingFields() {
   const out = {};
   const fields = [
     ["max_tokens", parseInt], ["temperature", parseFloat], ["top_p", parseFloat], ["top_k", parseInt],
-    ["repetition_penalty", parseFloat], ["no_repeat_ngram", parseInt], ["max_sentences", parseInt], ["seed", parseInt],
+    ["repetition_penalty", parseFloat], ["no_repeat_ngram", parseInt], ["frequency_penalty", parseFloat],
+    ["presence_penalty", parseFloat], ["logit_bias", jsonOrText], ["max_sentences", parseInt], ["seed", parseInt],
   ];
   for (const [id, parse] of fields) {
     const raw = $(id).value.trim();

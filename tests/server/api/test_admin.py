@@ -108,6 +108,13 @@ def test_persona_create_read_update_delete(client: TestClient) -> None:
     assert (controlled["lowercase"], controlled["max_sentences"]) == (False, 0)  # off unless set
     formed = ok(client.patch(f"{P}/mara.v2", json={"lowercase": True, "max_sentences": 2}))
     assert (formed["lowercase"], formed["max_sentences"], formed["no_repeat_ngram"]) == (True, 2, 3)
+    assert (formed["frequency_penalty"], formed["presence_penalty"], formed["logit_bias"]) == (0.0, 0.0, {})  # off unless set
+    biased = ok(client.patch(f"{P}/mara.v2", json={"frequency_penalty": 0.5, "presence_penalty": -1, "logit_bias": {"101": 3}}))
+    assert (biased["frequency_penalty"], biased["presence_penalty"], biased["logit_bias"]) == (0.5, -1.0, {"101": 3.0})
+    assert ok(client.get(f"{P}/mara.v2"))["logit_bias"] == {"101": 3.0}
+    error(client.patch(f"{P}/mara.v2", json={"logit_bias": {"260": 1}}), 400, "invalid_value")  # outside the vocabulary
+    assert ok(client.get(f"{P}/mara.v2"))["logit_bias"] == {"101": 3.0}  # the refused change stored nothing
+    assert ok(client.patch(f"{P}/mara.v2", json={"logit_bias": {}}))["logit_bias"] == {}
     error(client.get(f"{P}/nobody"), 404, "not_found")
 
     # a persona's identities go with it
@@ -150,6 +157,12 @@ INVALID_BODIES: list[tuple[str, str, dict[str, object], str | None]] = [
     ("POST", P, {"name": "ok", "lowercase": "maybe"}, "lowercase"),
     ("PATCH", f"{P}/sia", {"lowercase": None}, None),
     ("PATCH", f"{P}/sia", {"max_sentences": None}, None),
+    ("POST", P, {"name": "ok", "frequency_penalty": 3}, "frequency_penalty"),
+    ("POST", P, {"name": "ok", "presence_penalty": -2.5}, "presence_penalty"),
+    ("POST", P, {"name": "ok", "logit_bias": {"1": 200}}, "logit_bias"),
+    ("POST", P, {"name": "ok", "logit_bias": {"one": 1}}, "logit_bias"),
+    ("POST", P, {"name": "ok", "logit_bias": [1, 2]}, "logit_bias"),
+    ("PATCH", f"{P}/sia", {"logit_bias": None}, None),
     ("POST", f"{ID}/u/reset", {"layers": []}, "layers"),
     ("POST", f"{ID}/u/reset", {"layers": [0], "self_only": True}, None),
     ("POST", f"{ID}/u/rollback", {}, None),

@@ -67,6 +67,8 @@ def test_streaming_errors_before_the_first_token_keep_their_status(client: TestC
         ({"user": "u", "message": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"user": "u", "message": "x", "repetition_penalty": 0.9}, "repetition_penalty"),
         ({"user": "u", "message": "x", "no_repeat_ngram": -2}, "no_repeat_ngram"),
+        ({"user": "u", "message": "x", "presence_penalty": 2.1}, "presence_penalty"),
+        ({"user": "u", "message": "x", "logit_bias": {"1": -100.5}}, "logit_bias"),
     ],
 )
 def test_invalid_bodies_are_422_with_the_error_shape(client: TestClient, body: dict[str, object], param: str) -> None:

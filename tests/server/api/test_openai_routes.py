@@ -112,6 +112,19 @@ def test_repetition_controls_are_request_fields_and_persona_defaults(client: Tes
     assert _token_ids(client, "f", no_repeat_ngram=0) == loose  # the request overrides the persona
 
 
+def test_openai_penalties_and_logit_bias_are_request_fields(client: TestClient) -> None:
+    """frequency_penalty, presence_penalty and logit_bias change the greedy reply as OpenAI defines them: a bias of -100
+    keeps a token out, one of +100 makes every token it; zero penalties and an empty bias are off."""
+    loose = _token_ids(client, "a")
+    assert _token_ids(client, "b", frequency_penalty=0, presence_penalty=0, logit_bias={}) == loose
+    assert len(set(_token_ids(client, "c", frequency_penalty=2))) > len(set(loose))  # the looping token counts against itself
+    first = loose[0][0]  # the byte model's token ids 0..255 are the bytes themselves
+    reply = completion(client, "d", "Hello there", max_tokens=6, temperature=0, logit_bias={"100": 100})
+    assert reply["choices"][0]["message"]["content"] == "dddddd"  # type: ignore[index]
+    banned = _token_ids(client, "e", logit_bias={str(first): -100})
+    assert (first,) not in banned and banned != loose
+
+
 def test_bad_reply_forms_are_refused(client: TestClient) -> None:
     for extra, param in (({"lowercase": "maybe"}, "lowercase"), ({"max_sentences": -1}, "max_sentences")):
         body = {"model": "sia", "user": "u", "messages": [{"role": "user", "content": "x"}], **extra}
@@ -126,9 +139,16 @@ def test_bad_repetition_controls_are_refused(client: TestClient) -> None:
         ({"repetition_penalty": "lots"}, "repetition_penalty"),
         ({"no_repeat_ngram": -1}, "no_repeat_ngram"),
         ({"no_repeat_ngram": 1.5}, "no_repeat_ngram"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty"),
+        ({"presence_penalty": -3}, "presence_penalty"),
+        ({"logit_bias": {"12": 101}}, "logit_bias"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias"),
     ):
         r = client.post("/v1/chat/completions", json={**body, **extra})
         assert r.status_code == 422 and r.json()["error"]["param"] == param, (extra, r.text)
+    r = client.post("/v1/chat/completions", json={**body, "logit_bias": {"260": 1}})  # the byte model has 260 tokens
+    assert r.status_code == 400 and "not in the model's vocabulary of 260" in r.json()["error"]["message"]
 
 
 def test_openai_errors(client: TestClient, keys: Keys) -> None:
