@@ -42,7 +42,7 @@ from benchmarks.reply_metrics import answered, loops, style_ok, words, wrong_lan
 from sia.checkpoint import DEFAULT_CACHE, DEFAULT_CHECKPOINT, load_model
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, stream_turns
-from sia.model.generate import SamplingParams
+from sia.model.generate import SamplingParams, logit_bias_pairs
 from sia.model.identity_model import IdentityModel
 from sia.personas import DEFAULT_PERSONA, PERSONAS, persona_prompt, persona_sampling
 
@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.max_sentences is not None:
         overrides["max_sentences"] = args.max_sentences
     if args.logit_bias is not None:
-        overrides["logit_bias"] = tuple((int(k), float(v)) for k, v in args.logit_bias.items())
+        overrides["logit_bias"] = logit_bias_pairs(args.logit_bias)
     prompts: dict[str, str] = {}
     if args.prompts is not None:
         prompts = {str(k): str(v) for k, v in json.loads(args.prompts.read_text()).items()}

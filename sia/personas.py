@@ -136,14 +136,9 @@ def persona_sampling(model: IdentityModel, name: str) -> SamplingParams:
         top_p=float(str(d.get("top_p", 0.95))),
         repetition_penalty=float(str(d.get("repetition_penalty", 1.0))),
         no_repeat_ngram=int(str(d.get("no_repeat_ngram", 0))),
-        logit_bias=tuple((int(token), float(bias)) for token, bias in _bias(d.get("logit_bias")).items()),
         lowercase=d.get("lowercase") is True,
         max_sentences=int(str(d.get("max_sentences", 0))),
     )
-
-
-def _bias(value: object) -> dict[str, float]:
-    return value if isinstance(value, dict) else {}
 
 
 def outdated_defaults(model: IdentityModel, name: str, stored: Mapping[str, object]) -> dict[str, object]:

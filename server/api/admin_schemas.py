@@ -10,12 +10,11 @@ import math
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from server.api.schemas import SamplingFields, Usage, checked_logit_bias
+from server.api.schemas import LogitBiasMap, SamplingFields, Usage
 from server.records import IdentityRecord, TurnRecord
 from server.runtime.identities import ImprintedSpan, ImprintListing, Inspection, StateDiff
-from sia.model.generate import MAX_LOGIT_BIAS
 
 PersonaName = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="1 to 64 of A-Z a-z 0-9 _ . -")
@@ -64,16 +63,9 @@ class PersonaFields(_Strict):
     presence_penalty: float | None = Field(
         None, ge=-2, le=2, description="subtracted from the logit of every token the reply holds; 0: off"
     )
-    logit_bias: dict[str, float] | None = Field(
-        None, max_length=MAX_LOGIT_BIAS, description="token id -> bias in [-100, 100] added to its logit; {}: none"
-    )
+    logit_bias: LogitBiasMap | None = Field(None, description="token id -> bias in [-100, 100] added to its logit; {}: none")
     lowercase: bool | None = Field(None, description="replies written in lower case")
     max_sentences: int | None = Field(None, ge=0, le=MAX_INT, description="replies end after this many sentences; 0: off")
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        return checked_logit_bias(value)
 
 
 class PersonaCreate(PersonaFields):

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from sia.model.generate import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, Sampling
+from sia.model.generate import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, Sampling, SamplingParams, logit_bias_pairs
 
 RepetitionPenalty = Annotated[
     float | None,
@@ -39,14 +39,6 @@ PresencePenalty = Annotated[
     float | None,
     Field(None, ge=-2, le=2, description="subtracted from the logit of every token the reply holds; 0 is off (persona default)"),
 ]
-LogitBias = Annotated[
-    dict[str, float] | None,
-    Field(
-        None,
-        max_length=MAX_LOGIT_BIAS,
-        description='token id -> bias in [-100, 100] added to its logit at every step, e.g. {"38061": 2} (persona default)',
-    ),
-]
 Lowercase = Annotated[bool | None, Field(None, description="the reply written in lower case (persona default)")]
 MaxSentences = Annotated[
     int | None,
@@ -55,19 +47,26 @@ MaxSentences = Annotated[
 UserId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$", description="the user's id")]
 
 
-def checked_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
-    """OpenAI's logit_bias: keys token ids written as decimal integers, values in [-100, 100] (whether an id is in
-    the model's vocabulary is checked with the persona's decoding, before the identity is held)."""
-    for key, bias in (value or {}).items():
-        if not key.isascii() or not key.isdecimal():
-            raise ValueError(f"logit_bias keys are token ids (non-negative integers); got {key!r}")
-        if not -100.0 <= bias <= 100.0:
-            raise ValueError(f"logit_bias values must be in [-100, 100]; got {bias} for token {key}")
+def checked_logit_bias(value: dict[str, float]) -> dict[str, float]:
+    """OpenAI's logit_bias as the sampler checks it: keys token ids written as decimal integers, values in [-100, 100],
+    at most MAX_LOGIT_BIAS of them (whether an id is in the model's vocabulary is checked with the persona's decoding,
+    before the identity is held)."""
+    SamplingParams(logit_bias=logit_bias_pairs(value))
     return value
 
 
-def logit_bias_pairs(value: dict[str, float] | None) -> tuple[tuple[int, float], ...] | None:
-    return None if value is None else tuple((int(k), float(v)) for k, v in value.items())
+LogitBiasMap = Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS), AfterValidator(checked_logit_bias)]
+LogitBias = Annotated[
+    LogitBiasMap | None,
+    Field(
+        None, description='token id -> bias in [-100, 100] added to its logit at every step, e.g. {"38061": 2} (persona default)'
+    ),
+]
+
+
+def requested_bias(value: dict[str, float] | None) -> tuple[tuple[int, float], ...] | None:
+    """A request's logit_bias for Sampling: None where the request leaves it to the persona."""
+    return None if value is None else logit_bias_pairs(value)
 
 
 class Usage(BaseModel):
@@ -102,11 +101,6 @@ class SamplingFields(BaseModel):
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
 
-    @field_validator("logit_bias")
-    @classmethod
-    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        return checked_logit_bias(value)
-
     def sampling(self) -> Sampling:
         return Sampling(
             max_tokens=self.max_tokens,
@@ -119,7 +113,7 @@ class SamplingFields(BaseModel):
             no_repeat_ngram=self.no_repeat_ngram,
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
-            logit_bias=logit_bias_pairs(self.logit_bias),
+            logit_bias=requested_bias(self.logit_bias),
             lowercase=self.lowercase,
             max_sentences=self.max_sentences,
         )
@@ -198,11 +192,6 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(1, ge=1, le=1, description="only one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        return checked_logit_bias(value)
 
     @field_validator("stop")
     @classmethod

@@ -11,7 +11,7 @@ from server.records import PERSONA_FIELDS, Blob, PersonaRecord
 from server.runtime.codec import encode
 from server.store import Store
 from sia.identity.state import Dynamics, IdentityState, StateFormatError, state_from_bytes
-from sia.model.generate import Sampling, SamplingParams
+from sia.model.generate import Sampling, SamplingParams, logit_bias_pairs
 from sia.model.identity_model import IdentityModel
 from sia.personas import DEFAULT_PERSONA, DEFAULTS_RELEASE, PERSONAS, outdated_defaults, persona_defaults
 
@@ -140,21 +140,12 @@ class Personas:
         return params
 
     def logit_bias(self, value: object) -> tuple[tuple[int, float], ...]:
-        """A stored or sent logit bias (token id as a decimal string -> bias) as SamplingParams takes it; ValueError
-        for a key that is not a token id of this model or a bias that is not a number."""
-        if value is None:
-            return ()
-        if not isinstance(value, dict):
-            raise ValueError(f"logit_bias must be an object of token id -> bias; got {type(value).__name__}")
-        pairs = []
-        for key, bias in value.items():
-            if not isinstance(key, str) or not key.isascii() or not key.isdecimal():
-                raise ValueError(f"logit_bias keys are token ids (non-negative integers); got {key!r}")
-            self.in_vocabulary(int(key))
-            if isinstance(bias, bool) or not isinstance(bias, int | float):
-                raise ValueError(f"logit_bias values must be numbers; got {bias!r} for token {key}")
-            pairs.append((int(key), float(bias)))
-        return tuple(pairs)
+        """A stored or sent logit bias as SamplingParams takes it; ValueError for anything but token ids of this model
+        mapped to numbers."""
+        pairs = logit_bias_pairs(value)
+        for token, _ in pairs:
+            self.in_vocabulary(token)
+        return pairs
 
     def in_vocabulary(self, token: int) -> None:
         if token >= self.config.vocab_size:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -37,6 +37,7 @@ __all__ = [
     "check_room",
     "generate",
     "left_padded",
+    "logit_bias_pairs",
     "lowered",
     "nucleus",
     "nucleus_reference",
@@ -124,6 +125,23 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def logit_bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
+    """A logit bias as JSON writes it (token id as a decimal string -> bias; None: none) as SamplingParams takes it:
+    (token id, bias) pairs. ValueError for anything else (the biases' range is SamplingParams's to check)."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ValueError(f"logit_bias must be an object of token id -> bias; got {type(value).__name__}")
+    pairs = []
+    for key, bias in value.items():
+        if not isinstance(key, str) or not key.isascii() or not key.isdecimal():
+            raise ValueError(f"logit_bias keys are token ids (non-negative integers); got {key!r}")
+        if isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise ValueError(f"logit_bias values must be numbers; got {bias!r} for token {key}")
+        pairs.append((int(key), float(bias)))
+    return tuple(pairs)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from server.api.schemas import (
     TokenLogprob,
     TopLogprob,
     Usage,
-    logit_bias_pairs,
+    requested_bias,
 )
 from server.errors import StoreError
 from server.runtime.turns import CommittedTurn
@@ -72,7 +72,7 @@ def _request(body: ChatCompletionRequest, caller: CallerDep, settings: SettingsD
         no_repeat_ngram=body.no_repeat_ngram,
         frequency_penalty=body.frequency_penalty,
         presence_penalty=body.presence_penalty,
-        logit_bias=logit_bias_pairs(body.logit_bias),
+        logit_bias=requested_bias(body.logit_bias),
         lowercase=body.lowercase,
         max_sentences=body.max_sentences,
         stop=tuple(stops),
