@@ -34,11 +34,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=None, help="imprint entries (default: the checkpoint's)")
     parser.add_argument("--per-turn", type=int, default=None)
     parser.add_argument("--span", type=int, default=None)
+    parser.add_argument("--aside", type=float, default=None, help="imprint_aside_weight (default: the checkpoint's)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     model = load_llama_checkpoint(args.checkpoint, DEFAULT_CACHE)
     c = model.config
-    changes = {"imprint_tokens": args.tokens, "imprint_per_turn": args.per_turn, "imprint_span": args.span}
+    changes = {
+        "imprint_tokens": args.tokens,
+        "imprint_per_turn": args.per_turn,
+        "imprint_span": args.span,
+        "imprint_aside_weight": args.aside,
+    }
     c = replace(c, **{k: v for k, v in changes.items() if v is not None})
     model.config = c
     tok = model.tokenizer
@@ -49,6 +55,7 @@ def main() -> None:
     by_kind: dict[str, Counter[str]] = {}
     examples: list[dict[str, object]] = []
     labels: Counter[str] = Counter()
+    filler_labels: list[tuple[str, str, str]] = []
     for n, user in enumerate(users):
         messages = [*user.messages, *(fillers[(7 * n + j) % len(fillers)] for j in range(args.depth))]
         imprint, chosen = Imprint.empty(c), []
@@ -58,10 +65,12 @@ def main() -> None:
             body = tokens[start : end - 1]
             chosen += [(turn, tok.decode(body[ch.start : ch.end]), KINDS[ch.kind], round(ch.score, 1)) for ch in choices]
         held = [tok.decode(s.tokens or ()) for s in imprint.spans()]
-        for t, _, k, _ in chosen:  # a span labelled with a kind its message does not state
+        for t, text, k, _ in chosen:  # a span labelled with a kind its message does not state
             stated = {f.kind for f in user.facts if f.message == t} if t < len(user.messages) else set()
             labels["labelled"] += k != "unknown"
             labels["false"] += k != "unknown" and k not in stated
+            if t >= len(user.messages) and k != "unknown":  # an unrelated turn's span labelled with a kind
+                filler_labels.append((user.id, text, k))
         for kind in {q.kind for q in user.questions}:
             fact = user.newest(kind)
             accepts = fact.accept
@@ -96,7 +105,13 @@ def main() -> None:
                 )
     total = sum(verdicts.values())
     result = {
-        "settings": {"tokens": c.imprint_tokens, "per_turn": c.imprint_per_turn, "span": c.imprint_span, "depth": args.depth},
+        "settings": {
+            "tokens": c.imprint_tokens,
+            "per_turn": c.imprint_per_turn,
+            "span": c.imprint_span,
+            "depth": args.depth,
+            "aside_weight": c.imprint_aside_weight,
+        },
         "facts": total,
         "verdicts": {k: v / total for k, v in verdicts.items()},
         "by_kind": {k: {v: n / sum(cs.values()) for v, n in cs.items()} for k, cs in sorted(by_kind.items())},
@@ -106,6 +121,7 @@ def main() -> None:
             "facts": labels["facts"],
             "labelled_spans": labels["labelled"],
         },
+        "unrelated_labelled": filler_labels,
         "examples": examples,
     }
     sys.stdout.write(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=1) + "\n")

@@ -34,6 +34,7 @@ __all__ = [
     "ImprintEntries",
     "ImprintSpan",
     "SpanChoice",
+    "aside",
     "asking",
     "clause_breaks",
     "corrects",
@@ -293,6 +294,9 @@ _ASKING = frozenset({
     "could", "would", "should", "is", "are", "do", "does", "did", "tell", "explain", "give", "recommend", "suggest",
     "describe", "list", "show", "teach", "write", "any",
 })  # fmt: skip
+# a word by which a message speaks of its writer ("i", "my", "we're"): a message with none, or one that asks something,
+# is an aside (``aside``)
+_FIRST_PERSON = re.compile(r"(?<![\w'])(?:i|i'm|im|i've|ive|i'd|i'll|me|my|mine|myself|we|we're|we've|our|ours|us)(?![\w'])")
 # "when" and "where" ask only before a verb that asks ("when was the first email sent"; not "when I'm off work, I paint")
 _ASKING_THEN = frozenset({"was", "is", "are", "were", "do", "does", "did", "can", "should", "will", "would"})
 _OPENING = re.compile(r"[^a-z]*([a-z]+(?:'[a-z]+)?)(?:[^a-z]+([a-z]+))?")
@@ -335,6 +339,14 @@ def asking(pieces: Sequence[str]) -> Tensor:
                 out[start : i + 1] = True
         start = i + 1
     return out
+
+
+def aside(pieces: Sequence[str], questions: Tensor | None = None) -> bool:
+    """Whether a message's token texts are mostly not about the user: it asks the persona something (``questions``,
+    by default ``asking``, holds a token) or never speaks of its writer (no "I", "my", "we"... : "It's raining again.
+    What a week."). Its spans then go first when the imprint is full (``config.imprint_aside_weight``)."""
+    asks = asking(pieces) if questions is None else questions
+    return bool(asks.any()) or _FIRST_PERSON.search(_plain(pieces)) is None
 
 
 # a clause holding one of these says what is no longer so ("i'm not in cusco anymore", "roller derby used to be my
@@ -522,14 +534,18 @@ def message_spans(
     min_score: float,
     min_label: float | None = None,
     denied: Collection[str] = (),
+    aside_weight: float = 1.0,
 ) -> list[SpanChoice]:
     """``select_spans`` for a message's token texts ``pieces``: cut into clauses (``clause_breaks``), its questions
     and requests left out (``asking``) and the clauses saying what is no longer so or denying one of the words
     ``denied`` (``superseded``); in a message that corrects what the user said before (``corrects``), every labelled
-    clause is sure: it goes first and replaces the older spans of its kind."""
+    clause is sure: it goes first and replaces the older spans of its kind. In an ``aside`` the chosen spans' scores
+    are multiplied by ``aside_weight`` and a label that is not sure is dropped (chosen as before; ranked lower against
+    other messages' spans when the imprint is full)."""
     breaks = clause_breaks(pieces)
+    questions = asking(pieces)
     label = 0.5 if min_label is None else min_label
-    return select_spans(
+    choices = select_spans(
         surprisal,
         breaks,
         budget=budget,
@@ -538,8 +554,13 @@ def message_spans(
         kinds=kinds,
         min_kind=min(label, 0.5) if corrects(pieces) else 0.5,
         min_label=min_label,
-        questions=asking(pieces) | superseded(pieces, breaks, denied),
+        questions=questions | superseded(pieces, breaks, denied),
     )
+    if aside_weight == 1.0 or not choices or not aside(pieces, questions):
+        return choices
+    # an aside's span keeps a kind only where its label is sure: a weak label ("the windows are rattling": a city)
+    # would rank its chatter above the user's own words
+    return [replace(c, score=c.score * aside_weight, kind=c.kind if c.replaces else 0) for c in choices]
 
 
 @dataclass(frozen=True)
@@ -575,7 +596,8 @@ def imprint_spans(
 
     A span of a known kind first replaces the spans of its kind that earlier turns imprinted; then, while it does not
     fit, the weakest span goes (a span of unknown kind before any known one, then the lowest score), as long as it is
-    weaker than the new one (otherwise the new span is dropped)."""
+    weaker than the new one; where the spans weaker than the new one do not make room for it, none goes and the new
+    span is dropped."""
     n = keys.shape[2]
     if values.shape != keys.shape or keys.shape[:2] != imprint.keys.shape[:2] or keys.shape[3] != imprint.width:
         raise ValueError(f"keys and values must be (n_layer, H_kv, n, d) for this imprint; got {tuple(keys.shape)}")
@@ -592,13 +614,15 @@ def imprint_spans(
         if choice.kind and choice.replaces:
             spans = [s for s in spans if s.kind != choice.kind or s.turn == turn]
         strength = (choice.kind > 0, choice.score)
-        while sum(s.length for s in spans) + length > imprint.capacity:
-            weakest = _weakest(spans)
-            if (spans[weakest].kind > 0, spans[weakest].score) >= strength:
+        kept = list(spans)  # the weakest go while the new span does not fit, only if all of them are weaker than it
+        while kept and sum(s.length for s in kept) + length > imprint.capacity:
+            weakest = _weakest(kept)
+            if (kept[weakest].kind > 0, kept[weakest].score) >= strength:
                 break
-            spans.pop(weakest)
-        if sum(s.length for s in spans) + length > imprint.capacity:
+            kept.pop(weakest)
+        if sum(s.length for s in kept) + length > imprint.capacity:
             continue
+        spans = kept
         at = slice(choice.start, choice.end)
         k, ks = quantise(keys[:, :, at], imprint.bits)
         v, vs = quantise(values[:, :, at], imprint.bits)

@@ -233,6 +233,7 @@ def write_imprint(
         min_score=config.imprint_min_shock,
         min_label=config.imprint_label_min,
         denied=denied,
+        aside_weight=config.imprint_aside_weight,
     )
     if not choices:
         return imprint, []

@@ -225,6 +225,10 @@ class LlamaConfig(IdentityConfig):
     imprint_span: int = 16  # the longest span one clause imprints, in tokens
     imprint_per_turn: int = 40  # the most tokens one message imprints
     imprint_min_shock: float = 4.0  # a clause is imprinted only if a token of it surprises the identity this much (nats)
+    # a message that asks the persona something, or says nothing of its writer (no "I", "my", "we"...), is mostly not
+    # about the user: its spans' scores are multiplied by this, so its chatter goes before what the user told of
+    # themself when the imprint is full (``imprint.aside``). 1: every message alike
+    imprint_aside_weight: float = 1.0
     # the imprint's read adapter: a low-rank change of every layer's query, value and output maps, applied only in rows
     # whose imprint holds something (so a fresh identity stays the base model), trained to answer from the user's words
     imprint_read_rank: int = 0  # 0: none
@@ -302,6 +306,10 @@ class LlamaConfig(IdentityConfig):
             raise ValueError(f"imprint_bits must be 8 or 4; got {self.imprint_bits!r}")
         if self.imprint_bits == 4 and self.head_dim % 2:
             raise ValueError(f"imprint_bits 4 packs two values a byte: head_dim must be even; got {self.head_dim}")
+        aside = self.imprint_aside_weight
+        if isinstance(aside, bool) or not isinstance(aside, (int, float)) or not 0 < aside <= 1:
+            raise ValueError(f"imprint_aside_weight must be a number in (0, 1]; got {aside!r}")
+        self.imprint_aside_weight = float(aside)
         imprint_shift = self.imprint_shift
         if isinstance(imprint_shift, bool) or not isinstance(imprint_shift, (int, float)) or not math.isfinite(imprint_shift):
             raise ValueError(f"imprint_shift must be a finite number; got {imprint_shift!r}")

@@ -20,6 +20,7 @@ from sia.identity.imprint import (
     Imprint,
     ImprintEntries,
     SpanChoice,
+    aside,
     asking,
     clause_breaks,
     corrects,
@@ -399,6 +400,13 @@ def test_a_span_that_does_not_fit_replaces_the_lowest_scored_ones() -> None:
     assert _add(imprint, 2, 1.0, seed=5).spans() == kept.spans()  # a weaker span than all is dropped
 
 
+def test_a_span_that_cannot_make_room_evicts_nothing() -> None:
+    imprint = _add(_add(_imprint(), 3, 2.0, seed=1), 7, 9.0, seed=2)  # full: a weak span and a strong one
+    # six tokens would need the strong span's room too: the weak span stays and the new one is dropped
+    assert _add(imprint, 6, 5.0, seed=3).spans() == imprint.spans()
+    assert [s.score for s in _add(imprint, 3, 5.0, seed=3).spans()] == [9.0, 5.0]  # three tokens fit in the weak one's
+
+
 def test_a_restatement_of_a_kind_replaces_the_old_value() -> None:
     imprint = _add(_add(_imprint(), 3, 5.0, kind=2, seed=1), 3, 4.0, kind=1, seed=2)
     moved = _add(imprint, 2, 3.0, kind=2, turn=5, seed=3)  # "I moved to Lyon" though it scores lower
@@ -611,6 +619,48 @@ def test_a_known_kind_outlasts_higher_scored_asides() -> None:
     imprint = _add(imprint, 4, 2.0, kind=3, seed=3)  # a job: evicts the aside, not the name
     assert [(s.kind, s.score) for s in imprint.spans()] == [("name", 3.0), ("job", 2.0)]
     assert _add(imprint, 4, 50.0, seed=4).spans() == imprint.spans()  # an aside never evicts a fact
+
+
+def test_an_aside_ranks_below_what_the_user_says_of_themself() -> None:
+    """A message that asks the persona something, or never speaks of its writer, is an aside: its spans are chosen as
+    before, but scored lower (so the user's own words outlast its chatter when the imprint is full), and a label that
+    is not sure is dropped; a message about the user is untouched."""
+    tok = ByteTokenizer()
+
+    def pieces(text: str) -> list[str]:
+        return [tok.token_text(t) for t in tok.encode(text)]
+
+    assert aside(pieces("It's raining again. What a week."))  # about nothing of the writer's
+    assert aside(pieces("Any tips to stop procrastinating? Asking for basically everyone on earth."))
+    assert aside(pieces("tell me a joke, I'm bored"))  # a request, though it speaks of its writer
+    assert not aside(pieces("At home we keep chickens, my husband says they are his."))
+    assert not aside(pieces("im a nurse in Lisbon"))
+    text = "The windows are rattling. Feels like spring."
+    surprisal = torch.full((len(text),), 8.0)
+    kinds = torch.zeros(len(text), len(KINDS))
+    kinds[:, 0] = 1.0
+    windows = text.index(" Feels")
+    kinds[:windows, 0], kinds[:windows, KINDS.index("city")] = 0.6, 0.4  # an unsure label on the first sentence
+    settings = {"budget": 60, "max_span": 40, "min_score": 4.0, "min_label": 0.3}
+    plain = message_spans(surprisal, pieces(text), kinds, **settings)
+    assert [(c.score, KINDS[c.kind]) for c in plain] == [(8.0, "city"), (8.0, "unknown")]
+    weighed = message_spans(surprisal, pieces(text), kinds, aside_weight=0.25, **settings)
+    assert [(c.start, c.end) for c in weighed] == [(c.start, c.end) for c in plain]  # the same spans are chosen
+    assert [(c.score, KINDS[c.kind]) for c in weighed] == [(2.0, "unknown"), (2.0, "unknown")]
+    kinds[:windows, 0], kinds[:windows, KINDS.index("city")] = 0.2, 0.8  # a sure label stays
+    assert [KINDS[c.kind] for c in message_spans(surprisal, pieces(text), kinds, aside_weight=0.25, **settings)] == [
+        "city",
+        "unknown",
+    ]
+    own = "I keep chickens. My husband says they are his."
+    mine = message_spans(torch.full((len(own),), 8.0), pieces(own), None, aside_weight=0.25, **settings)
+    assert [c.score for c in mine] == [8.0, 8.0]
+    # in the imprint, the aside's chatter goes before the user's chickens, though it surprised the identity more
+    held = _add(_imprint(), 6, 6.0, seed=1)  # "At home we keep chickens"
+    chatter = _add(held, 4, 12.0 * 0.25, seed=2)
+    assert [s.score for s in _add(chatter, 4, 7.0, seed=3).spans()] == [6.0, 7.0]
+    with pytest.raises(ValueError, match="imprint_aside_weight"):
+        LlamaConfig(imprint_aside_weight=0.0)
 
 
 def test_the_imprint_shift_weakens_the_read(hf_model: LlamaForCausalLM) -> None:
