@@ -615,7 +615,7 @@ def imprint_spans(
             spans = [s for s in spans if s.kind != choice.kind or s.turn == turn]
         strength = (choice.kind > 0, choice.score)
         kept = list(spans)  # the weakest go while the new span does not fit, only if all of them are weaker than it
-        while kept and sum(s.length for s in kept) + length > imprint.capacity:
+        while sum(s.length for s in kept) + length > imprint.capacity:
             weakest = _weakest(kept)
             if (kept[weakest].kind > 0, kept[weakest].score) >= strength:
                 break

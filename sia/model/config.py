@@ -22,6 +22,11 @@ READ_SHIFT_BOUND = 20.0  # the read shift's range, either way: e^20 is past any 
 STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def _real(value: object) -> bool:
+    """Whether a config value is a plain number (an int or a float, not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass
 class IdentityConfig:
     """The identity-state fields every model family shares: its size, its dynamics, its metric and its shock."""
@@ -283,7 +288,7 @@ class LlamaConfig(IdentityConfig):
         if self.weights_dtype not in STATE_DTYPES:
             raise ValueError(f"weights_dtype must be one of {sorted(STATE_DTYPES)}; got {self.weights_dtype!r}")
         shift = self.read_shift
-        if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not -READ_SHIFT_BOUND <= shift <= READ_SHIFT_BOUND:
+        if not _real(shift) or not -READ_SHIFT_BOUND <= shift <= READ_SHIFT_BOUND:
             raise ValueError(f"read_shift must be a number in [-{READ_SHIFT_BOUND}, {READ_SHIFT_BOUND}]; got {shift!r}")
         self.read_shift = float(shift)
         if self.trace_layers is None:
@@ -307,22 +312,22 @@ class LlamaConfig(IdentityConfig):
         if self.imprint_bits == 4 and self.head_dim % 2:
             raise ValueError(f"imprint_bits 4 packs two values a byte: head_dim must be even; got {self.head_dim}")
         aside = self.imprint_aside_weight
-        if isinstance(aside, bool) or not isinstance(aside, (int, float)) or not 0 < aside <= 1:
+        if not _real(aside) or not 0 < aside <= 1:
             raise ValueError(f"imprint_aside_weight must be a number in (0, 1]; got {aside!r}")
         self.imprint_aside_weight = float(aside)
         imprint_shift = self.imprint_shift
-        if isinstance(imprint_shift, bool) or not isinstance(imprint_shift, (int, float)) or not math.isfinite(imprint_shift):
+        if not _real(imprint_shift) or not math.isfinite(imprint_shift):
             raise ValueError(f"imprint_shift must be a finite number; got {imprint_shift!r}")
         self.imprint_shift = float(imprint_shift)
         kinds = self.imprint_kinds_layer
         if kinds is not None and (not isinstance(kinds, int) or isinstance(kinds, bool) or not 0 <= kinds < self.n_layer):
             raise ValueError(f"imprint_kinds_layer must be a layer index in [0, {self.n_layer}) or null; got {kinds!r}")
         label = self.imprint_label_min
-        if isinstance(label, bool) or not isinstance(label, (int, float)) or not 0 < label <= 0.5:
+        if not _real(label) or not 0 < label <= 0.5:
             raise ValueError(f"imprint_label_min must be a probability in (0, 0.5]; got {label!r}")
         self.imprint_label_min = float(label)
         ask = self.imprint_ask_bias
-        if isinstance(ask, bool) or not isinstance(ask, (int, float)) or not math.isfinite(ask) or ask < 0:
+        if not _real(ask) or not math.isfinite(ask) or ask < 0:
             raise ValueError(f"imprint_ask_bias must be a finite number >= 0; got {ask!r}")
         self.imprint_ask_bias = float(ask)
         if ask and (kinds is None or not self.imprint_tokens):
@@ -334,7 +339,7 @@ class LlamaConfig(IdentityConfig):
 
     def _check_copy(self) -> None:
         copy = self.imprint_copy
-        if isinstance(copy, bool) or not isinstance(copy, (int, float)) or not math.isfinite(copy) or copy < 0:
+        if not _real(copy) or not math.isfinite(copy) or copy < 0:
             raise ValueError(f"imprint_copy must be a finite number >= 0; got {copy!r}")
         self.imprint_copy = float(copy)
         if copy and not self.imprint_tokens:
