@@ -7,7 +7,12 @@ under the fact's own kind, and the labelled spans whose message states no fact o
 The write as a turn does it (sia.learn.imprint_read.imprint_turns: token NLL under a fresh identity, the kind tagger, the
 checkpoint's selection settings), with the text kept. Nothing is generated.
 
-    python -m experiments.probes.imprint_write [--users 60] [--depth 4] [--tokens N] [--out PATH]
+    python -m experiments.probes.imprint_write [--split tune] [--users 60] [--depth 4] [--tokens N] [--aside W]
+        [--aside-rule sentence] [--out PATH]
+
+``--split train`` plays the training part's users (the unrelated turns are the tuning part's: the training part has
+none). ``--aside-rule message`` weighs every span of a message that asks something or never speaks of its writer (the
+rule before the per-sentence one).
 """
 
 from __future__ import annotations
@@ -19,11 +24,22 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+from torch import Tensor
+
+import sia.identity.imprint as imprint_module
 from sia.checkpoint import DEFAULT_CACHE, DEFAULT_CHECKPOINT, load_llama_checkpoint
 from sia.identity.imprint import KINDS, Imprint
 from sia.learn.imprint_read import imprint_turns
-from sia.learn.natural import load_fillers, load_users, mentions
+from sia.learn.natural import TRAIN, load_fillers, load_users, mentions
 from sia.personas import PERSONAS
+
+
+def _message_asides(pieces: list[str], questions: Tensor | None = None) -> Tensor:
+    """The earlier rule: every token of a message that asks something or never speaks of its writer is an aside."""
+    asks = imprint_module.asking(pieces) if questions is None else questions
+    whole = bool(asks.any()) or imprint_module._FIRST_PERSON.search(imprint_module._plain(pieces)) is None
+    return torch.full((len(pieces),), whole, dtype=torch.bool)
 
 
 def main() -> None:
@@ -35,8 +51,12 @@ def main() -> None:
     parser.add_argument("--per-turn", type=int, default=None)
     parser.add_argument("--span", type=int, default=None)
     parser.add_argument("--aside", type=float, default=None, help="imprint_aside_weight (default: the checkpoint's)")
+    parser.add_argument("--aside-rule", choices=("sentence", "message"), default="sentence")
+    parser.add_argument("--split", choices=("tune", TRAIN), default="tune")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.aside_rule == "message":
+        imprint_module.asides = _message_asides
     model = load_llama_checkpoint(args.checkpoint, DEFAULT_CACHE)
     c = model.config
     changes = {
@@ -49,7 +69,7 @@ def main() -> None:
     model.config = c
     tok = model.tokenizer
     system = tok.system_prompt(PERSONAS["sia"].system_prompt)
-    users = load_users("tune")[: args.users]
+    users = load_users(args.split)[: args.users]
     fillers = load_fillers("tune")
     verdicts: Counter[str] = Counter()
     by_kind: dict[str, Counter[str]] = {}
@@ -111,6 +131,8 @@ def main() -> None:
             "span": c.imprint_span,
             "depth": args.depth,
             "aside_weight": c.imprint_aside_weight,
+            "aside_rule": args.aside_rule,
+            "split": args.split,
         },
         "facts": total,
         "verdicts": {k: v / total for k, v in verdicts.items()},

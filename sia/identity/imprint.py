@@ -34,7 +34,7 @@ __all__ = [
     "ImprintEntries",
     "ImprintSpan",
     "SpanChoice",
-    "aside",
+    "asides",
     "asking",
     "clause_breaks",
     "corrects",
@@ -294,8 +294,8 @@ _ASKING = frozenset({
     "could", "would", "should", "is", "are", "do", "does", "did", "tell", "explain", "give", "recommend", "suggest",
     "describe", "list", "show", "teach", "write", "any",
 })  # fmt: skip
-# a word by which a message speaks of its writer ("i", "my", "we're"): a message with none, or one that asks something,
-# is an aside (``aside``)
+# a word by which a sentence speaks of its writer ("i", "my", "we're"): in a message that asks something, a sentence
+# with none is an aside (``asides``)
 _FIRST_PERSON = re.compile(r"(?<![\w'])(?:i|i'm|im|i've|ive|i'd|i'll|me|my|mine|myself|we|we're|we've|our|ours|us)(?![\w'])")
 # "when" and "where" ask only before a verb that asks ("when was the first email sent"; not "when I'm off work, I paint")
 _ASKING_THEN = frozenset({"was", "is", "are", "were", "do", "does", "did", "can", "should", "will", "would"})
@@ -341,12 +341,26 @@ def asking(pieces: Sequence[str]) -> Tensor:
     return out
 
 
-def aside(pieces: Sequence[str], questions: Tensor | None = None) -> bool:
-    """Whether a message's token texts are mostly not about the user: it asks the persona something (``questions``,
-    by default ``asking``, holds a token) or never speaks of its writer (no "I", "my", "we"... : "It's raining again.
-    What a week."). Its spans then go first when the imprint is full (``config.imprint_aside_weight``)."""
+def asides(pieces: Sequence[str], questions: Tensor | None = None) -> Tensor:
+    """(n,) bool for a message's token texts: True on every token of a sentence that does not speak of its writer (no
+    "I", "my", "we"...) in a message that asks the persona something (``questions``, by default ``asking``, holds a
+    token): "Any tips to stop procrastinating? Asking for basically everyone on earth." A sentence that speaks of its
+    writer ("Can I just complain? I'm a dentist here in Owerri."), and every sentence of a message that asks nothing
+    ("Zainab here, living in Lahore"), is not an aside. An aside's spans go first when the imprint is full
+    (``config.imprint_aside_weight``)."""
+    n = len(pieces)
+    out = torch.zeros(n, dtype=torch.bool)
     asks = asking(pieces) if questions is None else questions
-    return bool(asks.any()) or _FIRST_PERSON.search(_plain(pieces)) is None
+    if not bool(asks.any()):
+        return out
+    start = 0
+    for i, piece in enumerate(pieces):
+        if i + 1 < n and not any(ch in _SENTENCE_ENDS for ch in piece):
+            continue
+        if _FIRST_PERSON.search(_plain(pieces[start : i + 1])) is None:
+            out[start : i + 1] = True
+        start = i + 1
+    return out
 
 
 # a clause holding one of these says what is no longer so ("i'm not in cusco anymore", "roller derby used to be my
@@ -539,8 +553,8 @@ def message_spans(
     """``select_spans`` for a message's token texts ``pieces``: cut into clauses (``clause_breaks``), its questions
     and requests left out (``asking``) and the clauses saying what is no longer so or denying one of the words
     ``denied`` (``superseded``); in a message that corrects what the user said before (``corrects``), every labelled
-    clause is sure: it goes first and replaces the older spans of its kind. In an ``aside`` the chosen spans' scores
-    are multiplied by ``aside_weight`` and a label that is not sure is dropped (chosen as before; ranked lower against
+    clause is sure: it goes first and replaces the older spans of its kind. A span chosen in an aside (``asides``) has
+    its score multiplied by ``aside_weight`` and a label that is not sure is dropped (chosen as before; ranked lower against
     other messages' spans when the imprint is full)."""
     breaks = clause_breaks(pieces)
     questions = asking(pieces)
@@ -556,11 +570,15 @@ def message_spans(
         min_label=min_label,
         questions=questions | superseded(pieces, breaks, denied),
     )
-    if aside_weight == 1.0 or not choices or not aside(pieces, questions):
+    if aside_weight == 1.0 or not choices:
         return choices
+    beside = asides(pieces, questions)
     # an aside's span keeps a kind only where its label is sure: a weak label ("the windows are rattling": a city)
     # would rank its chatter above the user's own words
-    return [replace(c, score=c.score * aside_weight, kind=c.kind if c.replaces else 0) for c in choices]
+    return [
+        replace(c, score=c.score * aside_weight, kind=c.kind if c.replaces else 0) if bool(beside[c.start]) else c
+        for c in choices
+    ]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from sia.identity.imprint import (
     Imprint,
     ImprintEntries,
     SpanChoice,
-    aside,
+    asides,
     asking,
     clause_breaks,
     corrects,
@@ -622,20 +622,26 @@ def test_a_known_kind_outlasts_higher_scored_asides() -> None:
 
 
 def test_an_aside_ranks_below_what_the_user_says_of_themself() -> None:
-    """A message that asks the persona something, or never speaks of its writer, is an aside: its spans are chosen as
-    before, but scored lower (so the user's own words outlast its chatter when the imprint is full), and a label that
-    is not sure is dropped; a message about the user is untouched."""
+    """In a message that asks the persona something, a sentence that never speaks of its writer is an aside: its spans
+    are chosen as before, but scored lower (so the user's own words outlast its chatter when the imprint is full), and
+    a label that is not sure is dropped; a sentence about the user, and a message that asks nothing, are untouched."""
     tok = ByteTokenizer()
 
     def pieces(text: str) -> list[str]:
         return [tok.token_text(t) for t in tok.encode(text)]
 
-    assert aside(pieces("It's raining again. What a week."))  # about nothing of the writer's
-    assert aside(pieces("Any tips to stop procrastinating? Asking for basically everyone on earth."))
-    assert aside(pieces("tell me a joke, I'm bored"))  # a request, though it speaks of its writer
-    assert not aside(pieces("At home we keep chickens, my husband says they are his."))
-    assert not aside(pieces("im a nurse in Lisbon"))
-    text = "The windows are rattling. Feels like spring."
+    def marked(text: str) -> str:
+        return "".join(p for p, beside in zip(pieces(text), asides(pieces(text)).tolist(), strict=True) if beside)
+
+    tips = "Any tips to stop procrastinating? Asking for basically everyone on earth."
+    assert marked(tips) == tips  # the question and the chatter beside it
+    assert marked("tell me a joke, I'm bored") == ""  # a request, but it speaks of its writer
+    # the sentence that speaks of its writer is not an aside, though the message asks something
+    complaint = "Can I just complain? The ward was chaos. I'm a nurse here in Owerri."
+    assert marked(complaint) == " The ward was chaos."
+    assert marked("Zainab here, living in Lahore. Long week.") == ""  # asks nothing: an introduction without an "I"
+    assert marked("im a nurse in Lisbon") == ""
+    text = "The windows are rattling. Feels like spring, right?"
     surprisal = torch.full((len(text),), 8.0)
     kinds = torch.zeros(len(text), len(KINDS))
     kinds[:, 0] = 1.0
@@ -652,7 +658,7 @@ def test_an_aside_ranks_below_what_the_user_says_of_themself() -> None:
         "city",
         "unknown",
     ]
-    own = "I keep chickens. My husband says they are his."
+    own = "I keep chickens. My husband says they are his. Is that odd?"
     mine = message_spans(torch.full((len(own),), 8.0), pieces(own), None, aside_weight=0.25, **settings)
     assert [c.score for c in mine] == [8.0, 8.0]
     # in the imprint, the aside's chatter goes before the user's chickens, though it surprised the identity more
