@@ -343,11 +343,11 @@ def asking(pieces: Sequence[str]) -> Tensor:
 
 def asides(pieces: Sequence[str], questions: Tensor | None = None) -> Tensor:
     """(n,) bool for a message's token texts: True on every token of a sentence that does not speak of its writer (no
-    "I", "my", "we"...) in a message that asks the persona something (``questions``, by default ``asking``, holds a
-    token): "Any tips to stop procrastinating? Asking for basically everyone on earth." A sentence that speaks of its
-    writer ("Can I just complain? I'm a dentist here in Owerri."), and every sentence of a message that asks nothing
-    ("Zainab here, living in Lahore"), is not an aside. An aside's spans go first when the imprint is full
-    (``config.imprint_aside_weight``)."""
+    "I", "my", "we"... outside the words that ask) in a message that asks the persona something (``questions``, by
+    default ``asking``, holds a token): "Any tips to stop procrastinating? Asking for basically everyone on earth."
+    A sentence that speaks of its writer ("Can I just complain? I'm a dentist here in Owerri."), and every sentence of
+    a message that asks nothing ("Zainab here, living in Lahore"), is not an aside. An aside's spans go first when the
+    imprint is full (``config.imprint_aside_weight``)."""
     n = len(pieces)
     out = torch.zeros(n, dtype=torch.bool)
     asks = asking(pieces) if questions is None else questions
@@ -357,7 +357,9 @@ def asides(pieces: Sequence[str], questions: Tensor | None = None) -> Tensor:
     for i, piece in enumerate(pieces):
         if i + 1 < n and not any(ch in _SENTENCE_ENDS for ch in piece):
             continue
-        if _FIRST_PERSON.search(_plain(pieces[start : i + 1])) is None:
+        # the words that ask are not the writer's own ("give me your cheesiest one"): the rest of the sentence speaks
+        said = [piece for piece, asked in zip(pieces[start : i + 1], asks[start : i + 1].tolist(), strict=True) if not asked]
+        if _FIRST_PERSON.search(_plain(said)) is None:
             out[start : i + 1] = True
         start = i + 1
     return out

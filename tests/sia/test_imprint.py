@@ -635,10 +635,12 @@ def test_an_aside_ranks_below_what_the_user_says_of_themself() -> None:
 
     tips = "Any tips to stop procrastinating? Asking for basically everyone on earth."
     assert marked(tips) == tips  # the question and the chatter beside it
-    assert marked("tell me a joke, I'm bored") == ""  # a request, but it speaks of its writer
+    assert marked("tell me a joke. I'm bored") == "tell me a joke."  # a request, then the writer speaks
+    jokes = "Knock-knock jokes: give me your cheesiest one."
+    assert marked(jokes) == jokes  # "me" asks: the words beside it say nothing of the writer
     # the sentence that speaks of its writer is not an aside, though the message asks something
     complaint = "Can I just complain? The ward was chaos. I'm a nurse here in Owerri."
-    assert marked(complaint) == " The ward was chaos."
+    assert marked(complaint) == "Can I just complain? The ward was chaos."
     assert marked("Zainab here, living in Lahore. Long week.") == ""  # asks nothing: an introduction without an "I"
     assert marked("im a nurse in Lisbon") == ""
     text = "The windows are rattling. Feels like spring, right?"
