@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from sia.learn.natural import TRAIN, load_fillers, load_users, mentions
 from sia.personas import PERSONAS
 
 
-def _message_asides(pieces: list[str], questions: Tensor | None = None) -> Tensor:
+def _message_asides(pieces: Sequence[str], questions: Tensor | None = None) -> Tensor:
     """The earlier rule: every token of a message that asks something or never speaks of its writer is an aside."""
     asks = imprint_module.asking(pieces) if questions is None else questions
     whole = bool(asks.any()) or imprint_module._FIRST_PERSON.search(imprint_module._plain(pieces)) is None
