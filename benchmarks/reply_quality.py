@@ -70,6 +70,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--logit-bias", type=json.loads, default=None, help='override the persona\'s: a JSON object {"token id": bias}'
     )
     p.add_argument(
+        "--logit-bias-once", choices=("on", "off"), default=None, help="override the persona's: each bias until its token is said"
+    )
+    p.add_argument(
         "--prompts", type=Path, default=None, help="a JSON object of persona -> system prompt tried in place of the persona's"
     )
     p.add_argument("--batch", type=int, default=8, help="questions decoded together")
@@ -192,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         overrides["max_sentences"] = args.max_sentences
     if args.logit_bias is not None:
         overrides["logit_bias"] = logit_bias_pairs(args.logit_bias)
+    if args.logit_bias_once is not None:
+        overrides["logit_bias_once"] = args.logit_bias_once == "on"
     prompts: dict[str, str] = {}
     if args.prompts is not None:
         prompts = {str(k): str(v) for k, v in json.loads(args.prompts.read_text()).items()}

@@ -37,6 +37,7 @@ PERSONA_FIELDS = (
     "frequency_penalty",
     "presence_penalty",
     "logit_bias",
+    "logit_bias_once",
     "lowercase",
     "max_sentences",
 )
@@ -71,6 +72,7 @@ class PersonaRecord:
     frequency_penalty: float  # 0: off
     presence_penalty: float  # 0: off
     logit_bias: dict[str, float]  # token id (decimal) -> bias; {}: none
+    logit_bias_once: bool  # each bias holds only until the reply holds its token
     lowercase: bool  # the reply written in lower case
     max_sentences: int  # the reply ended after this many sentences; 0: off
     initial_state: bytes | None

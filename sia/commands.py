@@ -35,6 +35,7 @@ def sampling_choices(args: argparse.Namespace) -> Sampling:
         frequency_penalty=args.frequency_penalty,
         presence_penalty=args.presence_penalty,
         logit_bias=None if args.logit_bias is None else tuple(args.logit_bias),
+        logit_bias_once=args.logit_bias_once,
         lowercase=args.lowercase,
         max_sentences=args.max_sentences,
     )
@@ -261,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             metavar="TOKEN=BIAS",
             help="add BIAS (in [-100, 100]) to token id TOKEN's logit (repeatable)",
+        )
+        p.add_argument(
+            "--logit-bias-once",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="each --logit-bias holds only until the reply holds its token",
         )
         p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None, help="write the reply in lower case")
         p.add_argument("--max-sentences", type=int, default=None, help="end the reply after this many sentences (0: off)")

@@ -64,6 +64,7 @@ class PersonaFields(_Strict):
         None, ge=-2, le=2, description="subtracted from the logit of every token the reply holds; 0: off"
     )
     logit_bias: LogitBiasMap | None = Field(None, description="token id -> bias in [-100, 100] added to its logit; {}: none")
+    logit_bias_once: bool | None = Field(None, description="each logit_bias holds only until the reply holds its token")
     lowercase: bool | None = Field(None, description="replies written in lower case")
     max_sentences: int | None = Field(None, ge=0, le=MAX_INT, description="replies end after this many sentences; 0: off")
 
@@ -75,7 +76,7 @@ class PersonaCreate(PersonaFields):
 class PersonaUpdate(PersonaFields):
     """Only the fields sent change. alpha, decay, eta, top_p and top_k may be set to null (back to the default);
     description, preamble, temperature, max_tokens, repetition_penalty, no_repeat_ngram, frequency_penalty,
-    presence_penalty, logit_bias, lowercase and max_sentences may not."""
+    presence_penalty, logit_bias, logit_bias_once, lowercase and max_sentences may not."""
 
     @model_validator(mode="after")
     def _not_null(self) -> PersonaUpdate:
@@ -89,6 +90,7 @@ class PersonaUpdate(PersonaFields):
             "frequency_penalty",
             "presence_penalty",
             "logit_bias",
+            "logit_bias_once",
             "lowercase",
             "max_sentences",
         ):
@@ -113,6 +115,7 @@ class Persona(BaseModel):
     frequency_penalty: float
     presence_penalty: float
     logit_bias: dict[str, float]
+    logit_bias_once: bool
     lowercase: bool
     max_sentences: int
     has_initial_state: bool = Field(description="new identities start from an uploaded state, not from zero")

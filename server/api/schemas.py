@@ -39,6 +39,10 @@ PresencePenalty = Annotated[
     float | None,
     Field(None, ge=-2, le=2, description="subtracted from the logit of every token the reply holds; 0 is off (persona default)"),
 ]
+LogitBiasOnce = Annotated[
+    bool | None,
+    Field(None, description="each logit_bias holds only until the reply holds its token (persona default)"),
+]
 Lowercase = Annotated[bool | None, Field(None, description="the reply written in lower case (persona default)")]
 MaxSentences = Annotated[
     int | None,
@@ -98,6 +102,7 @@ class SamplingFields(BaseModel):
     frequency_penalty: FrequencyPenalty = None
     presence_penalty: PresencePenalty = None
     logit_bias: LogitBias = None
+    logit_bias_once: LogitBiasOnce = None
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
 
@@ -114,6 +119,7 @@ class SamplingFields(BaseModel):
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
             logit_bias=requested_bias(self.logit_bias),
+            logit_bias_once=self.logit_bias_once,
             lowercase=self.lowercase,
             max_sentences=self.max_sentences,
         )
@@ -167,7 +173,8 @@ class StreamOptions(BaseModel):
 class ChatCompletionRequest(BaseModel):
     """OpenAI's chat completion request; fields SIA has no use for (tools, ...) are accepted and ignored.
     ``repetition_penalty``, ``no_repeat_ngram``, ``lowercase`` and ``max_sentences`` are SIA's own (as in vLLM's and
-    Hugging Face's extra sampling parameters)."""
+    Hugging Face's extra sampling parameters), as is ``logit_bias_once`` (each ``logit_bias`` pair holds only until the
+    reply holds its token)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -184,6 +191,7 @@ class ChatCompletionRequest(BaseModel):
     frequency_penalty: FrequencyPenalty = None
     presence_penalty: PresencePenalty = None
     logit_bias: LogitBias = None
+    logit_bias_once: LogitBiasOnce = None
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
     stop: str | list[str] | None = None

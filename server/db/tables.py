@@ -42,6 +42,8 @@ class PersonaRow(Base):
     frequency_penalty: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     presence_penalty: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     logit_bias: Mapped[dict[str, float]] = mapped_column(JSON, default=dict, server_default=text("'{}'"))
+    # each logit_bias pair holds only until the reply holds its token (a word the persona should say once)
+    logit_bias_once: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # the replies' form: written in lower case; ended after this many sentences (0: off)
     lowercase: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     max_sentences: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

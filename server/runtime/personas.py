@@ -69,6 +69,7 @@ class Personas:
             frequency_penalty=_float(values.get("frequency_penalty"), 0.0),
             presence_penalty=_float(values.get("presence_penalty"), 0.0),
             logit_bias=self.logit_bias(values.get("logit_bias")),
+            logit_bias_once=_bool(values.get("logit_bias_once"), False),
             lowercase=_bool(values.get("lowercase"), False),
             max_sentences=_int(values.get("max_sentences"), 0),
         )
@@ -131,6 +132,7 @@ class Personas:
             frequency_penalty=persona.frequency_penalty,
             presence_penalty=persona.presence_penalty,
             logit_bias=self.logit_bias(persona.logit_bias),
+            logit_bias_once=persona.logit_bias_once,
             lowercase=persona.lowercase,
             max_sentences=persona.max_sentences,
         )

@@ -72,6 +72,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     # (token id, bias) pairs added to those tokens' logits at every step (each bias in [-100, 100]; OpenAI's logit_bias)
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # each pair's bias holds only until the reply holds its token: a word the persona should say once ("sir") is
+    # raised until said, then left to the model (a bias at every step makes it say the word again and again)
+    logit_bias_once: bool = False
     # the persona's form, kept by the decoding itself (a small backbone does not keep it from its prompt alone)
     lowercase: bool = False  # the reply's text is written in lower case, character by character (``lowered``)
     max_sentences: int = 0  # n > 0 ends the reply after its n-th sentence (``sentences_end``); 0 is off
@@ -96,8 +99,9 @@ class SamplingParams:
             n = getattr(self, name)
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValueError(f"{name} must be an integer >= 0 (0 is off); got {n!r}")
-        if not isinstance(self.lowercase, bool):
-            raise ValueError(f"lowercase must be true or false; got {self.lowercase!r}")
+        for name in ("lowercase", "logit_bias_once"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
         for name in ("frequency_penalty", "presence_penalty"):
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int | float) or not -2.0 <= x <= 2.0:
@@ -162,6 +166,7 @@ class Sampling:
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] | None = None
+    logit_bias_once: bool | None = None
     lowercase: bool | None = None
     max_sentences: int | None = None
 
@@ -183,6 +188,7 @@ class Sampling:
             frequency_penalty=defaults.frequency_penalty if self.frequency_penalty is None else self.frequency_penalty,
             presence_penalty=defaults.presence_penalty if self.presence_penalty is None else self.presence_penalty,
             logit_bias=defaults.logit_bias if self.logit_bias is None else self.logit_bias,
+            logit_bias_once=defaults.logit_bias_once if self.logit_bias_once is None else self.logit_bias_once,
             lowercase=defaults.lowercase if self.lowercase is None else self.lowercase,
             max_sentences=defaults.max_sentences if self.max_sentences is None else self.max_sentences,
         )
@@ -276,10 +282,14 @@ def penalize(logits: Tensor, generated: Sequence[int], params: SamplingParams) -
     prompt and the user's message hold the very words an answer must use (the question's subject, its names).
     ``frequency_penalty`` and ``presence_penalty`` (OpenAI's rule): z - c·frequency_penalty - [c > 0]·presence_penalty
     for a token generated c times; ``logit_bias`` adds each pair's bias to its token's logit (a token id outside the
-    vocabulary is a ValueError).
+    vocabulary is a ValueError), with ``logit_bias_once`` only while ``generated`` does not hold that token.
     Greedy decoding applies them too; they depend on the row alone, so a batched row stays its solo self."""
-    if params.logit_bias:
-        ids, biases = zip(*params.logit_bias, strict=True)
+    pairs = params.logit_bias
+    if pairs and params.logit_bias_once and generated:
+        said = set(generated)
+        pairs = tuple(pair for pair in pairs if pair[0] not in said)
+    if pairs:
+        ids, biases = zip(*pairs, strict=True)
         if max(ids) >= logits.shape[-1]:
             raise ValueError(f"logit_bias names token {max(ids)}; the vocabulary has {logits.shape[-1]}")
         index = torch.tensor(ids, dtype=torch.long, device=logits.device)

@@ -133,6 +133,7 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
         page.fill("#max_sentences", "2")
         page.fill("#frequency_penalty", "0.5")
         page.fill("#logit_bias", '{"101": 1.5}')
+        page.select_option("#logit_bias_once", "true")
         page.select_option("#lowercase", "true")
 
         with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/chat")) as sent:
@@ -141,11 +142,13 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
         assert body["repetition_penalty"] == 1.2 and body["no_repeat_ngram"] == 3 and body["temperature"] == 1
         assert body["max_sentences"] == 2 and body["lowercase"] is True
         assert body["frequency_penalty"] == 0.5 and body["logit_bias"] == {"101": 1.5} and "presence_penalty" not in body
+        assert body["logit_bias_once"] is True
         page.fill("#frequency_penalty", "")
         page.fill("#logit_bias", "")
         page.fill("#repetition_penalty", "")  # the rest of the page's requests leave them to the persona
         page.fill("#no_repeat_ngram", "")
         page.fill("#max_sentences", "")
+        page.select_option("#logit_bias_once", "")
         page.select_option("#lowercase", "")
         stored = api(url, "GET", "/admin/personas/sia/identities/ana/turns")["data"]
         assert page.locator("#transcript li.bot .text").last.text_content() == stored[-1]["reply"]

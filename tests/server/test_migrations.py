@@ -28,7 +28,7 @@ def _tables(settings: Settings) -> set[str]:
 def test_upgrade_and_downgrade(settings: Settings) -> None:
     assert migrate.current_revision(settings) is None
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0007"
+    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0008"
     assert _tables(settings) == TABLES
     migrate.downgrade(settings, "base")
     assert migrate.current_revision(settings) is None
@@ -77,7 +77,7 @@ def test_turns_without_text_go_back_to_empty_strings_on_downgrade(settings: Sett
     finally:
         engine.dispose()
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == "0007"
+    assert migrate.current_revision(settings) == "0008"
 
 
 def _persona_stored_at(settings: Settings, revision: str) -> None:
@@ -177,6 +177,23 @@ def test_personas_made_before_the_openai_penalties_get_them_off(settings: Settin
     assert names == ["new", "old"]
 
 
+def test_personas_made_before_logit_bias_once_get_it_off(settings: Settings) -> None:
+    """0008 adds personas.logit_bias_once: a persona stored before has it off (false); a new or changed one keeps it
+    on; downgrading drops the column and keeps the persona."""
+    _persona_stored_at(settings, "0007")
+    store = Store(settings)
+    try:
+        assert store.get_persona("old").logit_bias_once is False
+        assert store.create_persona("new", logit_bias={"38061": 2.5}, logit_bias_once=True).logit_bias_once is True
+        assert store.get_persona("new").logit_bias_once is True
+        assert store.update_persona("old", logit_bias_once=True).logit_bias_once is True
+    finally:
+        store.close()
+    columns, names = _downgraded(settings, "0007")
+    assert "logit_bias_once" not in columns and "logit_bias" in columns
+    assert names == ["new", "old"]
+
+
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "nested" / "dir")
     assert settings.url == f"sqlite:///{tmp_path / 'nested' / 'dir' / 'sia.db'}"
@@ -206,7 +223,7 @@ def test_db_commands(tmp_path: Path) -> None:
 
     assert sia("db", "current").stdout.startswith("empty (no revision)")
     sia("db", "upgrade")
-    assert sia("db", "current").stdout.strip() == "0007 (up to date)"
+    assert sia("db", "current").stdout.strip() == "0008 (up to date)"
     engine = create_engine(f"sqlite:///{tmp_path / 'sia.db'}")
     try:
         assert set(inspect(engine).get_table_names()) >= TABLES

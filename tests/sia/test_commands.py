@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sia.checkpoint import save_checkpoint
-from sia.commands import main
+from sia.commands import build_parser, main, sampling_choices
 from sia.identity.state import state_from_bytes
 from sia.model.native import SIAModel
 
@@ -61,6 +61,19 @@ def test_a_logit_bias_and_the_openai_penalties_are_options(checkpoint: Path, cap
         main([*args, "--logit-bias", "d=1"])
     assert main([*args, "--logit-bias", "260=1"]) == 2
     assert main([*args, "--presence-penalty", "3"]) == 2
+
+
+def test_a_logit_bias_once_is_an_option(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--logit-bias-once reaches the sampling (left out: the persona's); with it the +100 bias on "d" holds only until
+    the reply holds a "d", and the +50 on "x" then takes over."""
+    args = ["generate", "hi", "--checkpoint", str(checkpoint), "--temperature", "0", "--max-tokens", "6"]
+    parse = build_parser().parse_args
+    assert sampling_choices(parse([*args, "--logit-bias-once"])).logit_bias_once is True
+    assert sampling_choices(parse([*args, "--no-logit-bias-once"])).logit_bias_once is False
+    assert sampling_choices(parse(args)).logit_bias_once is None
+    assert main([*args, "--logit-bias", "100=100", "--logit-bias", "120=50", "--logit-bias-once"]) == 0
+    once = capsys.readouterr().out.strip()
+    assert once.startswith("dx") and "d" not in once[1:]
 
 
 def test_the_bundled_model_answers_and_keeps_its_state(

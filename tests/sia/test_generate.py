@@ -330,6 +330,21 @@ def test_a_logit_bias_is_added_to_its_tokens_at_every_step_and_checked() -> None
     assert Sampling().over(SamplingParams(logit_bias=((3, 1.0),), frequency_penalty=0.2)).logit_bias == ((3, 1.0),)
 
 
+def test_a_logit_bias_once_holds_only_until_the_reply_holds_its_token() -> None:
+    """With logit_bias_once a pair's bias drops out once its token is in the reply; the other pairs keep theirs."""
+    logits = torch.tensor([4.0, -2.0, 1.0, 3.0])
+    params = SamplingParams(temperature=0.0, logit_bias=((2, 5.0), (1, 1.0)), logit_bias_once=True)
+    assert penalize(logits, [], params).tolist() == [4.0, -1.0, 6.0, 3.0]
+    assert penalize(logits, [3, 2], params).tolist() == [4.0, -1.0, 1.0, 3.0]  # said once: token 2 is the model's again
+    assert penalize(logits, [2, 1], params).tolist() == logits.tolist()
+    assert sample_next(logits, params, None, []) == 2 and sample_next(logits, params, None, [2]) == 0
+    always = SamplingParams(temperature=0.0, logit_bias=((2, 5.0),))
+    assert sample_next(logits, always, None, [2]) == 2  # without it the bias holds at every step
+    assert Sampling().over(params).logit_bias_once and not Sampling(logit_bias_once=False).over(params).logit_bias_once
+    with pytest.raises(ValueError, match="logit_bias_once must be true or false"):
+        SamplingParams(logit_bias_once=1)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.1])
 def test_repetition_controls_hold_in_decoding_and_batched_rows_equal_solo_rows(
     model: SIAModel, config: ModelConfig, temperature: float

@@ -73,6 +73,7 @@ def _request(body: ChatCompletionRequest, caller: CallerDep, settings: SettingsD
         frequency_penalty=body.frequency_penalty,
         presence_penalty=body.presence_penalty,
         logit_bias=requested_bias(body.logit_bias),
+        logit_bias_once=body.logit_bias_once,
         lowercase=body.lowercase,
         max_sentences=body.max_sentences,
         stop=tuple(stops),

@@ -210,6 +210,8 @@ function samplingFields() {
     const raw = $(id).value.trim();
     if (raw !== "") out[id] = parse(raw, 10);
   }
-  if ($("lowercase").value !== "") out.lowercase = $("lowercase").value === "true";
+  for (const id of ["logit_bias_once", "lowercase"]) {
+    if ($(id).value !== "") out[id] = $(id).value === "true";
+  }
   return out;
 }

@@ -115,6 +115,10 @@ def test_persona_create_read_update_delete(client: TestClient) -> None:
     error(client.patch(f"{P}/mara.v2", json={"logit_bias": {"260": 1}}), 400, "invalid_value")  # outside the vocabulary
     assert ok(client.get(f"{P}/mara.v2"))["logit_bias"] == {"101": 3.0}  # the refused change stored nothing
     assert ok(client.patch(f"{P}/mara.v2", json={"logit_bias": {}}))["logit_bias"] == {}
+    assert biased["logit_bias_once"] is False  # off unless set
+    assert ok(client.patch(f"{P}/mara.v2", json={"logit_bias_once": True}))["logit_bias_once"] is True
+    assert ok(client.get(f"{P}/mara.v2"))["logit_bias_once"] is True
+    assert ok(client.patch(f"{P}/mara.v2", json={"logit_bias_once": False}))["logit_bias_once"] is False
     error(client.get(f"{P}/nobody"), 404, "not_found")
 
     # a persona's identities go with it
@@ -163,6 +167,8 @@ INVALID_BODIES: list[tuple[str, str, dict[str, object], str | None]] = [
     ("POST", P, {"name": "ok", "logit_bias": {"one": 1}}, "logit_bias"),
     ("POST", P, {"name": "ok", "logit_bias": [1, 2]}, "logit_bias"),
     ("PATCH", f"{P}/sia", {"logit_bias": None}, None),
+    ("POST", P, {"name": "ok", "logit_bias_once": "maybe"}, "logit_bias_once"),
+    ("PATCH", f"{P}/sia", {"logit_bias_once": None}, None),
     ("POST", f"{ID}/u/reset", {"layers": []}, "layers"),
     ("POST", f"{ID}/u/reset", {"layers": [0], "self_only": True}, None),
     ("POST", f"{ID}/u/rollback", {}, None),

@@ -33,6 +33,15 @@ def test_same_seed_same_reply_and_reset_reproduces_a_fresh_identity(client: Test
     assert (a["reply"], a["shock"]) == (b["reply"], b["shock"])
 
 
+def test_a_bias_once_holds_until_the_reply_holds_its_token(client: TestClient) -> None:
+    """Biases of +100 on "d" and +50 on "x" make every greedy token "d"; with logit_bias_once "d" holds its bias only
+    until said, and "x" follows."""
+    biased = {"max_tokens": 6, "temperature": 0, "logit_bias": {"100": 100, "120": 50}}
+    assert chat(client, "a", "Hello there", **biased)["reply"] == "dddddd"
+    once = chat(client, "b", "Hello there", **biased, logit_bias_once=True)["reply"]
+    assert isinstance(once, str) and once.startswith("dx") and "d" not in once[1:]
+
+
 def test_streaming_sends_tokens_then_done(client: TestClient) -> None:
     with client.stream(
         "POST", "/v1/personas/sia/chat", json={"user": "s", "message": "Hello!", "stream": True, "max_tokens": 10, "seed": 1}
@@ -69,6 +78,7 @@ def test_streaming_errors_before_the_first_token_keep_their_status(client: TestC
         ({"user": "u", "message": "x", "no_repeat_ngram": -2}, "no_repeat_ngram"),
         ({"user": "u", "message": "x", "presence_penalty": 2.1}, "presence_penalty"),
         ({"user": "u", "message": "x", "logit_bias": {"1": -100.5}}, "logit_bias"),
+        ({"user": "u", "message": "x", "logit_bias_once": "maybe"}, "logit_bias_once"),
     ],
 )
 def test_invalid_bodies_are_422_with_the_error_shape(client: TestClient, body: dict[str, object], param: str) -> None:

@@ -125,8 +125,26 @@ def test_openai_penalties_and_logit_bias_are_request_fields(client: TestClient) 
     assert (first,) not in banned and banned != loose
 
 
+def test_logit_bias_once_holds_a_bias_until_the_reply_holds_its_token(client: TestClient) -> None:
+    """Biases of +100 on "d" and +50 on "x" (the byte model's tokens 100 and 120) make every greedy token "d"; with
+    logit_bias_once "d" is said once, then "x" (its bias still holds), whether the request or the persona asks for it."""
+    bias = {"100": 100, "120": 50}
+    always = _token_ids(client, "a", logit_bias=bias)
+    assert always == [(100,)] * 24
+    once = _token_ids(client, "b", logit_bias=bias, logit_bias_once=True)
+    assert once[:2] == [(100,), (120,)] and (100,) not in once[1:]
+    assert _token_ids(client, "c", logit_bias=bias, logit_bias_once=False) == always  # off is off
+    assert client.patch("/admin/personas/sia", json={"logit_bias": bias, "logit_bias_once": True}).status_code == 200
+    assert _token_ids(client, "d") == once
+    assert _token_ids(client, "e", logit_bias_once=False) == always  # the request overrides the persona
+
+
 def test_bad_reply_forms_are_refused(client: TestClient) -> None:
-    for extra, param in (({"lowercase": "maybe"}, "lowercase"), ({"max_sentences": -1}, "max_sentences")):
+    for extra, param in (
+        ({"lowercase": "maybe"}, "lowercase"),
+        ({"max_sentences": -1}, "max_sentences"),
+        ({"logit_bias_once": "maybe"}, "logit_bias_once"),
+    ):
         body = {"model": "sia", "user": "u", "messages": [{"role": "user", "content": "x"}], **extra}
         r = client.post("/v1/chat/completions", json=body)
         assert r.status_code == 422 and r.json()["error"]["param"] == param, (extra, r.text)
