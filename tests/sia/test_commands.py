@@ -85,7 +85,7 @@ def test_the_bundled_model_answers_and_keeps_its_state(
     model = load_model(cache_dir=smollm2_cache)
     state_file = tmp_path / "me.safetensors"
     args = ["generate", "What is the capital of France?", "--state", str(state_file), "--temperature", "0", "--max-tokens", "12"]
-    assert main([*args, "--cache", str(smollm2_cache), "--persona", "marlow"]) == 0
+    assert main([*args, "--cache", str(smollm2_cache), "--persona", "pip"]) == 0
     assert "Paris" in capsys.readouterr().out
     state = state_from_bytes(state_file.read_bytes(), model.config)
     assert state.turns == 1 and state.trace.dtype == torch.float16

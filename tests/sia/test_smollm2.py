@@ -14,6 +14,7 @@ from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, run_turn
 from sia.learn.imprint_read import message_tokens
 from sia.model.generate import SamplingParams
+from sia.personas import outdated_defaults, persona_defaults, persona_sampling, word_bias
 
 
 def test_the_bundled_checkpoint_matches_transformers_and_knows_paris(smollm2_cache: Path, smollm2_dir: Path) -> None:
@@ -57,3 +58,19 @@ def test_the_bundled_ask_head_tells_what_a_message_asks_about(smollm2_cache: Pat
     asked = model.asked_kinds([message_tokens(model.tokenizer, m) for m in messages])
     assert [KINDS[int(i)] for i in asked.argmax(-1)] == ["city", "name", "job", "unknown", "unknown", "unknown"]
     assert float(asked[1, KINDS.index("name")]) > 0.9 and float(asked[4, 0]) > 0.9
+
+
+def test_marlow_says_sir_once_by_a_bias_on_the_bundled_tokenizers_own_token(smollm2_cache: Path) -> None:
+    """Marlow's default raises " sir" (one token for the bundled tokenizer) until its reply says it; a word written with
+    two tokens gets no bias; a marlow stored by the release before is brought to it, one whose admin set a bias is not."""
+    model = load_model(DEFAULT_CHECKPOINT, cache_dir=smollm2_cache)
+    sir = model.tokenizer.encode(" sir")
+    assert len(sir) == 1 and len(model.tokenizer.encode(" madam")) == 2
+    assert word_bias(model.tokenizer, {" sir": 4.0, " madam": 2.0}) == {str(sir[0]): 4.0}
+    marlow = persona_sampling(model, "marlow")
+    assert marlow.logit_bias == ((sir[0], 4.0),) and marlow.logit_bias_once
+    assert persona_sampling(model, "sia").logit_bias == () and not persona_sampling(model, "sia").logit_bias_once
+    before = {**persona_defaults(model, "marlow"), "logit_bias": {}, "logit_bias_once": False}
+    assert outdated_defaults(model, "marlow", before) == {"logit_bias": {str(sir[0]): 4.0}, "logit_bias_once": True}
+    chosen = {**before, "logit_bias": {"17": 1.0}}
+    assert outdated_defaults(model, "marlow", chosen) == {}  # "once" comes only with the default's bias
