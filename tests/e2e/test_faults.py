@@ -22,7 +22,7 @@ from tests.e2e.conftest import local_env
 
 def test_kill_9_mid_turn_leaves_the_pre_turn_state(tmp_path: Path, checkpoint_dir: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data")
-    settings_env = {"LEASE_S": "3", "BUSY_TIMEOUT_S": "0.5"}
+    settings_env = {"LEASE_S": "15", "BUSY_TIMEOUT_S": "0.5"}  # long enough that a loaded machine still sees the hold
     port = free_port()
     with server_process(local_env(tmp_path, checkpoint_dir, port, **settings_env), tmp_path / "a.log", port=port) as server:
         r = httpx.post(f"{server.url}/v1/personas/sia/chat", json={"user": "k", "message": "hello", "max_tokens": 4}, timeout=60)
@@ -49,7 +49,7 @@ def test_kill_9_mid_turn_leaves_the_pre_turn_state(tmp_path: Path, checkpoint_di
         if r.status_code == 409:  # the dead process's hold has not expired yet
             assert r.json()["error"]["code"] == "identity_busy"
             deadline = time.monotonic() + 60
-            while store.get_identity("sia", "k").busy:  # until the 3 s hold expires
+            while store.get_identity("sia", "k").busy:  # until the 15 s hold expires
                 assert time.monotonic() < deadline, "the dead process's hold never expired"
                 time.sleep(0.1)
             r = httpx.post(
