@@ -18,7 +18,11 @@ them), then one question per kind the user stated, scored as `sia eval --natural
 given, none it replaced). The figures of `sia eval --natural`, served: through the store, the batcher and the API.
 
     python -m benchmarks.served_memory [--set heldout|natural|users] [--part heldout|tune] [--episodes 8]
-                                       [--between 2] [--route chat|openai] [--checkpoint PATH] [--out FILE]
+                                       [--between 2] [--route chat|openai] [--sampling greedy|persona]
+                                       [--checkpoint PATH] [--out FILE]
+
+``--sampling persona`` sends no sampling field, so every reply is decoded at the persona's own defaults (sampled, as
+a client that sets nothing gets them); by default replies are greedy, ``--max-tokens`` long.
 
 The service's settings come from the environment as in a deployment (e.g. ``SIA_READ_SHIFT=1`` for a weaker read than
 the checkpoint's own; the result records the shift served). Writes benchmarks/results/served_memory.json and prints a
@@ -145,6 +149,12 @@ def main() -> None:
     parser.add_argument("--between", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--route", choices=("chat", "openai"), default="chat")
+    parser.add_argument(
+        "--sampling",
+        choices=("greedy", "persona"),
+        default="greedy",
+        help="greedy replies of --max-tokens, or the persona's own defaults (what a client that sets none gets)",
+    )
     parser.add_argument("--checkpoint", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -170,7 +180,9 @@ def main() -> None:
         with TestClient(create_app(settings, model=model)) as client:
 
             def say(user: str, message: str) -> str:
-                sampling = {"user": user, "temperature": 0, "max_tokens": args.max_tokens}
+                sampling: dict[str, Any] = {"user": user}
+                if args.sampling == "greedy":
+                    sampling |= {"temperature": 0, "max_tokens": args.max_tokens}
                 if args.route == "openai":  # the identity carries the history: only the new message is sent
                     body = {"model": "sia", "messages": [{"role": "user", "content": message}], **sampling}
                     response = client.post("/v1/chat/completions", json=body)
@@ -209,6 +221,7 @@ def main() -> None:
         "questions": len(rows),
         "between": args.between,
         "route": args.route,
+        "sampling": args.sampling,
         "read_shift": getattr(model, "read_shift", None),  # as served: SIA_READ_SHIFT where set, else the checkpoint's
         "right": right,
         "stranger_right": stranger,
