@@ -2,7 +2,7 @@
 
 For each held-out episode of the fact corpus, a user of persona ``sia`` states three facts through
 ``POST /v1/personas/sia/chat`` (or, with ``--route openai``, ``POST /v1/chat/completions`` with model ``sia`` and
-only the new message: greedy replies), chats about ``--between`` unrelated things, then asks about
+only the new message; greedy replies unless ``--sampling persona``), chats about ``--between`` unrelated things, then asks about
 one fact (the episode's first probe). A second user, who never said anything, asks the same question. A reply
 counts as right when it contains the fact's value (case-insensitive, whole word). The service runs in process on
 the checkpoint (default: the bundled one) with a fresh SQLite database.
