@@ -19,10 +19,12 @@ given, none it replaced). The figures of `sia eval --natural`, served: through t
 
     python -m benchmarks.served_memory [--set heldout|natural|users] [--part heldout|tune] [--episodes 8]
                                        [--between 2] [--route chat|openai] [--sampling greedy|persona]
-                                       [--checkpoint PATH] [--out FILE]
+                                       [--recall-temperature T] [--checkpoint PATH] [--out FILE]
 
 ``--sampling persona`` sends no sampling field, so every reply is decoded at the persona's own defaults (sampled, as
-a client that sets nothing gets them); by default replies are greedy, ``--max-tokens`` long.
+a client that sets nothing gets them, a reply to a question about the user's facts at the persona's recall
+temperature); by default replies are greedy, ``--max-tokens`` long. ``--recall-temperature T`` sends that field with
+every turn (e.g. 5: replies that recall are sampled as the others).
 
 The service's settings come from the environment as in a deployment (e.g. ``SIA_READ_SHIFT=1`` for a weaker read than
 the checkpoint's own; the result records the shift served). Writes benchmarks/results/served_memory.json and prints a
@@ -155,6 +157,13 @@ def main() -> None:
         default="greedy",
         help="greedy replies of --max-tokens, or the persona's own defaults (what a client that sets none gets)",
     )
+    parser.add_argument(
+        "--recall-temperature",
+        type=float,
+        default=None,
+        help="sent with every turn (default: the persona's; at or above the temperature: replies that recall are sampled "
+        "as the others)",
+    )
     parser.add_argument("--checkpoint", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -183,6 +192,8 @@ def main() -> None:
                 sampling: dict[str, Any] = {"user": user}
                 if args.sampling == "greedy":
                     sampling |= {"temperature": 0, "max_tokens": args.max_tokens}
+                if args.recall_temperature is not None:
+                    sampling["recall_temperature"] = args.recall_temperature
                 if args.route == "openai":  # the identity carries the history: only the new message is sent
                     body = {"model": "sia", "messages": [{"role": "user", "content": message}], **sampling}
                     response = client.post("/v1/chat/completions", json=body)
@@ -222,6 +233,7 @@ def main() -> None:
         "between": args.between,
         "route": args.route,
         "sampling": args.sampling,
+        "recall_temperature": args.recall_temperature,  # None: the persona's
         "read_shift": getattr(model, "read_shift", None),  # as served: SIA_READ_SHIFT where set, else the checkpoint's
         "right": right,
         "stranger_right": stranger,

@@ -38,6 +38,7 @@ def sampling_choices(args: argparse.Namespace) -> Sampling:
         logit_bias_once=args.logit_bias_once,
         lowercase=args.lowercase,
         max_sentences=args.max_sentences,
+        recall_temperature=args.recall_temperature,
     )
 
 
@@ -271,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None, help="write the reply in lower case")
         p.add_argument("--max-sentences", type=int, default=None, help="end the reply after this many sentences (0: off)")
+        p.add_argument(
+            "--recall-temperature",
+            type=float,
+            default=None,
+            help="the most a reply to a question about the user's facts is decoded at (0: greedy)",
+        )
         p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
     gen = sub.add_parser("generate", help="one turn: reply to PROMPT and update the identity state")

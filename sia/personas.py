@@ -87,6 +87,9 @@ CHAT_SAMPLING: dict[str, object] = {
     "max_tokens": 128,
     "repetition_penalty": 1.15,
     "no_repeat_ngram": 4,
+    # a reply to a question about the user's facts, with an imprint to answer from, decoded greedily: at the defaults
+    # above, such replies recall 61.1 % of the tuning part's facts over HTTP, against 66.7 % greedy (experiments/LOG.md)
+    "recall_temperature": 0.0,
 }
 
 
@@ -108,7 +111,7 @@ CHAT_WORDS: dict[str, dict[str, float]] = {"marlow": {" sir": 4.0}}
 # the release of the default personas' defaults: a service brings a stored default persona to them once (where a field
 # still holds an earlier release's default, EARLIER_CHAT_SAMPLING and EARLIER_CHAT_PROMPTS) and records this number with
 # it, so that an admin who later sets a field back to an earlier default keeps it. Raise it whenever a default changes.
-DEFAULTS_RELEASE = 2
+DEFAULTS_RELEASE = 3
 
 
 # the decoding defaults earlier releases stored for a chat backbone's personas, field by field
@@ -120,6 +123,7 @@ EARLIER_CHAT_SAMPLING: dict[str, tuple[object, ...]] = {
     "max_sentences": (0,),
     "logit_bias": ({},),
     "logit_bias_once": (False,),
+    "recall_temperature": (None,),
 }
 
 
@@ -166,6 +170,7 @@ def persona_sampling(model: IdentityModel, name: str) -> SamplingParams:
         max_sentences=int(str(d.get("max_sentences", 0))),
         logit_bias=logit_bias_pairs(d.get("logit_bias", {})),
         logit_bias_once=d.get("logit_bias_once") is True,
+        recall_temperature=None if d.get("recall_temperature") is None else float(str(d["recall_temperature"])),
     )
 
 

@@ -67,6 +67,9 @@ class PersonaFields(_Strict):
     logit_bias_once: bool | None = Field(None, description="each logit_bias holds only until the reply holds its token")
     lowercase: bool | None = Field(None, description="replies written in lower case")
     max_sentences: int | None = Field(None, ge=0, le=MAX_INT, description="replies end after this many sentences; 0: off")
+    recall_temperature: float | None = Field(
+        None, ge=0, le=5, description="a reply that recalls the user's facts is decoded at no more than this; null: off"
+    )
 
 
 class PersonaCreate(PersonaFields):
@@ -74,7 +77,8 @@ class PersonaCreate(PersonaFields):
 
 
 class PersonaUpdate(PersonaFields):
-    """Only the fields sent change. alpha, decay, eta, top_p and top_k may be set to null (back to the default);
+    """Only the fields sent change. alpha, decay, eta, top_p, top_k and recall_temperature may be set to null (back to
+    the default, off for the last three);
     description, preamble, temperature, max_tokens, repetition_penalty, no_repeat_ngram, frequency_penalty,
     presence_penalty, logit_bias, logit_bias_once, lowercase and max_sentences may not."""
 
@@ -118,6 +122,7 @@ class Persona(BaseModel):
     logit_bias_once: bool
     lowercase: bool
     max_sentences: int
+    recall_temperature: float | None
     has_initial_state: bool = Field(description="new identities start from an uploaded state, not from zero")
     created_at: Timestamp
     updated_at: Timestamp

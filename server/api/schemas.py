@@ -48,6 +48,16 @@ MaxSentences = Annotated[
     int | None,
     Field(None, ge=0, le=2**31 - 1, description="the reply ends after this many sentences; 0 is off (persona default)"),
 ]
+RecallTemperature = Annotated[
+    float | None,
+    Field(
+        None,
+        ge=0,
+        le=5,
+        description="a reply to a question about the user's facts, with an imprint to answer from, is decoded at no more "
+        "than this temperature (persona default; at or above temperature: no cap)",
+    ),
+]
 UserId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$", description="the user's id")]
 
 
@@ -105,6 +115,7 @@ class SamplingFields(BaseModel):
     logit_bias_once: LogitBiasOnce = None
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
+    recall_temperature: RecallTemperature = None
 
     def sampling(self) -> Sampling:
         return Sampling(
@@ -122,6 +133,7 @@ class SamplingFields(BaseModel):
             logit_bias_once=self.logit_bias_once,
             lowercase=self.lowercase,
             max_sentences=self.max_sentences,
+            recall_temperature=self.recall_temperature,
         )
 
 
@@ -194,6 +206,7 @@ class ChatCompletionRequest(BaseModel):
     logit_bias_once: LogitBiasOnce = None
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
+    recall_temperature: RecallTemperature = None
     stop: str | list[str] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)

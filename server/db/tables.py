@@ -47,6 +47,8 @@ class PersonaRow(Base):
     # the replies' form: written in lower case; ended after this many sentences (0: off)
     lowercase: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     max_sentences: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # a reply that recalls the user's facts is decoded at no more than this temperature (0: greedy; NULL: off)
+    recall_temperature: Mapped[float | None] = mapped_column(Float)
     # the release of the default personas' defaults this persona was last brought to (sia.personas.DEFAULTS_RELEASE;
     # 0: stored before any was recorded); not an admin's field
     defaults_release: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -72,6 +72,7 @@ class Personas:
             logit_bias_once=_bool(values.get("logit_bias_once"), False),
             lowercase=_bool(values.get("lowercase"), False),
             max_sentences=_int(values.get("max_sentences"), 0),
+            recall_temperature=None if values.get("recall_temperature") is None else _float(values["recall_temperature"], 0.0),
         )
         blob = values.get("initial_state")
         if blob is not None:
@@ -135,6 +136,7 @@ class Personas:
             logit_bias_once=persona.logit_bias_once,
             lowercase=persona.lowercase,
             max_sentences=persona.max_sentences,
+            recall_temperature=persona.recall_temperature,
         )
         params = sampling.over(defaults)
         for token, _ in params.logit_bias:  # a request's ids, checked before the identity is used

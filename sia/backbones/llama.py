@@ -451,7 +451,16 @@ class LlamaModel(IdentityModel):
             if copies is not None and layer in (c.imprint_copy_layers or ()):
                 copy = layers[-1]
                 copy.copy_tokens, copy.copy_after, copy.copy_weight = tokens, after, copies
-        return Conditioning(layers=layers, self_state=self_state)
+        return Conditioning(layers=layers, self_state=self_state, recalls=self.recalls(imprint, asked))
+
+    @staticmethod
+    def recalls(imprint: ImprintEntries | None, asked: Tensor | None) -> Tensor | None:
+        """The rows (B,) bool, on the CPU, whose message more likely asks about the user's facts than about none
+        (p(none) < 1/2, the gate of ``entry_bias`` and ``copy_weight``) and whose imprint holds an entry to answer
+        from; None where nothing is asked."""
+        if imprint is None or asked is None:
+            return None
+        return (asked.float()[:, 0].cpu() < 0.5) & imprint.filled.cpu().any(-1)
 
     def copy_weight(self, imprint: ImprintEntries | None, asked: Tensor | None) -> Tensor | None:
         """Each entry's weight in the copy read (B, N): config.imprint_copy for an entry whose token is kept (0 for the

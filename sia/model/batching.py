@@ -35,6 +35,7 @@ from sia.model.generate import (
     padded_inputs,
     prompt_nll,
     prompt_scoring,
+    row_params,
     sample_next,
 )
 from sia.model.identity_model import IdentityModel
@@ -66,13 +67,18 @@ def _cat_layer(parts: Sequence[object]) -> object:
 def select_conditioning(cond: Conditioning, rows: Tensor) -> Conditioning:
     """The given rows (B',) of a Conditioning, in that order; nothing is recomputed."""
     layers = [None if lc is None else _select_layer(lc, rows) for lc in cond.layers]
-    return Conditioning(layers=layers, self_state=cond.self_state[rows])  # type: ignore[arg-type]
+    recalls = None if cond.recalls is None else cond.recalls[rows.cpu()]
+    return Conditioning(layers=layers, self_state=cond.self_state[rows], recalls=recalls)  # type: ignore[arg-type]
 
 
 def cat_conditioning(conds: Sequence[Conditioning]) -> Conditioning:
     """Conditionings of the same model stacked along the batch."""
     layers = [None if lcs[0] is None else _cat_layer(lcs) for lcs in zip(*(c.layers for c in conds), strict=True)]
-    return Conditioning(layers=layers, self_state=torch.cat([c.self_state for c in conds], dim=0))  # type: ignore[arg-type]
+    recalls = None
+    if any(c.recalls is not None for c in conds):
+        recalls = torch.cat([torch.zeros(c.batch_size, dtype=torch.bool) if c.recalls is None else c.recalls for c in conds])
+    self_state = torch.cat([c.self_state for c in conds], dim=0)
+    return Conditioning(layers=layers, self_state=self_state, recalls=recalls)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -245,7 +251,7 @@ class DecodeBatch:
         out = model(idx, cond, cache=own, positions=positions, attn_mask=attn_mask, summary_mask=counted, logits_from=logits_from)
         nll = prompt_nll(out.logits, idx, lengths, starts, logits_from)  # (B, L-1)
         last = out.logits[:, -1].clone()  # a copy: a view would keep every position's logits alive
-        return Prefilled(own, cond, lengths, list(params), nll, out.stats, last)
+        return Prefilled(own, cond, lengths, row_params(params, cond.recalls), nll, out.stats, last)
 
     @torch.inference_mode()
     def admit(self, pre: Prefilled) -> list[int]:

@@ -28,6 +28,9 @@ class Conditioning:
 
     layers: Sequence[SlotLayer | None]  # per layer; None for a variant without state (plain attention)
     self_state: Tensor  # (B, d_s)
+    # (B,) bool, on the CPU: the rows whose message asks about the user's facts with an imprint to answer from, whose replies are
+    # decoded at their recall temperature (SamplingParams.recall_temperature); None: no row
+    recalls: Tensor | None = None
 
     @property
     def batch_size(self) -> int:

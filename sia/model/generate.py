@@ -14,7 +14,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 import torch
@@ -44,6 +44,7 @@ __all__ = [
     "padded_inputs",
     "penalize",
     "repeated_ngram_bans",
+    "row_params",
     "sample_next",
     "sentences_end",
     "stream",
@@ -78,12 +79,19 @@ class SamplingParams:
     # the persona's form, kept by the decoding itself (a small backbone does not keep it from its prompt alone)
     lowercase: bool = False  # the reply's text is written in lower case, character by character (``lowered``)
     max_sentences: int = 0  # n > 0 ends the reply after its n-th sentence (``sentences_end``); 0 is off
+    # a reply to a message that asks about the user, with an imprint to answer from (the conditioning's ``recalls``), is
+    # decoded at min(temperature, recall_temperature): a fact is recalled as the model reads it best (0: greedy); None
+    # is off
+    recall_temperature: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer; got {self.max_new_tokens!r}")
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0 (0 is greedy); got {self.temperature}")
+        recall = self.recall_temperature
+        if recall is not None and (isinstance(recall, bool) or not isinstance(recall, int | float) or not recall >= 0.0):
+            raise ValueError(f"recall_temperature must be a number >= 0 (0 is greedy) or None (off); got {recall!r}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1; got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
@@ -130,6 +138,20 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def recalling(self) -> SamplingParams:
+        """These settings for a reply that recalls the user's facts: the temperature capped at ``recall_temperature``."""
+        if self.recall_temperature is None or self.temperature <= self.recall_temperature:
+            return self
+        return replace(self, temperature=float(self.recall_temperature))
+
+
+def row_params(params: Sequence[SamplingParams], recalls: Tensor | None) -> list[SamplingParams]:
+    """Each row's decoding under a conditioning whose ``recalls`` (B,) marks the rows that recall (None: none)."""
+    if recalls is None:
+        return list(params)
+    flags = recalls.tolist()
+    return [p.recalling() if flag else p for p, flag in zip(params, flags, strict=True)]
+
 
 def logit_bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
     """A logit bias as JSON writes it (token id as a decimal string -> bias; None: none) as SamplingParams takes it:
@@ -169,6 +191,7 @@ class Sampling:
     logit_bias_once: bool | None = None
     lowercase: bool | None = None
     max_sentences: int | None = None
+    recall_temperature: float | None = None
 
     def __post_init__(self) -> None:
         self.over(SamplingParams())
@@ -191,6 +214,7 @@ class Sampling:
             logit_bias_once=defaults.logit_bias_once if self.logit_bias_once is None else self.logit_bias_once,
             lowercase=defaults.lowercase if self.lowercase is None else self.lowercase,
             max_sentences=defaults.max_sentences if self.max_sentences is None else self.max_sentences,
+            recall_temperature=defaults.recall_temperature if self.recall_temperature is None else self.recall_temperature,
         )
 
 
@@ -586,7 +610,8 @@ def _decode(
     last = logits[:, -1]  # (B, V)
     seq, seq_count = idx, counted
 
-    rows = [ReplyDecoder(params, device, tok) for _ in range(B)]
+    each = row_params([params] * B, cond.recalls)  # a row that recalls the user's facts: at the recall temperature
+    rows = [ReplyDecoder(p, device, tok) for p in each]
     while True:
         step = torch.full((B, 1), tok.pad_id, dtype=torch.long, device=device)
         alive = torch.zeros(B, 1, dtype=torch.bool, device=device)
@@ -594,13 +619,13 @@ def _decode(
             if row.finish_reason is not None:
                 continue
             logits_b = last[b].index_fill(0, banned, float("-inf"))  # (V,)
-            token = sample_next(logits_b, params, row.generator, row.tokens)
+            token = sample_next(logits_b, each[b], row.generator, row.tokens)
             log_p = F.log_softmax(logits_b.float(), dim=-1)  # (V,)
             top: tuple[tuple[int, float], ...] = ()
             if params.top_logprobs:
                 values, ids = log_p.topk(params.top_logprobs)
                 top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
-            delta = row.push(token, params, tok.end_ids)
+            delta = row.push(token, each[b], tok.end_ids)
             yield StreamEvent(row=b, token=token, text=delta, logprob=float(log_p[token]), top_logprobs=top)
             if row.finish_reason is None:
                 step[b, 0], alive[b, 0] = token, True

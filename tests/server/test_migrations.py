@@ -28,7 +28,7 @@ def _tables(settings: Settings) -> set[str]:
 def test_upgrade_and_downgrade(settings: Settings) -> None:
     assert migrate.current_revision(settings) is None
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0008"
+    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0009"
     assert _tables(settings) == TABLES
     migrate.downgrade(settings, "base")
     assert migrate.current_revision(settings) is None
@@ -77,7 +77,7 @@ def test_turns_without_text_go_back_to_empty_strings_on_downgrade(settings: Sett
     finally:
         engine.dispose()
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == "0008"
+    assert migrate.current_revision(settings) == "0009"
 
 
 def _persona_stored_at(settings: Settings, revision: str) -> None:
@@ -194,6 +194,23 @@ def test_personas_made_before_logit_bias_once_get_it_off(settings: Settings) -> 
     assert names == ["new", "old"]
 
 
+def test_personas_made_before_the_recall_temperature_have_it_off(settings: Settings) -> None:
+    """0009 adds personas.recall_temperature: a persona stored before has it off (NULL); a new or changed one keeps the
+    value it is given; downgrading drops the column and keeps the persona."""
+    _persona_stored_at(settings, "0008")
+    store = Store(settings)
+    try:
+        assert store.get_persona("old").recall_temperature is None
+        assert store.create_persona("new", recall_temperature=0.0).recall_temperature == 0.0
+        assert store.get_persona("new").recall_temperature == 0.0
+        assert store.update_persona("old", recall_temperature=0.25).recall_temperature == 0.25
+    finally:
+        store.close()
+    columns, names = _downgraded(settings, "0008")
+    assert "recall_temperature" not in columns and "logit_bias_once" in columns
+    assert names == ["new", "old"]
+
+
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "nested" / "dir")
     assert settings.url == f"sqlite:///{tmp_path / 'nested' / 'dir' / 'sia.db'}"
@@ -223,7 +240,7 @@ def test_db_commands(tmp_path: Path) -> None:
 
     assert sia("db", "current").stdout.startswith("empty (no revision)")
     sia("db", "upgrade")
-    assert sia("db", "current").stdout.strip() == "0008 (up to date)"
+    assert sia("db", "current").stdout.strip() == "0009 (up to date)"
     engine = create_engine(f"sqlite:///{tmp_path / 'sia.db'}")
     try:
         assert set(inspect(engine).get_table_names()) >= TABLES

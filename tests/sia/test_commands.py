@@ -71,6 +71,8 @@ def test_a_logit_bias_once_is_an_option(checkpoint: Path, capsys: pytest.Capture
     assert sampling_choices(parse([*args, "--logit-bias-once"])).logit_bias_once is True
     assert sampling_choices(parse([*args, "--no-logit-bias-once"])).logit_bias_once is False
     assert sampling_choices(parse(args)).logit_bias_once is None
+    assert sampling_choices(parse([*args, "--recall-temperature", "0.2"])).recall_temperature == 0.2
+    assert sampling_choices(parse(args)).recall_temperature is None
     assert main([*args, "--logit-bias", "100=100", "--logit-bias", "120=50", "--logit-bias-once"]) == 0
     once = capsys.readouterr().out.strip()
     assert once.startswith("dx") and "d" not in once[1:]

@@ -38,7 +38,9 @@ from sia.learn.imprint_read import (
     train_kinds,
     train_read,
 )
+from sia.model.batching import DecodeBatch
 from sia.model.config import LlamaConfig
+from sia.model.generate import Sampling, SamplingParams, generate, row_params
 from sia.model.tokenizer import ByteTokenizer
 
 from .conftest import hf_tiny
@@ -680,3 +682,56 @@ def test_a_message_is_asked_about_the_same_in_a_batch_as_alone() -> None:
     assert (together[0] - together[1]).abs().max() > 1e-3
     with pytest.raises(ValueError, match="at least one token"):
         model.asked_kinds([[]])
+
+
+def test_a_reply_that_recalls_the_users_facts_is_decoded_at_the_recall_temperature_in_a_batch_as_alone() -> None:
+    model = with_trained_like_read()
+    model.add_kind_tagger(1)
+    model.add_ask_head(2.0)
+    assert model.imprint_ask is not None
+    # a head that reads "where do I live?" as asking for the city and "hi there" as asking for none
+    rows = [list(b"where do I live?"), list(b"hi there")]
+
+    def asked_kinds(messages: list[list[int]]) -> Tensor:
+        asked = [KINDS.index("city") if m == rows[0] else 0 for m in messages]
+        return F.one_hot(torch.tensor(asked), len(KINDS)).float()
+
+    model.asked_kinds = asked_kinds  # type: ignore[method-assign,assignment]
+    kept = replace(IdentityState.fresh(model.config), imprint=_labelled(model, ["name", "city"]))
+    fresh = IdentityState.fresh(model.config)
+    cond = model.condition_states([kept, kept, fresh], [3, 3, 3], [rows[0], rows[1], rows[0]])
+    # asked about the user with an imprint to answer from; asked nothing; asked, with nothing imprinted
+    assert cond.recalls is not None and cond.recalls.tolist() == [True, False, False]
+    assert model.condition_states([kept], [3]).recalls is None  # no message: nothing asked
+    prompt = list(b"sys ") + rows[0]
+    hot = SamplingParams(max_new_tokens=12, temperature=1.5, seed=5, recall_temperature=0.0)
+    greedy = generate(model, [prompt], model.condition_states([kept], [4], [rows[0]]), replace(hot, temperature=0.0))
+    recalled = generate(model, [prompt], model.condition_states([kept], [4], [rows[0]]), hot)
+    sampled = generate(model, [prompt], model.condition_states([kept], [4], [rows[0]]), replace(hot, recall_temperature=None))
+    assert recalled[0].tokens == greedy[0].tokens and sampled[0].tokens != greedy[0].tokens
+    # in a batch, the recalling row is decoded greedily and the other at its own temperature, each as it is alone
+    prompts = [prompt, list(b"sys ") + rows[1]]
+    together = generate(model, prompts, model.condition_states([kept, kept], [4, 4], rows), hot)
+    alone = [generate(model, [p], model.condition_states([kept], [4], [m]), hot)[0] for p, m in zip(prompts, rows, strict=True)]
+    assert [g.tokens for g in together] == [g.tokens for g in alone] and together[0].tokens == greedy[0].tokens
+    batch = DecodeBatch(model)
+    handles = batch.join_many(prompts, model.condition_states([kept, kept], [4, 4], rows), [hot, hot])
+    while not all(h in batch.done for h in handles):
+        batch.sample()
+        batch.advance()
+    assert [batch.take(h).tokens for h in handles] == [g.tokens for g in alone]
+
+
+def test_the_recall_temperature_caps_the_temperature_and_is_checked() -> None:
+    params = SamplingParams(temperature=0.7, recall_temperature=0.2)
+    assert params.recalling().temperature == 0.2 and params.recalling().recall_temperature == 0.2
+    assert SamplingParams(temperature=0.1, recall_temperature=0.2).recalling().temperature == 0.1  # never raised
+    assert SamplingParams(temperature=0.7).recalling().temperature == 0.7  # off
+    assert row_params([params, params], torch.tensor([True, False])) == [params.recalling(), params]
+    assert row_params([params], None) == [params]
+    for bad in (-0.1, float("nan"), True, "0"):
+        with pytest.raises(ValueError, match="recall_temperature"):
+            SamplingParams(recall_temperature=bad)  # type: ignore[arg-type]
+    persona = SamplingParams(temperature=0.4, recall_temperature=0.0)
+    assert Sampling(temperature=0.9).over(persona).recall_temperature == 0.0  # a request's temperature keeps the cap
+    assert Sampling(recall_temperature=0.9).over(persona).recalling().temperature == 0.4  # a request may lift it

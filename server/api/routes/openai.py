@@ -76,6 +76,7 @@ def _request(body: ChatCompletionRequest, caller: CallerDep, settings: SettingsD
         logit_bias_once=body.logit_bias_once,
         lowercase=body.lowercase,
         max_sentences=body.max_sentences,
+        recall_temperature=body.recall_temperature,
         stop=tuple(stops),
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
     )

@@ -119,6 +119,10 @@ def test_persona_create_read_update_delete(client: TestClient) -> None:
     assert ok(client.patch(f"{P}/mara.v2", json={"logit_bias_once": True}))["logit_bias_once"] is True
     assert ok(client.get(f"{P}/mara.v2"))["logit_bias_once"] is True
     assert ok(client.patch(f"{P}/mara.v2", json={"logit_bias_once": False}))["logit_bias_once"] is False
+    assert biased["recall_temperature"] is None  # off unless set
+    assert ok(client.patch(f"{P}/mara.v2", json={"recall_temperature": 0.0}))["recall_temperature"] == 0.0
+    assert ok(client.get(f"{P}/mara.v2"))["recall_temperature"] == 0.0
+    assert ok(client.patch(f"{P}/mara.v2", json={"recall_temperature": None}))["recall_temperature"] is None  # off again
     error(client.get(f"{P}/nobody"), 404, "not_found")
 
     # a persona's identities go with it
@@ -169,6 +173,8 @@ INVALID_BODIES: list[tuple[str, str, dict[str, object], str | None]] = [
     ("PATCH", f"{P}/sia", {"logit_bias": None}, None),
     ("POST", P, {"name": "ok", "logit_bias_once": "maybe"}, "logit_bias_once"),
     ("PATCH", f"{P}/sia", {"logit_bias_once": None}, None),
+    ("POST", P, {"name": "ok", "recall_temperature": -0.1}, "recall_temperature"),
+    ("PATCH", f"{P}/sia", {"recall_temperature": "cold"}, "recall_temperature"),
     ("POST", f"{ID}/u/reset", {"layers": []}, "layers"),
     ("POST", f"{ID}/u/reset", {"layers": [0], "self_only": True}, None),
     ("POST", f"{ID}/u/rollback", {}, None),

@@ -79,6 +79,7 @@ def test_streaming_errors_before_the_first_token_keep_their_status(client: TestC
         ({"user": "u", "message": "x", "presence_penalty": 2.1}, "presence_penalty"),
         ({"user": "u", "message": "x", "logit_bias": {"1": -100.5}}, "logit_bias"),
         ({"user": "u", "message": "x", "logit_bias_once": "maybe"}, "logit_bias_once"),
+        ({"user": "u", "message": "x", "recall_temperature": 5.5}, "recall_temperature"),
     ],
 )
 def test_invalid_bodies_are_422_with_the_error_shape(client: TestClient, body: dict[str, object], param: str) -> None:

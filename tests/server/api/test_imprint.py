@@ -25,6 +25,7 @@ from server.runtime.window import exchange_tokens, recent_window
 from sia.backbones.llama import LlamaModel
 from sia.backbones.slot_maps import init_slot_map
 from sia.checkpoint import load_model
+from sia.identity.imprint import KINDS
 from sia.identity.state import Dynamics, IdentityState, state_from_bytes
 from sia.identity.turn import TurnRequest, run_turn
 from sia.model.generate import SamplingParams
@@ -101,6 +102,53 @@ def turn_rows(settings: Settings) -> list[tuple[Any, ...]]:
 
 def system_prompt(client: TestClient, model: LlamaModel) -> list[int]:
     return model.tokenizer.system_prompt(ok(client.get("/admin/personas/sia"))["preamble"])
+
+
+# --- recall turns -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recalling_llama(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
+    """The imprinting tiny LLaMA with a kind tagger that labels every word a name and an ask head that takes every
+    message for a question about the user's city: every turn with something imprinted recalls."""
+    root = tmp_path_factory.mktemp("recalling-llama")
+    model = load_model(write_tiny_gguf(root / "tiny.gguf", build_tiny_vocab()).path, cache_dir=root / "models")
+    assert isinstance(model, LlamaModel)
+    model.add_imprint(IMPRINT_TOKENS, 0)
+    model.add_kind_tagger(1)
+    model.add_ask_head(2.0)
+    assert model.imprint_kind is not None and model.imprint_ask is not None
+    with torch.no_grad():
+        model.imprint_kind.bias[KINDS.index("name")] = 40.0
+        model.imprint_ask.weight.zero_()
+        model.imprint_ask.bias.zero_()
+        model.imprint_ask.bias[KINDS.index("city")] = 40.0
+    return model
+
+
+def test_a_question_about_the_user_is_answered_at_the_personas_recall_temperature(
+    settings: Settings, recalling_llama: LlamaModel
+) -> None:
+    """The default persona decodes a reply that recalls the user's facts greedily (recall_temperature 0), whatever the
+    turn's temperature; a request may lift the cap; an identity with nothing imprinted is decoded as asked."""
+    hot = {"max_tokens": 8, "temperature": 1.5, "seed": 7}
+    with serve(settings, recalling_llama) as c:
+        assert ok(c.get("/admin/personas/sia"))["recall_temperature"] == 0.0
+        for user in ("ana", "bo", "cy"):
+            chat(c, FACT, user)
+        assert state_of(c, recalling_llama, "ana").imprint is not None
+        recalled = chat_with(c, "ana", QUESTION, **hot)
+        greedy = chat_with(c, "bo", QUESTION, max_tokens=8, temperature=0)
+        lifted = chat_with(c, "cy", QUESTION, **hot, recall_temperature=5)
+        fresh = chat_with(c, "dee", QUESTION, **hot)
+        fresh_lifted = chat_with(c, "eve", QUESTION, **hot, recall_temperature=5)
+    assert recalled == greedy and lifted != greedy
+    assert fresh == fresh_lifted  # nothing imprinted: nothing to recall, sampled as asked
+
+
+def chat_with(client: TestClient, user: str, message: str, **sampling: Any) -> str:
+    reply: str = ok(client.post("/v1/personas/sia/chat", json={"user": user, "message": message, **sampling}))["reply"]
+    return reply
 
 
 # --- privacy mode ------------------------------------------------------------------------------------------------

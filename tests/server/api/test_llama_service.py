@@ -80,7 +80,7 @@ def test_a_restart_brings_default_personas_to_this_releases_decoding_unless_an_a
     examples) takes today's defaults when the service starts; a field an admin set to something else stays as it is,
     and so does a field an admin sets back to an earlier default once this release's defaults were applied."""
     migrate.upgrade(settings)
-    earlier = {"max_tokens": 128, "repetition_penalty": 1.0, "no_repeat_ngram": 0}
+    earlier = {"max_tokens": 128, "repetition_penalty": 1.0, "no_repeat_ngram": 0, "recall_temperature": None}
     with TestClient(create_app(settings, model=tiny_llama)) as c:
         ok(c.patch("/admin/personas/sia", json=earlier))
         ok(c.patch("/admin/personas/bolt", json={**earlier, "max_tokens": 40, "preamble": "You are terse."}))
