@@ -451,7 +451,9 @@ def _visible_text(text: str, stops: Sequence[str]) -> int:
 
 
 class ReplyDecoder:
-    """One row's reply as it is decoded: its tokens and text, stop strings, finish reason and sampling generator."""
+    """One row's reply as it is decoded: its tokens and text, stop strings, finish reason and sampling generator. The
+    text begins at its first character that is not white space (a reply whose first token is " Lisbon" reads
+    "Lisbon"); the tokens are the model's, as sampled."""
 
     def __init__(self, params: SamplingParams, device: torch.device, tok: Tokenizer) -> None:
         self.tokens: list[int] = []
@@ -476,6 +478,8 @@ class ReplyDecoder:
             self.finish_reason = "stop"
         else:
             self.text += lowered(self.decoder.push(token), params.lowercase)
+        if not self.emitted:  # nothing shown yet: the reply starts at its first visible character
+            self.text = self.text.lstrip()
         for stop in self.stops:
             cut = self.text.find(stop)
             if cut >= 0:

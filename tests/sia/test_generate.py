@@ -11,6 +11,7 @@ from sia.identity.state import IdentityState
 from sia.model.config import ModelConfig
 from sia.model.generate import (
     NUCLEUS_FIRST,
+    ReplyDecoder,
     Sampling,
     SamplingParams,
     generate,
@@ -429,7 +430,7 @@ def test_a_sentence_limit_ends_the_reply_after_its_last_sentence(model: SIAModel
         if g.finish_reason == "stop" and g.tokens[-1] not in ByteTokenizer.end_ids:
             end = sentences_end(g.text + ByteTokenizer().decode(g.tokens[-1:]), 1)
             assert end == len(g.text) and g.text.rstrip() == g.text
-            assert ByteTokenizer().decode(g.tokens[:-1]) == g.text
+            assert ByteTokenizer().decode(g.tokens[:-1]).lstrip() == g.text
     assert sum(g.finish_reason == "stop" and g.tokens[-1] not in ByteTokenizer.end_ids for g in cut) >= 2
 
 
@@ -450,3 +451,17 @@ def _biased_head(model: SIAModel, bias: torch.Tensor) -> SIAModel:
         with torch.no_grad():
             head.bias += bias
     return liked
+
+
+def test_a_reply_begins_at_its_first_visible_character() -> None:
+    """White space the model samples before anything else is not shown (" Lisbon" reads "Lisbon"); the tokens stay the
+    model's, white space later in the reply stays, and a stop string is not met by the leading white space."""
+    tok = ByteTokenizer()
+    row = ReplyDecoder(SamplingParams(temperature=0.0, stop=("\n",)), torch.device("cpu"), tok)
+    deltas = [row.push(t, SamplingParams(temperature=0.0), tok.end_ids) for t in b"\n  Hi there"]
+    assert row.text == "Hi there" and "".join(deltas) == "Hi there" and deltas[:3] == ["", "", ""]
+    assert row.tokens == list(b"\n  Hi there") and row.finish_reason is None
+    assert row.push(ord("\n"), SamplingParams(temperature=0.0), tok.end_ids) == "" and row.finish_reason == "stop"
+    blank = ReplyDecoder(SamplingParams(temperature=0.0, max_new_tokens=2), torch.device("cpu"), tok)
+    assert [blank.push(t, SamplingParams(max_new_tokens=2), tok.end_ids) for t in b"  "] == ["", ""]
+    assert blank.text == "" and blank.finish_reason == "length"
