@@ -32,7 +32,7 @@ from sia.model.kv_cache import KVCache
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
-__all__ = ["IDENTITY_PARAMETERS", "LlamaModel", "copied", "hf_name"]
+__all__ = ["IDENTITY_PARAMETERS", "LlamaModel", "asks_a_fact", "copied", "hf_name"]
 
 # Untrained, the slot is shut: its value is zero, and any mass it took would dilute the base model's attention. A
 # finite bias cannot shut it everywhere (some heads' logits all lie far below zero, e.g. -15, where a slot at -12
@@ -119,6 +119,13 @@ def _copying(layers: Sequence[object]) -> InjectedLayer | None:
         if isinstance(lc, InjectedLayer) and lc.copy_weight is not None:
             return lc if bool((lc.copy_weight > 0).any()) else None
     return None
+
+
+def asks_a_fact(asked: Tensor) -> Tensor:
+    """(B, 1) bool: the rows whose message more likely asks about one of the user's facts than about none, from the ask
+    head's probabilities ``asked`` (B, len(KINDS)) or their first column, p(none) (B, 1): p(none) < 1/2. The one gate of
+    the entry bias, the copy read and the recall temperature."""
+    return asked.float()[:, :1] < 0.5
 
 
 def _untrained_ask(head: nn.Linear) -> None:
@@ -460,7 +467,7 @@ class LlamaModel(IdentityModel):
         from; None where nothing is asked."""
         if imprint is None or asked is None:
             return None
-        return (asked.float()[:, 0].cpu() < 0.5) & imprint.filled.cpu().any(-1)
+        return asks_a_fact(asked)[:, 0].cpu() & imprint.filled.cpu().any(-1)
 
     def copy_weight(self, imprint: ImprintEntries | None, asked: Tensor | None) -> Tensor | None:
         """Each entry's weight in the copy read (B, N): config.imprint_copy for an entry whose token is kept (0 for the
@@ -475,7 +482,7 @@ class LlamaModel(IdentityModel):
         weight = lam * (imprint.token >= 0).float()  # (B, N)
         if asked is not None:
             p_none = asked.float()[:, :1].to(weight.device)
-            weight = torch.where(p_none < 0.5, weight * (1.0 - p_none), torch.zeros_like(weight))
+            weight = torch.where(asks_a_fact(p_none), weight * (1.0 - p_none), torch.zeros_like(weight))
         return weight.to(self.wte.weight.device)
 
     def copy_after(self, imprint: ImprintEntries) -> Tensor:
@@ -506,7 +513,7 @@ class LlamaModel(IdentityModel):
             raise ValueError(f"asked must be ({kind.shape[0]}, {len(KINDS)}); got {tuple(asked.shape)}")
         p = asked.float()
         bias = beta * (2.0 * p.gather(1, kind.long()) - (1.0 - p[:, :1]))  # (B, N)
-        return torch.where((kind > 0) & (p[:, :1] < 0.5), bias, torch.zeros_like(bias))
+        return torch.where((kind > 0) & asks_a_fact(p), bias, torch.zeros_like(bias))
 
     @torch.no_grad()
     def asked_kinds(self, rows: Sequence[Sequence[int]]) -> Tensor:
