@@ -2,6 +2,7 @@
 
 Run: ``python -m benchmarks.reply_quality --part tune|heldout [--personas sia bolt] [--limit N] [--greedy]
 [--repetition-penalty R] [--no-repeat-ngram N] [--temperature T] [--max-tokens N] [--lowercase on|off] [--max-sentences N]
+[--exclaim on|off] [--address TEXT]
 [--prompts FILE] [--out PATH] [--merge]``
 (``--prompts``: a JSON object of persona -> system prompt tried in place of the persona's, for tuning).
 
@@ -11,8 +12,8 @@ Every question of ``benchmarks/data/easy_questions/<part>.jsonl`` is asked once 
 batched row decodes as it would alone). Two decodings: the persona's default sampling (``sia.personas``: temperature
 0.4, top-p 0.9, 128 tokens; every row's generator seeded with 0, so a run is reproducible) and greedy (temperature
 0); with ``--greedy`` only greedy, with ``--sampled`` only the persona's. ``--repetition-penalty``,
-``--no-repeat-ngram``, ``--temperature``, ``--max-tokens``, ``--lowercase`` and ``--max-sentences`` override the
-persona's defaults.
+``--no-repeat-ngram``, ``--temperature``, ``--max-tokens``, ``--lowercase``, ``--max-sentences``, ``--exclaim`` and
+``--address`` override the persona's defaults.
 
 Reported per persona and decoding (``benchmarks.reply_metrics`` defines each): answered rate, loop rate,
 wrong-language rate, mean length in words, style rate, and the answered rate per question kind. The JSON (``--out``,
@@ -65,6 +66,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=None, help="override the persona's sampled temperature")
     p.add_argument("--max-tokens", type=int, default=None, help="override the persona's reply length limit")
     p.add_argument("--lowercase", choices=("on", "off"), default=None, help="override the persona's lowercase decoding")
+    p.add_argument("--exclaim", choices=("on", "off"), default=None, help="override the persona's exclamation rule")
+    p.add_argument("--address", default=None, help='override the persona\'s form of address ("": off)')
     p.add_argument("--max-sentences", type=int, default=None, help="override the persona's sentence limit (0: off)")
     p.add_argument(
         "--logit-bias", type=json.loads, default=None, help='override the persona\'s: a JSON object {"token id": bias}'
@@ -193,6 +196,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         overrides["lowercase"] = args.lowercase == "on"
     if args.max_sentences is not None:
         overrides["max_sentences"] = args.max_sentences
+    if args.exclaim is not None:
+        overrides["exclaim"] = args.exclaim == "on"
+    if args.address is not None:
+        overrides["address"] = args.address
     if args.logit_bias is not None:
         overrides["logit_bias"] = logit_bias_pairs(args.logit_bias)
     if args.logit_bias_once is not None:

@@ -40,6 +40,8 @@ PERSONA_FIELDS = (
     "logit_bias_once",
     "lowercase",
     "max_sentences",
+    "exclaim",
+    "address",
     "recall_temperature",
 )
 
@@ -76,6 +78,8 @@ class PersonaRecord:
     logit_bias_once: bool  # each bias holds only until the reply holds its token
     lowercase: bool  # the reply written in lower case
     max_sentences: int  # the reply ended after this many sentences; 0: off
+    exclaim: bool  # a full stop right after a word written "!" until the reply holds one
+    address: str  # a form of address written before the reply's first sentence end unless it says it; "": off
     recall_temperature: float | None  # the most a reply that recalls the user's facts is decoded at; None: off
     initial_state: bytes | None
     defaults_release: int  # the release of the default personas' defaults it was last brought to (0: none recorded)

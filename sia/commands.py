@@ -38,6 +38,8 @@ def sampling_choices(args: argparse.Namespace) -> Sampling:
         logit_bias_once=args.logit_bias_once,
         lowercase=args.lowercase,
         max_sentences=args.max_sentences,
+        exclaim=args.exclaim,
+        address=args.address,
         recall_temperature=args.recall_temperature,
     )
 
@@ -272,6 +274,15 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None, help="write the reply in lower case")
         p.add_argument("--max-sentences", type=int, default=None, help="end the reply after this many sentences (0: off)")
+        p.add_argument(
+            "--exclaim",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help='write a full stop right after a word as "!" until the reply holds one',
+        )
+        p.add_argument(
+            "--address", default=None, help='a form of address (", sir") written before the first sentence end ("": off)'
+        )
         p.add_argument(
             "--recall-temperature",
             type=float,

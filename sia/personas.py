@@ -97,22 +97,29 @@ CHAT_SAMPLING: dict[str, object] = {
 # the form of a persona's replies where a small chat backbone does not keep it from the prompt alone, chosen on the
 # easy questions' tuning part (experiments/LOG.md, 2026-12-01 (b)): bolt's replies in lower case, ended after their
 # first sentence (its style check 4 -> 71 %, answered 58.7 -> 53.3 %: answers given only in a later sentence are cut);
-# sia's ended after four ("a few gentle, complete sentences": style 79 -> 91 %, answered 55 -> 53 %, one question)
-CHAT_FORM: dict[str, dict[str, object]] = {"bolt": {"lowercase": True, "max_sentences": 1}, "sia": {"max_sentences": 4}}
+# sia's ended after four ("a few gentle, complete sentences": style 79 -> 91 %, answered 55 -> 53 %, one question);
+# pip's first full stop after a word written "!" (style 69 -> 93 %, answered 53 -> 57 %; held out 62 -> 90 %, 60 -> 54 %)
+# and marlow's ", sir" before its first sentence end (style 81 -> 96 %, answered 52 -> 55 %; held out 77 -> 93 %,
+# 52 -> 50 %), in place of the bias below (2026-12-03 (d))
+CHAT_FORM: dict[str, dict[str, object]] = {
+    "bolt": {"lowercase": True, "max_sentences": 1},
+    "sia": {"max_sentences": 4},
+    "pip": {"exclaim": True},
+    "marlow": {"address": ", sir"},
+}
 
 
 # words a persona's replies should hold, raised by a logit bias on the one token the backbone's tokenizer writes each
-# with, until the reply has said it (logit_bias_once); a word written with more tokens than one is not raised. Chosen
-# on the easy questions' tuning part (experiments/LOG.md, 2026-12-03 (a)): marlow's " sir" +4 took its style check
-# from 37 to 81 % (answered 53 -> 52 %; held out: 40 -> 77 %, 55 -> 52 %); the same bias at every step made a fifth of
-# its replies say "sir" three times or more
-CHAT_WORDS: dict[str, dict[str, float]] = {"marlow": {" sir": 4.0}}
+# with, until the reply has said it (logit_bias_once); a word written with more tokens than one is not raised. None
+# today: marlow's " sir" +4 (releases 2 and 3: style 37 -> 81 % on the easy questions' tuning part, answered 53 -> 52 %)
+# gave way to its address, which says "sir" in 96 % of the replies with 55 % answered (experiments/LOG.md, 2026-12-03 (d))
+CHAT_WORDS: dict[str, dict[str, float]] = {}
 
 
 # the release of the default personas' defaults: a service brings a stored default persona to them once (where a field
 # still holds an earlier release's default, EARLIER_CHAT_SAMPLING and EARLIER_CHAT_PROMPTS) and records this number with
 # it, so that an admin who later sets a field back to an earlier default keeps it. Raise it whenever a default changes.
-DEFAULTS_RELEASE = 3
+DEFAULTS_RELEASE = 4
 
 
 # the decoding defaults earlier releases stored for a chat backbone's personas, field by field
@@ -122,10 +129,16 @@ EARLIER_CHAT_SAMPLING: dict[str, tuple[object, ...]] = {
     "no_repeat_ngram": (0,),
     "lowercase": (False,),
     "max_sentences": (0,),
+    "exclaim": (False,),
+    "address": ("",),
     "logit_bias": ({},),
     "logit_bias_once": (False,),
     "recall_temperature": (None,),
 }
+
+
+# the words an earlier release raised for a default persona (CHAT_WORDS), whose bias a service takes away with its "once"
+EARLIER_CHAT_WORDS: dict[str, tuple[dict[str, float], ...]] = {"marlow": ({" sir": 4.0},)}
 
 
 # chat prompts an earlier release stored for a default persona, which a service brings to today's
@@ -138,7 +151,9 @@ def persona_defaults(model: IdentityModel, name: str) -> dict[str, object]:
     """The stored fields of default persona ``name`` for ``model``: description, prompt and decoding defaults."""
     values: dict[str, object] = {"description": PERSONAS[name].description, "preamble": persona_prompt(model, name)}
     if not isinstance(model.config, ModelConfig):
-        values.update(CHAT_SAMPLING, lowercase=False, max_sentences=0, logit_bias={}, logit_bias_once=False)
+        values.update(
+            CHAT_SAMPLING, lowercase=False, max_sentences=0, exclaim=False, address="", logit_bias={}, logit_bias_once=False
+        )
         values.update(CHAT_FORM.get(name, {}))
         bias = word_bias(model.tokenizer, CHAT_WORDS.get(name, {}))
         if bias:
@@ -168,6 +183,8 @@ def persona_sampling(model: IdentityModel, name: str) -> SamplingParams:
         repetition_penalty=float(str(d.get("repetition_penalty", 1.0))),
         no_repeat_ngram=int(str(d.get("no_repeat_ngram", 0))),
         lowercase=d.get("lowercase") is True,
+        exclaim=d.get("exclaim") is True,
+        address=str(d.get("address", "")),
         max_sentences=int(str(d.get("max_sentences", 0))),
         logit_bias=logit_bias_pairs(d.get("logit_bias", {})),
         logit_bias_once=d.get("logit_bias_once") is True,
@@ -183,6 +200,9 @@ def outdated_defaults(model: IdentityModel, name: str, stored: Mapping[str, obje
         return {}
     current = persona_defaults(model, name)
     earlier = {**EARLIER_CHAT_SAMPLING, "preamble": EARLIER_CHAT_PROMPTS.get(name, ())}
+    words = [word_bias(model.tokenizer, w) for w in EARLIER_CHAT_WORDS.get(name, ())]
+    if words:  # an earlier default bias came with "once" on
+        earlier.update(logit_bias=(*earlier["logit_bias"], *words), logit_bias_once=(*earlier["logit_bias_once"], True))
     changes = {
         field: current[field]
         for field, values in earlier.items()

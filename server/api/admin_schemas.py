@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from server.api.schemas import LogitBiasMap, SamplingFields, Usage
+from server.api.schemas import AddressText, LogitBiasMap, SamplingFields, Usage
 from server.records import IdentityRecord, TurnRecord
 from server.runtime.identities import ImprintedSpan, ImprintListing, Inspection, StateDiff
 
@@ -67,6 +67,10 @@ class PersonaFields(_Strict):
     logit_bias_once: bool | None = Field(None, description="each logit_bias holds only until the reply holds its token")
     lowercase: bool | None = Field(None, description="replies written in lower case")
     max_sentences: int | None = Field(None, ge=0, le=MAX_INT, description="replies end after this many sentences; 0: off")
+    exclaim: bool | None = Field(None, description='a full stop right after a word is written "!" until the reply holds one')
+    address: AddressText | None = Field(
+        None, description='a form of address (", sir") written before the first sentence end after a word unless said; "": off'
+    )
     recall_temperature: float | None = Field(
         None, ge=0, le=5, description="a reply that recalls the user's facts is decoded at no more than this; null: off"
     )
@@ -80,7 +84,7 @@ class PersonaUpdate(PersonaFields):
     """Only the fields sent change. alpha, decay, eta, top_p, top_k and recall_temperature may be set to null (back to
     the default, off for the last three);
     description, preamble, temperature, max_tokens, repetition_penalty, no_repeat_ngram, frequency_penalty,
-    presence_penalty, logit_bias, logit_bias_once, lowercase and max_sentences may not."""
+    presence_penalty, logit_bias, logit_bias_once, lowercase, max_sentences, exclaim and address may not."""
 
     @model_validator(mode="after")
     def _not_null(self) -> PersonaUpdate:
@@ -97,6 +101,8 @@ class PersonaUpdate(PersonaFields):
             "logit_bias_once",
             "lowercase",
             "max_sentences",
+            "exclaim",
+            "address",
         ):
             if name in self.model_fields_set and getattr(self, name) is None:
                 raise ValueError(f"{name} may not be null")
@@ -122,6 +128,8 @@ class Persona(BaseModel):
     logit_bias_once: bool
     lowercase: bool
     max_sentences: int
+    exclaim: bool
+    address: str
     recall_temperature: float | None
     has_initial_state: bool = Field(description="new identities start from an uploaded state, not from zero")
     created_at: Timestamp

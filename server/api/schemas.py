@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from sia.model.generate import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, Sampling, SamplingParams, logit_bias_pairs
+from sia.model.generate import MAX_ADDRESS, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, Sampling, SamplingParams, logit_bias_pairs
 
 RepetitionPenalty = Annotated[
     float | None,
@@ -47,6 +47,27 @@ Lowercase = Annotated[bool | None, Field(None, description="the reply written in
 MaxSentences = Annotated[
     int | None,
     Field(None, ge=0, le=2**31 - 1, description="the reply ends after this many sentences; 0 is off (persona default)"),
+]
+Exclaim = Annotated[
+    bool | None,
+    Field(None, description='a full stop right after a word is written "!" until the reply holds one (persona default)'),
+]
+
+
+def checked_address(value: str) -> str:
+    """A form of address as the sampler checks it: printable, at most 40 characters, holding a word ("" is off)."""
+    SamplingParams(address=value)
+    return value
+
+
+AddressText = Annotated[str, Field(max_length=MAX_ADDRESS), AfterValidator(checked_address)]
+Address = Annotated[
+    AddressText | None,
+    Field(
+        None,
+        description='a form of address (e.g. ", sir") written before the reply\'s first sentence end after a word, unless '
+        'the reply already says it; "" is off (persona default)',
+    ),
 ]
 RecallTemperature = Annotated[
     float | None,
@@ -115,6 +136,8 @@ class SamplingFields(BaseModel):
     logit_bias_once: LogitBiasOnce = None
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
+    exclaim: Exclaim = None
+    address: Address = None
     recall_temperature: RecallTemperature = None
 
     def sampling(self) -> Sampling:
@@ -133,6 +156,8 @@ class SamplingFields(BaseModel):
             logit_bias_once=self.logit_bias_once,
             lowercase=self.lowercase,
             max_sentences=self.max_sentences,
+            exclaim=self.exclaim,
+            address=self.address,
             recall_temperature=self.recall_temperature,
         )
 
@@ -184,9 +209,9 @@ class StreamOptions(BaseModel):
 
 class ChatCompletionRequest(BaseModel):
     """OpenAI's chat completion request; fields SIA has no use for (tools, ...) are accepted and ignored.
-    ``repetition_penalty``, ``no_repeat_ngram``, ``lowercase`` and ``max_sentences`` are SIA's own (as in vLLM's and
-    Hugging Face's extra sampling parameters), as is ``logit_bias_once`` (each ``logit_bias`` pair holds only until the
-    reply holds its token)."""
+    ``repetition_penalty``, ``no_repeat_ngram``, ``lowercase``, ``max_sentences``, ``exclaim`` and ``address`` are
+    SIA's own (as in vLLM's and Hugging Face's extra sampling parameters), as is ``logit_bias_once`` (each
+    ``logit_bias`` pair holds only until the reply holds its token)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -206,6 +231,8 @@ class ChatCompletionRequest(BaseModel):
     logit_bias_once: LogitBiasOnce = None
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
+    exclaim: Exclaim = None
+    address: Address = None
     recall_temperature: RecallTemperature = None
     stop: str | list[str] | None = None
     logprobs: bool = False

@@ -72,6 +72,8 @@ class Personas:
             logit_bias_once=_bool(values.get("logit_bias_once"), False),
             lowercase=_bool(values.get("lowercase"), False),
             max_sentences=_int(values.get("max_sentences"), 0),
+            exclaim=_bool(values.get("exclaim"), False),
+            address=str(values.get("address") or ""),
             recall_temperature=None if values.get("recall_temperature") is None else _float(values["recall_temperature"], 0.0),
         )
         blob = values.get("initial_state")
@@ -136,6 +138,8 @@ class Personas:
             logit_bias_once=persona.logit_bias_once,
             lowercase=persona.lowercase,
             max_sentences=persona.max_sentences,
+            exclaim=persona.exclaim,
+            address=persona.address,
             recall_temperature=persona.recall_temperature,
         )
         params = sampling.over(defaults)

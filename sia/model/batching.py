@@ -36,7 +36,6 @@ from sia.model.generate import (
     prompt_nll,
     prompt_scoring,
     row_params,
-    sample_next,
 )
 from sia.model.identity_model import IdentityModel
 from sia.model.kv_cache import KVCache
@@ -336,7 +335,7 @@ class DecodeBatch:
         stopped: list[int] = []
         for b, m in enumerate(self.members):
             logits = m.last.index_fill(0, self._banned, float("-inf"))
-            token = sample_next(logits, m.params, m.row.generator, m.row.tokens)
+            token = m.row.sample(logits, m.params)
             log_p = F.log_softmax(logits.float(), dim=-1)
             top: tuple[tuple[int, float], ...] = ()
             if m.params.top_logprobs:

@@ -35,6 +35,8 @@ __all__ = [
     "Stream",
     "StreamEvent",
     "check_room",
+    "exclaimed",
+    "exclamation_pairs",
     "generate",
     "left_padded",
     "logit_bias_pairs",
@@ -46,6 +48,7 @@ __all__ = [
     "repeated_ngram_bans",
     "row_params",
     "sample_next",
+    "sentence_closers",
     "sentences_end",
     "stream",
 ]
@@ -53,6 +56,8 @@ __all__ = [
 
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 300  # tokens a logit_bias may name (OpenAI's limit)
+MAX_ADDRESS = 40  # characters of a form of address
+_WORD = re.compile(r"[^\W\d_]+")  # a run of letters
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,10 @@ class SamplingParams:
     # the persona's form, kept by the decoding itself (a small backbone does not keep it from its prompt alone)
     lowercase: bool = False  # the reply's text is written in lower case, character by character (``lowered``)
     max_sentences: int = 0  # n > 0 ends the reply after its n-th sentence (``sentences_end``); 0 is off
+    exclaim: bool = False  # a full stop after a word is written "!" until the reply holds one (``exclaimed``)
+    # a form of address (", sir") written before the reply's first sentence end after a word, unless the reply already
+    # says its words (``ReplyDecoder.sample``); "" is off
+    address: str = ""
     # a reply to a message that asks about the user, with an imprint to answer from (the conditioning's ``recalls``), is
     # decoded at min(temperature, recall_temperature): a fact is recalled as the model reads it best (0: greedy); None
     # is off
@@ -96,6 +105,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 1; got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if not isinstance(self.address, str) or len(self.address) > MAX_ADDRESS or not self.address.isprintable():
+            raise ValueError(f"address must be printable text of at most {MAX_ADDRESS} characters; got {self.address!r}")
+        if self.address and not _WORD.search(self.address):
+            raise ValueError(f"address must hold a word (it is written until the reply says it); got {self.address!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -107,7 +120,7 @@ class SamplingParams:
             n = getattr(self, name)
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValueError(f"{name} must be an integer >= 0 (0 is off); got {n!r}")
-        for name in ("lowercase", "logit_bias_once"):
+        for name in ("lowercase", "logit_bias_once", "exclaim"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
         for name in ("frequency_penalty", "presence_penalty"):
@@ -191,6 +204,8 @@ class Sampling:
     logit_bias_once: bool | None = None
     lowercase: bool | None = None
     max_sentences: int | None = None
+    exclaim: bool | None = None
+    address: str | None = None
     recall_temperature: float | None = None
 
     def __post_init__(self) -> None:
@@ -214,6 +229,8 @@ class Sampling:
             logit_bias_once=defaults.logit_bias_once if self.logit_bias_once is None else self.logit_bias_once,
             lowercase=defaults.lowercase if self.lowercase is None else self.lowercase,
             max_sentences=defaults.max_sentences if self.max_sentences is None else self.max_sentences,
+            exclaim=defaults.exclaim if self.exclaim is None else self.exclaim,
+            address=defaults.address if self.address is None else self.address,
             recall_temperature=defaults.recall_temperature if self.recall_temperature is None else self.recall_temperature,
         )
 
@@ -364,6 +381,39 @@ def sentences_end(text: str, n: int) -> int | None:
     return None
 
 
+# the pieces that close a sentence with a full stop, and their twins with an exclamation mark
+_FULL_STOPS = (".", '."', ".)", ".'", ".”", ".’")
+_SENTENCE_CLOSERS = (*_FULL_STOPS, *(p.replace(".", mark) for p in _FULL_STOPS for mark in "!?"), "...", "…")
+
+
+def sentence_closers(tok: Tokenizer) -> frozenset[int]:
+    """The tokens of ``tok`` that are one piece of ``_SENTENCE_CLOSERS`` (".", "!", "?", '."', "...", ...)."""
+    return frozenset(ids[0] for piece in _SENTENCE_CLOSERS if len(ids := tok.encode(piece)) == 1)
+
+
+def exclamation_pairs(tok: Tokenizer) -> tuple[tuple[int, int], ...]:
+    """(full stop, exclamation) token pairs of ``tok``: each piece of ``_FULL_STOPS`` it writes as one token whose twin
+    with "!" for "." is one token too."""
+    pairs = []
+    for piece in _FULL_STOPS:
+        stop, bang = tok.encode(piece), tok.encode(piece.replace(".", "!"))
+        if len(stop) == 1 and len(bang) == 1:
+            pairs.append((stop[0], bang[0]))
+    return tuple(pairs)
+
+
+def exclaimed(logits: Tensor, pairs: Sequence[tuple[int, int]]) -> Tensor:
+    """(V,) logits with each full stop's probability moved onto its exclamation twin (``exclamation_pairs``): the
+    sentence ends where the model would end it, with "!" (the twin's logit becomes log(p_stop + p_bang), the stop's
+    -inf)."""
+    if not pairs:
+        return logits
+    stops = torch.tensor([a for a, _ in pairs], dtype=torch.long, device=logits.device)
+    bangs = torch.tensor([b for _, b in pairs], dtype=torch.long, device=logits.device)
+    merged = torch.logaddexp(logits[stops], logits[bangs])
+    return logits.index_copy(0, bangs, merged).index_fill(0, stops, float("-inf"))
+
+
 def draw(logits: Tensor, generator: torch.Generator | None) -> int:
     """One token from the softmax of (V,) filtered logits (-inf: dropped), drawn among the kept tokens only: their
     probabilities are the same, and a draw over the whole vocabulary (``draw_over_vocabulary``) costs a random
@@ -462,6 +512,11 @@ class ReplyDecoder:
         self.decoder = IncrementalDecoder(tok.token_bytes)
         self.stops = [lowered(stop, params.lowercase) for stop in params.stop]  # a lowercase reply is matched in lower case
         self.finish_reason: str | None = None
+        self.exclamations = exclamation_pairs(tok) if params.exclaim else ()
+        self.address = tuple(tok.encode(params.address)) if params.address else ()
+        self.address_words = [w.lower() for w in _WORD.findall(params.address)]
+        self.closers = sentence_closers(tok) if self.address else frozenset()
+        self.queued: list[int] = []  # tokens written before the model's next one (the address's rest, then its pick)
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator(device=device)
@@ -469,6 +524,28 @@ class ReplyDecoder:
                 self.generator.manual_seed(params.seed)
             else:
                 self.generator.seed()
+
+    def sample(self, logits: Tensor, params: SamplingParams) -> int:
+        """The row's next token from its (V,) logits: with ``exclaim``, a full stop right after a word is an exclamation
+        mark until the reply holds one ("3.5" and "1." stay as they are); then ``sample_next`` over the reply so far.
+        With ``address``, a sentence's end picked right after a word, while the reply does not say the address's words,
+        is put off: the address's tokens come first, then that end ("Tokyo." becomes "Tokyo, sir.")."""
+        if self.queued:
+            return self.queued.pop(0)
+        after_word = self.text[-1:].isalpha()
+        if self.exclamations and after_word and "!" not in self.text:
+            logits = exclaimed(logits, self.exclamations)
+        token = sample_next(logits, params, self.generator, self.tokens)
+        if self.address and after_word and token in self.closers and not self._addressed():
+            self.queued = [*self.address[1:], token]
+            return self.address[0]
+        return token
+
+    def _addressed(self) -> bool:
+        """Whether the reply so far says the address's words, in order, as words ("Sir" counts, "sirloin" does not)."""
+        said = [w.lower() for w in _WORD.findall(self.text)]
+        n = len(self.address_words)
+        return any(said[i : i + n] == self.address_words for i in range(len(said) - n + 1))
 
     def push(self, token: int, params: SamplingParams, end_ids: frozenset[int]) -> str:
         """Record a token; return the newly visible text and set finish_reason when the row is done."""
@@ -623,7 +700,7 @@ def _decode(
             if row.finish_reason is not None:
                 continue
             logits_b = last[b].index_fill(0, banned, float("-inf"))  # (V,)
-            token = sample_next(logits_b, each[b], row.generator, row.tokens)
+            token = row.sample(logits_b, each[b])
             log_p = F.log_softmax(logits_b.float(), dim=-1)  # (V,)
             top: tuple[tuple[int, float], ...] = ()
             if params.top_logprobs:

@@ -136,6 +136,8 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
         page.select_option("#logit_bias_once", "true")
         page.select_option("#lowercase", "true")
         page.fill("#recall_temperature", "0.3")
+        page.select_option("#exclaim", "false")
+        page.fill("#address", ", my friend")
 
         with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/chat")) as sent:
             say(page, "Hello, I am Ana and I like green.")
@@ -143,8 +145,11 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
         assert body["repetition_penalty"] == 1.2 and body["no_repeat_ngram"] == 3 and body["temperature"] == 1
         assert body["max_sentences"] == 2 and body["lowercase"] is True
         assert body["frequency_penalty"] == 0.5 and body["logit_bias"] == {"101": 1.5} and "presence_penalty" not in body
-        assert body["logit_bias_once"] is True and body["recall_temperature"] == 0.3
+        assert body["logit_bias_once"] is True and body["recall_temperature"] == 0.3 and body["exclaim"] is False
+        assert body["address"] == ", my friend"
         page.fill("#recall_temperature", "")
+        page.select_option("#exclaim", "")
+        page.fill("#address", "")
         page.fill("#frequency_penalty", "")
         page.fill("#logit_bias", "")
         page.fill("#repetition_penalty", "")  # the rest of the page's requests leave them to the persona

@@ -28,7 +28,7 @@ def _tables(settings: Settings) -> set[str]:
 def test_upgrade_and_downgrade(settings: Settings) -> None:
     assert migrate.current_revision(settings) is None
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0009"
+    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0010"
     assert _tables(settings) == TABLES
     migrate.downgrade(settings, "base")
     assert migrate.current_revision(settings) is None
@@ -77,7 +77,7 @@ def test_turns_without_text_go_back_to_empty_strings_on_downgrade(settings: Sett
     finally:
         engine.dispose()
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == "0009"
+    assert migrate.current_revision(settings) == "0010"
 
 
 def _persona_stored_at(settings: Settings, revision: str) -> None:
@@ -211,6 +211,25 @@ def test_personas_made_before_the_recall_temperature_have_it_off(settings: Setti
     assert names == ["new", "old"]
 
 
+def test_personas_made_before_the_reply_marks_have_them_off(settings: Settings) -> None:
+    """0010 adds personas.exclaim and personas.address: a persona stored before has them off (false, ""); a new or
+    changed one keeps the values it is given; downgrading drops the columns and keeps the persona."""
+    _persona_stored_at(settings, "0009")
+    store = Store(settings)
+    try:
+        old = store.get_persona("old")
+        assert (old.exclaim, old.address) == (False, "")
+        made = store.create_persona("new", exclaim=True, address=", madam")
+        assert (made.exclaim, made.address) == (True, ", madam")
+        assert store.get_persona("new").address == ", madam"
+        assert store.update_persona("old", exclaim=True).exclaim is True
+    finally:
+        store.close()
+    columns, names = _downgraded(settings, "0009")
+    assert not {"exclaim", "address"} & columns and "recall_temperature" in columns
+    assert names == ["new", "old"]
+
+
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "nested" / "dir")
     assert settings.url == f"sqlite:///{tmp_path / 'nested' / 'dir' / 'sia.db'}"
@@ -240,7 +259,7 @@ def test_db_commands(tmp_path: Path) -> None:
 
     assert sia("db", "current").stdout.startswith("empty (no revision)")
     sia("db", "upgrade")
-    assert sia("db", "current").stdout.strip() == "0009 (up to date)"
+    assert sia("db", "current").stdout.strip() == "0010 (up to date)"
     engine = create_engine(f"sqlite:///{tmp_path / 'sia.db'}")
     try:
         assert set(inspect(engine).get_table_names()) >= TABLES

@@ -224,15 +224,18 @@ def test_rows_with_repetition_controls_decode_in_a_batch_as_they_would_alone(bui
 
 
 @pytest.mark.parametrize("build", [lambda: llama(0, 1), native], ids=["llama", "native"])
-def test_rows_decoding_in_lowercase_or_to_a_sentence_limit_decode_in_a_batch_as_they_would_alone(build: object) -> None:
-    """Rows in lowercase, rows cut after a sentence and rows with neither share steps: each decodes what it would
-    alone."""
+def test_rows_decoding_in_lowercase_to_a_sentence_limit_or_exclaiming_decode_in_a_batch_as_they_would_alone(
+    build: object,
+) -> None:
+    """Rows in lowercase, rows cut after a sentence, an exclaiming row with an address and rows with none of these
+    share steps: each decodes what it would alone."""
     model = build()  # type: ignore[operator]
     identity = states(model, len(PROMPTS))
     params = [replace(p, max_new_tokens=16) for p in PARAMS]
     params[0] = replace(params[0], lowercase=True)
     params[1] = replace(params[1], max_sentences=1)
     params[2] = replace(params[2], lowercase=True, max_sentences=1)
+    params[3] = replace(params[3], exclaim=True, address=", sir")
     expected = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, params, strict=True)]
     batch, handles, sizes, texts = decode_joining(model, identity, True, params=params)
     assert max(sizes) >= 3  # the rows really shared steps

@@ -73,6 +73,10 @@ def test_a_logit_bias_once_is_an_option(checkpoint: Path, capsys: pytest.Capture
     assert sampling_choices(parse(args)).logit_bias_once is None
     assert sampling_choices(parse([*args, "--recall-temperature", "0.2"])).recall_temperature == 0.2
     assert sampling_choices(parse(args)).recall_temperature is None
+    assert sampling_choices(parse([*args, "--exclaim"])).exclaim is True
+    assert sampling_choices(parse([*args, "--no-exclaim"])).exclaim is False and sampling_choices(parse(args)).exclaim is None
+    assert sampling_choices(parse([*args, "--address", ", sir"])).address == ", sir"
+    assert sampling_choices(parse(args)).address is None
     assert main([*args, "--logit-bias", "100=100", "--logit-bias", "120=50", "--logit-bias-once"]) == 0
     once = capsys.readouterr().out.strip()
     assert once.startswith("dx") and "d" not in once[1:]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -14,6 +15,8 @@ from sia.model.generate import (
     ReplyDecoder,
     Sampling,
     SamplingParams,
+    exclaimed,
+    exclamation_pairs,
     generate,
     lowered,
     nucleus,
@@ -435,10 +438,86 @@ def test_a_sentence_limit_ends_the_reply_after_its_last_sentence(model: SIAModel
 
 
 def test_sampling_choices_carry_the_form_over_the_defaults() -> None:
-    defaults = SamplingParams(lowercase=True, max_sentences=2)
-    assert Sampling().over(defaults).lowercase and Sampling().over(defaults).max_sentences == 2
-    chosen = Sampling(lowercase=False, max_sentences=0).over(defaults)
-    assert not chosen.lowercase and chosen.max_sentences == 0
+    defaults = SamplingParams(lowercase=True, max_sentences=2, exclaim=True)
+    kept = Sampling().over(defaults)
+    assert kept.lowercase and kept.max_sentences == 2 and kept.exclaim
+    chosen = Sampling(lowercase=False, max_sentences=0, exclaim=False).over(defaults)
+    assert not chosen.lowercase and chosen.max_sentences == 0 and not chosen.exclaim
+    with pytest.raises(ValueError, match="exclaim"):
+        SamplingParams(exclaim=1)  # type: ignore[arg-type]
+
+
+def test_exclaimed_moves_the_full_stops_probability_onto_its_exclamation_twin() -> None:
+    logits = torch.tensor([0.5, 2.0, -1.0, 1.0, 0.0, 3.0])
+    pairs = [(1, 3), (4, 2)]  # (full stop, exclamation)
+    p, q = torch.softmax(logits, -1), torch.softmax(exclaimed(logits, pairs), -1)
+    assert torch.allclose(q[3], p[1] + p[3]) and torch.allclose(q[2], p[4] + p[2])
+    assert q[1] == 0 and q[4] == 0 and torch.allclose(q[[0, 5]], p[[0, 5]])
+    assert exclaimed(logits, []) is logits
+    assert exclamation_pairs(ByteTokenizer()) == ((ord("."), ord("!")),)  # '."' and the like are two byte tokens
+
+
+def test_an_exclaiming_reply_ends_its_first_sentence_after_a_word_with_an_exclamation_mark() -> None:
+    """The row picks "!" where the model's likeliest token is a full stop right after a word, until the reply holds a
+    "!"; a full stop after a digit (3.5, a list's "1.") or after the first "!" is left to the model."""
+    tok, cpu = ByteTokenizer(), torch.device("cpu")
+    params = SamplingParams(temperature=0.0, exclaim=True)
+    stop = torch.full((tok.vocab_size,), -5.0)
+    stop[ord(".")] = 5.0
+    for text, want in [("Paris", "!"), ("It is 3", "."), ("Yes! It is Paris", "."), ("", ".")]:
+        row = ReplyDecoder(params, cpu, tok)
+        for t in text.encode():
+            row.push(t, params, tok.end_ids)
+        assert chr(row.sample(stop, params)) == want, text
+    plain = ReplyDecoder(replace(params, exclaim=False), cpu, tok)
+    for t in b"Paris":
+        plain.push(t, params, tok.end_ids)
+    assert chr(plain.sample(stop, params)) == "."
+
+
+def test_an_address_comes_before_the_first_sentence_end_after_a_word_unless_the_reply_says_it() -> None:
+    """Where the row picks a sentence's end right after a word, the address's tokens come first and then that end;
+    after a digit, once the reply says the address's words (in any case), or with no address, the end comes at once."""
+    tok, cpu = ByteTokenizer(), torch.device("cpu")
+    params = SamplingParams(temperature=0.0, address=", sir")
+    stop = torch.full((tok.vocab_size,), -5.0)
+    stop[ord("?")] = 5.0
+
+    def reply(text: str, p: SamplingParams, steps: int) -> str:
+        row = ReplyDecoder(p, cpu, tok)
+        for t in text.encode():
+            row.push(t, p, tok.end_ids)
+        for _ in range(steps):
+            row.push(row.sample(stop, p), p, tok.end_ids)
+        return row.text
+
+    assert reply("Is it Tokyo", params, 6) == "Is it Tokyo, sir?"
+    assert reply("Is it 3", params, 1) == "Is it 3?"
+    assert reply("Yes, Sir, is it Tokyo", params, 1) == "Yes, Sir, is it Tokyo?"
+    assert reply("A sirloin", params, 6) == "A sirloin, sir?"  # "sirloin" is not the word
+    assert reply("Is it Tokyo", replace(params, address=""), 1) == "Is it Tokyo?"
+    for bad in ("\n", ", 42", "x" * 41):
+        with pytest.raises(ValueError, match="address"):
+            SamplingParams(address=bad)
+    assert Sampling(address="").over(params).address == "" and Sampling().over(params).address == ", sir"
+
+
+def test_an_exclaiming_decoding_ends_its_first_sentence_with_an_exclamation_mark(model: SIAModel, config: ModelConfig) -> None:
+    """The tiny model, made to like letters, spaces and full stops, sampled: no full stop follows a word before a
+    reply's first "!", and after it full stops are the model's again."""
+    bias = torch.zeros(config.vocab_size)
+    bias[ord("a") : ord("z") + 1] = 3.0
+    bias[[ord("."), ord(" ")]] = 5.0
+    liked = _biased_head(model, bias)
+    params = SamplingParams(max_new_tokens=48, temperature=1.0, seed=3, exclaim=True)
+    replies = [g.text for g in generate(liked, PROMPTS, _cond(liked, config), params)]
+    free = [g.text for g in generate(liked, PROMPTS, _cond(liked, config), replace(params, exclaim=False))]
+    assert not any("!" in text for text in free) and any(re.search(r"[a-z]\.", text) for text in free)
+    for text in replies:
+        head, _, _ = text.partition("!")
+        assert not re.search(r"[a-z]\.", head), text
+    assert sum("!" in text for text in replies) >= 2
+    assert any(re.search(r"[a-z]\.", text.partition("!")[2]) for text in replies)  # once only
 
 
 def _biased_head(model: SIAModel, bias: torch.Tensor) -> SIAModel:

@@ -60,17 +60,18 @@ def test_the_bundled_ask_head_tells_what_a_message_asks_about(smollm2_cache: Pat
     assert float(asked[1, KINDS.index("name")]) > 0.9 and float(asked[4, 0]) > 0.9
 
 
-def test_marlow_says_sir_once_by_a_bias_on_the_bundled_tokenizers_own_token(smollm2_cache: Path) -> None:
-    """Marlow's default raises " sir" (one token for the bundled tokenizer) until its reply says it; a word written with
-    two tokens gets no bias; a marlow stored by the release before is brought to it, one whose admin set a bias is not."""
+def test_marlow_addresses_the_user_without_the_bias_of_earlier_releases(smollm2_cache: Path) -> None:
+    """Marlow's default writes ", sir" before its reply's first sentence end and raises no word; a marlow stored by the
+    releases that raised " sir" (one token for the bundled tokenizer; a word of two tokens gets no bias) until said is
+    brought to it, bias and "once" together; one whose admin set a bias keeps it."""
     model = load_model(DEFAULT_CHECKPOINT, cache_dir=smollm2_cache)
     sir = model.tokenizer.encode(" sir")
     assert len(sir) == 1 and len(model.tokenizer.encode(" madam")) == 2
     assert word_bias(model.tokenizer, {" sir": 4.0, " madam": 2.0}) == {str(sir[0]): 4.0}
     marlow = persona_sampling(model, "marlow")
-    assert marlow.logit_bias == ((sir[0], 4.0),) and marlow.logit_bias_once
-    assert persona_sampling(model, "sia").logit_bias == () and not persona_sampling(model, "sia").logit_bias_once
-    before = {**persona_defaults(model, "marlow"), "logit_bias": {}, "logit_bias_once": False}
-    assert outdated_defaults(model, "marlow", before) == {"logit_bias": {str(sir[0]): 4.0}, "logit_bias_once": True}
+    assert marlow.address == ", sir" and marlow.logit_bias == () and not marlow.logit_bias_once
+    assert persona_sampling(model, "sia").address == "" and persona_sampling(model, "pip").exclaim
+    before = {**persona_defaults(model, "marlow"), "logit_bias": {str(sir[0]): 4.0}, "logit_bias_once": True, "address": ""}
+    assert outdated_defaults(model, "marlow", before) == {"logit_bias": {}, "logit_bias_once": False, "address": ", sir"}
     chosen = {**before, "logit_bias": {"17": 1.0}}
-    assert outdated_defaults(model, "marlow", chosen) == {}  # "once" comes only with the default's bias
+    assert outdated_defaults(model, "marlow", chosen) == {"address": ", sir"}  # "once" goes only with the default's bias

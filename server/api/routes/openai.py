@@ -76,6 +76,8 @@ def _request(body: ChatCompletionRequest, caller: CallerDep, settings: SettingsD
         logit_bias_once=body.logit_bias_once,
         lowercase=body.lowercase,
         max_sentences=body.max_sentences,
+        exclaim=body.exclaim,
+        address=body.address,
         recall_temperature=body.recall_temperature,
         stop=tuple(stops),
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,

@@ -205,13 +205,13 @@ function samplingFields() {
     ["max_tokens", parseInt], ["temperature", parseFloat], ["top_p", parseFloat], ["top_k", parseInt],
     ["repetition_penalty", parseFloat], ["no_repeat_ngram", parseInt], ["frequency_penalty", parseFloat],
     ["presence_penalty", parseFloat], ["logit_bias", jsonOrText], ["max_sentences", parseInt],
-    ["recall_temperature", parseFloat], ["seed", parseInt],
+    ["recall_temperature", parseFloat], ["address", (raw) => raw], ["seed", parseInt],
   ];
   for (const [id, parse] of fields) {
     const raw = $(id).value.trim();
     if (raw !== "") out[id] = parse(raw, 10);
   }
-  for (const id of ["logit_bias_once", "lowercase"]) {
+  for (const id of ["logit_bias_once", "lowercase", "exclaim"]) {
     if ($(id).value !== "") out[id] = $(id).value === "true";
   }
   return out;

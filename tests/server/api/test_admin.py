@@ -119,7 +119,11 @@ def test_persona_create_read_update_delete(client: TestClient) -> None:
     assert ok(client.patch(f"{P}/mara.v2", json={"logit_bias_once": True}))["logit_bias_once"] is True
     assert ok(client.get(f"{P}/mara.v2"))["logit_bias_once"] is True
     assert ok(client.patch(f"{P}/mara.v2", json={"logit_bias_once": False}))["logit_bias_once"] is False
-    assert biased["recall_temperature"] is None  # off unless set
+    assert biased["recall_temperature"] is None and biased["exclaim"] is False  # off unless set
+    assert ok(client.patch(f"{P}/mara.v2", json={"exclaim": True}))["exclaim"] is True
+    assert ok(client.get(f"{P}/mara.v2"))["exclaim"] is True
+    assert biased["address"] == "" and ok(client.patch(f"{P}/mara.v2", json={"address": ", friend"}))["address"] == ", friend"
+    assert ok(client.get(f"{P}/mara.v2"))["address"] == ", friend"
     assert ok(client.patch(f"{P}/mara.v2", json={"recall_temperature": 0.0}))["recall_temperature"] == 0.0
     assert ok(client.get(f"{P}/mara.v2"))["recall_temperature"] == 0.0
     assert ok(client.patch(f"{P}/mara.v2", json={"recall_temperature": None}))["recall_temperature"] is None  # off again
@@ -174,6 +178,11 @@ INVALID_BODIES: list[tuple[str, str, dict[str, object], str | None]] = [
     ("POST", P, {"name": "ok", "logit_bias_once": "maybe"}, "logit_bias_once"),
     ("PATCH", f"{P}/sia", {"logit_bias_once": None}, None),
     ("POST", P, {"name": "ok", "recall_temperature": -0.1}, "recall_temperature"),
+    ("POST", P, {"name": "ok", "exclaim": "loudly"}, "exclaim"),
+    ("PATCH", f"{P}/sia", {"exclaim": None}, None),
+    ("POST", P, {"name": "ok", "address": ", sir\n"}, "address"),
+    ("PATCH", f"{P}/sia", {"address": "!!"}, "address"),
+    ("PATCH", f"{P}/sia", {"address": None}, None),
     ("PATCH", f"{P}/sia", {"recall_temperature": "cold"}, "recall_temperature"),
     ("POST", f"{ID}/u/reset", {"layers": []}, "layers"),
     ("POST", f"{ID}/u/reset", {"layers": [0], "self_only": True}, None),

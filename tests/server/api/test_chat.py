@@ -80,6 +80,8 @@ def test_streaming_errors_before_the_first_token_keep_their_status(client: TestC
         ({"user": "u", "message": "x", "logit_bias": {"1": -100.5}}, "logit_bias"),
         ({"user": "u", "message": "x", "logit_bias_once": "maybe"}, "logit_bias_once"),
         ({"user": "u", "message": "x", "recall_temperature": 5.5}, "recall_temperature"),
+        ({"user": "u", "message": "x", "exclaim": "loudly"}, "exclaim"),
+        ({"user": "u", "message": "x", "address": "x" * 41}, "address"),
     ],
 )
 def test_invalid_bodies_are_422_with_the_error_shape(client: TestClient, body: dict[str, object], param: str) -> None:

@@ -3,6 +3,7 @@ token log-probabilities, personas with system prompts, and the admin routes over
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -84,15 +85,18 @@ def test_a_restart_brings_default_personas_to_this_releases_decoding_unless_an_a
     with TestClient(create_app(settings, model=tiny_llama)) as c:
         ok(c.patch("/admin/personas/sia", json=earlier))
         ok(c.patch("/admin/personas/bolt", json={**earlier, "max_tokens": 40, "preamble": "You are terse."}))
-        ok(c.patch("/admin/personas/pip", json={"preamble": EARLIER_CHAT_PROMPTS["bolt"][0]}))  # not pip's own earlier
-        ok(c.patch("/admin/personas/marlow", json={"preamble": "You are Marlow."}))
+        ok(c.patch("/admin/personas/pip", json={"preamble": EARLIER_CHAT_PROMPTS["bolt"][0], "exclaim": False}))
+        ok(c.patch("/admin/personas/marlow", json={"preamble": "You are Marlow.", "address": ""}))
     with TestClient(create_app(settings, model=tiny_llama)) as c:  # the same release: an admin's values stay
         assert ok(c.get("/admin/personas/sia"))["max_tokens"] == 128
     _stored_by_an_earlier_release(settings)
     with TestClient(create_app(settings, model=tiny_llama)) as c:
         sia, bolt = ok(c.get("/admin/personas/sia")), ok(c.get("/admin/personas/bolt"))
-        assert ok(c.get("/admin/personas/pip"))["preamble"] == EARLIER_CHAT_PROMPTS["bolt"][0]
-        assert ok(c.get("/admin/personas/marlow"))["preamble"] == "You are Marlow."
+        pip = ok(c.get("/admin/personas/pip"))
+        assert pip["preamble"] == EARLIER_CHAT_PROMPTS["bolt"][0]  # not pip's own earlier prompt: the admin's
+        assert pip["exclaim"] is True  # an earlier release's default
+        marlow = ok(c.get("/admin/personas/marlow"))
+        assert marlow["preamble"] == "You are Marlow." and marlow["address"] == CHAT_FORM["marlow"]["address"]
         ok(c.patch("/admin/personas/bolt", json={"preamble": EARLIER_CHAT_PROMPTS["bolt"][0], "lowercase": False}))
     with TestClient(create_app(settings, model=tiny_llama)) as c:  # set back after the upgrade: the admin's choice
         again = ok(c.get("/admin/personas/bolt"))
@@ -364,3 +368,46 @@ def test_bolts_replies_are_lowercase_single_sentences_unless_a_request_says_othe
         assert out["choices"][0]["message"]["content"] == loose
         sia = say("sia", "e", **free)
         assert say("sia", "d", lowercase=True, max_sentences=1) == sia[: sentences_end(sia, 1)].lower()
+
+
+def test_pip_exclaims_and_marlow_addresses_the_user_unless_a_request_says_otherwise(settings: Settings, tmp_path: Path) -> None:
+    """The tiny model, made to like letters and full stops, answers pip (whose defaults exclaim) with its free reply up
+    to the first full stop after a word, written "!", and marlow (whose defaults address the user) with ", sir" before
+    that full stop; a request that turns the rule off, on either route, gets the free reply; one that asks for it gets
+    it from sia too."""
+    liked = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab()).path, cache_dir=tmp_path / "models")
+    assert isinstance(liked, LlamaModel)
+    tok = liked.tokenizer
+    texts = {i: raw.decode("utf-8", errors="ignore") for i in range(tok.vocab_size) if (raw := tok.token_bytes(i)) is not None}
+    bias = torch.zeros(liked.lm_head.weight.shape[0])
+    bias[[i for i, t in texts.items() if t.strip().isalpha()]] = 2.0
+    bias[[i for i, t in texts.items() if t == "."]] = 4.0
+    bias[sorted(tok.end_ids)] = -30.0
+    liked.lm_head.bias = torch.nn.Parameter(bias)
+    migrate.upgrade(settings)
+    with TestClient(create_app(settings, model=liked)) as c:
+
+        def say(persona: str, user: str, **extra: object) -> str:
+            body = {"user": user, "message": "Hello there.", "temperature": 0, "max_tokens": 24, **extra}
+            return str(ok(c.post(f"/v1/personas/{persona}/chat", json=body))["reply"])
+
+        def first_stop(text: str) -> int:
+            found = re.search(r"[^\W\d_]\.", text)
+            assert found is not None and "!" not in text[: found.end()], text  # the rule has work to do
+            return found.start() + 1
+
+        loose = say("pip", "a", exclaim=False)
+        cut = first_stop(loose)
+        assert say("pip", "b")[: cut + 1] == loose[:cut] + "!"
+        body = {"model": "pip", "user": "c", "messages": [{"role": "user", "content": "Hello there."}], "temperature": 0}
+        out = ok(c.post("/v1/chat/completions", json={**body, "max_tokens": 24, "exclaim": False}))
+        assert out["choices"][0]["message"]["content"] == loose
+        sia = say("sia", "d", max_sentences=0)
+        assert say("sia", "e", max_sentences=0, exclaim=True)[: first_stop(sia) + 1] == sia[: first_stop(sia)] + "!"
+
+        plain = say("marlow", "f", address="")
+        cut = first_stop(plain)
+        assert say("marlow", "g")[: cut + 6] == plain[:cut] + ", sir."
+        out = ok(c.post("/v1/chat/completions", json={**body, "model": "marlow", "max_tokens": 24, "address": ""}))
+        assert out["choices"][0]["message"]["content"] == plain
+        assert say("sia", "h", max_sentences=0, address=", friend")[: first_stop(sia) + 9] == sia[: first_stop(sia)] + ", friend."

@@ -145,6 +145,8 @@ def test_bad_reply_forms_are_refused(client: TestClient) -> None:
         ({"max_sentences": -1}, "max_sentences"),
         ({"logit_bias_once": "maybe"}, "logit_bias_once"),
         ({"recall_temperature": -1}, "recall_temperature"),
+        ({"exclaim": "loudly"}, "exclaim"),
+        ({"address": ", 42"}, "address"),
     ):
         body = {"model": "sia", "user": "u", "messages": [{"role": "user", "content": "x"}], **extra}
         r = client.post("/v1/chat/completions", json=body)
