@@ -73,7 +73,7 @@ class Personas:
             lowercase=_bool(values.get("lowercase"), False),
             max_sentences=_int(values.get("max_sentences"), 0),
             exclaim=_bool(values.get("exclaim"), False),
-            address=str(values.get("address") or ""),
+            address=_str(values.get("address"), ""),
             recall_temperature=None if values.get("recall_temperature") is None else _float(values["recall_temperature"], 0.0),
         )
         blob = values.get("initial_state")
@@ -185,6 +185,14 @@ def _int(value: object, default: int) -> int:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"expected an integer; got {value!r}")
+    return value
+
+
+def _str(value: object, default: str) -> str:
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ValueError(f"expected text; got {value!r}")
     return value
 
 
