@@ -106,11 +106,17 @@ def copied(logits: Tensor, pointer: Tensor, tokens: Tensor, weight: Tensor, afte
     " Mag" then "enta", never "enta" alone). A row whose weights are all 0 keeps its logits as they are."""
     at = (after < 0).unsqueeze(1) | (after.unsqueeze(1) == previous.unsqueeze(-1))  # (B, L, N)
     a = pointer.float() * (at & (tokens >= 0).unsqueeze(1)) * weight.float().unsqueeze(1)  # (B, L, N)
-    log_p = F.log_softmax(logits.float(), dim=-1)
-    ids = tokens.clamp_min(0).unsqueeze(1).expand_as(a)
-    added = torch.zeros_like(log_p).scatter_add_(-1, ids, a)  # the empty entries add 0 (to token 0)
-    mixed = torch.logaddexp(log_p, added.log()) - torch.log1p(a.sum(-1, keepdim=True))
-    return torch.where((weight > 0).any(-1).view(-1, 1, 1), mixed.to(logits.dtype), logits)
+    norm = torch.log1p(a.sum(-1, keepdim=True))  # (B, L, 1): log(1 + |a|)
+    mixed = F.log_softmax(logits.float(), dim=-1) - norm  # every token not held: log(p / (1 + |a|))
+    # the held tokens alone: each entry's a summed over the entries holding its token, so the vocabulary is passed
+    # over twice, not once per term of the mixture
+    held_ids = tokens.clamp_min(0)  # (B, N): an empty entry as token 0, so every write to a token writes one value
+    same = (held_ids.unsqueeze(-1) == held_ids.unsqueeze(-2)).float()  # (B, N, N)
+    ids = held_ids.unsqueeze(1).expand_as(a)  # (B, L, N)
+    held = torch.logaddexp(mixed.gather(-1, ids), (a @ same).log() - norm)  # (B, L, N): log((p + a) / (1 + |a|))
+    mixed = mixed.scatter_(-1, ids, held).to(logits.dtype)
+    copying = (weight > 0).any(-1)  # (B,)
+    return mixed if bool(copying.all()) else torch.where(copying.view(-1, 1, 1), mixed, logits)
 
 
 def _copying(layers: Sequence[object]) -> InjectedLayer | None:

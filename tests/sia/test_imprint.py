@@ -699,25 +699,28 @@ def test_the_copy_read_mixes_the_imprinted_tokens_into_the_next_token_distributi
     own weight (a token held twice gets both; an entry without a token, none; an entry that goes on a word, only at a
     position that reads the token before it); a row whose weights are all 0 keeps its logits bit for bit."""
     g = torch.Generator().manual_seed(0)
-    B, L, V, n = 2, 3, 11, 4
+    B, L, V, n = 3, 3, 11, 4
     logits = torch.randn(B, L, V, generator=g)
     pointer = torch.rand(B, L, n, generator=g) / n  # shares of a softmax over more keys than the entries
-    tokens = torch.tensor([[5, 7, 5, -1], [2, 3, 4, 6]])
-    after = torch.tensor([[-1, 5, -1, -1], [-1, 2, 3, -1]])  # row 0: token 7 goes on a word after token 5
-    previous = torch.tensor([[5, 9, 5], [1, 1, 1]])  # the token each position reads
-    weight = torch.tensor([[3.0, 2.0, 1.0, 3.0], [0.0, 0.0, 0.0, 0.0]])
+    tokens = torch.tensor([[5, 7, 5, -1], [2, 3, 4, 6], [0, 3, 0, -1]])  # row 2: token 0 held twice, then an empty entry
+    after = torch.tensor([[-1, 5, -1, -1], [-1, 2, 3, -1], [-1, -1, -1, -1]])  # row 0: token 7 goes on a word after 5
+    previous = torch.tensor([[5, 9, 5], [1, 1, 1], [4, 4, 4]])  # the token each position reads
+    weight = torch.tensor([[3.0, 2.0, 1.0, 3.0], [0.0, 0.0, 0.0, 0.0], [1.0, 2.0, 1.0, 0.0]])
     got = copied(logits, pointer, tokens, weight, after, previous)
-    a = torch.zeros(L, V)
-    for j, t in enumerate(tokens[0].tolist()):
-        for i in range(L):
-            if t >= 0 and (after[0, j] < 0 or after[0, j] == previous[0, i]):
-                a[i, t] += weight[0, j] * pointer[0, i, j]
-    expected = (torch.softmax(logits[0], -1) + a) / (1.0 + a.sum(-1, keepdim=True))
-    torch.testing.assert_close(got[0].exp(), expected, atol=1e-6, rtol=0)
-    torch.testing.assert_close(got[0].exp().sum(-1), torch.ones(L), atol=1e-6, rtol=0)
+    for row in (0, 2):
+        a = torch.zeros(L, V)
+        for j, t in enumerate(tokens[row].tolist()):
+            for i in range(L):
+                if t >= 0 and (after[row, j] < 0 or after[row, j] == previous[row, i]):
+                    a[i, t] += weight[row, j] * pointer[row, i, j]
+        expected = (torch.softmax(logits[row], -1) + a) / (1.0 + a.sum(-1, keepdim=True))
+        torch.testing.assert_close(got[row].exp(), expected, atol=1e-6, rtol=0)
+        torch.testing.assert_close(got[row].exp().sum(-1), torch.ones(L), atol=1e-6, rtol=0)
+        if row == 0:
+            assert float(a[1, 7]) == 0 and float(a[0, 7]) > 0 and float(a[2, 7]) > 0  # a word's second piece: after its first
     assert torch.equal(got[1], logits[1])
     assert bool((got[0, :, 5] > torch.log_softmax(logits[0], -1)[:, 5]).all())  # the held token gains
-    assert float(a[1, 7]) == 0 and float(a[0, 7]) > 0 and float(a[2, 7]) > 0  # the word's second piece: after its first
+    assert bool((got[2, :, 0] > torch.log_softmax(logits[2], -1)[:, 0]).all())  # token 0 too, whatever the empty entry
 
 
 def test_the_copy_read_copies_a_word_s_inner_pieces_only_after_the_piece_before(hf_model: LlamaForCausalLM) -> None:
