@@ -58,10 +58,12 @@ TARGET = 0.9
 
 
 def full_imprint(model: LlamaModel, system: list[int]) -> Imprint:
-    """An imprint with every entry filled: the tuning part's users' messages, one after another, until it is full."""
+    """An imprint with every entry filled: the tuning part's users' messages, one after another, until it is full; with
+    their token ids, as the service keeps them by default (``SIA_STORE_TURN_TEXT``), so the copy read has tokens to copy
+    (an imprint without them is read as the privacy mode reads it, without the copy)."""
     messages = [m for u in load_users("tune") for m in u.messages]
     last = Imprint.empty(model.config)
-    for imprint, _ in imprint_turns(model, system, messages):
+    for imprint, _ in imprint_turns(model, system, messages, keep_text=True):
         last = imprint
         if imprint.used == imprint.capacity:
             return imprint
