@@ -266,7 +266,7 @@ class SpanChoice:
 
 _CONJUNCTIONS = frozenset({"and", "but", "so", "because", "while", "although", "though", "since", "plus", "also"})
 _SENTENCE_ENDS = frozenset(".!?;\n")
-_PAUSES = frozenset(",:()[]")
+_PAUSES = frozenset(",:()[]\u2014\u2013")  # the dashes too: "I need to correct myself \u2014 I moved to Split"
 
 
 def clause_breaks(pieces: Sequence[str], *, min_tokens: int = 4) -> Tensor:
@@ -280,7 +280,11 @@ def clause_breaks(pieces: Sequence[str], *, min_tokens: int = 4) -> Tensor:
     for i, piece in enumerate(pieces):
         length += 1
         ends = any(ch in _SENTENCE_ENDS for ch in piece)
-        pause = any(ch in _PAUSES for ch in piece) or (i + 1 < n and pieces[i + 1].strip().lower() in _CONJUNCTIONS)
+        pause = (
+            any(ch in _PAUSES for ch in piece)
+            or piece == " -"  # a spaced hyphen is a dash; one inside a word ("Saint-Louis") is not
+            or (i + 1 < n and pieces[i + 1].strip().lower() in _CONJUNCTIONS)
+        )
         if ends or (pause and length >= min_tokens):
             breaks[i] = True
             length = 0
@@ -368,13 +372,14 @@ def asides(pieces: Sequence[str], questions: Tensor | None = None) -> Tensor:
 # a clause holding one of these says what is no longer so ("i'm not in cusco anymore", "roller derby used to be my
 # thing"): it is never imprinted, so the older value it names does not come back beside the newer one
 _SUPERSEDED = re.compile(
-    r"\b(?:any ?more|no longer|used to|old (?:info|news)|outdated|scratch (?:that|the)|take (?:it |that )?back)\b"
+    r"\b(?:any ?more|no longer|no more|used to|old (?:info|news)|outdated|(?<!from )scratch|take (?:it |that )?back"
+    r"|(?:i|we) (?:left|quit|stopped|gave up)|moved (?:out of|away from)|(?:is|are|was|'s) over(?= for\b| now\b|\W*$)|ended)\b"
 )
 # a message holding one of these corrects or updates what the user said before ("Correction: was an actuary", "we
 # moved to Nadi", "wait, ..."): each clause it labels replaces the older spans of its kind, even where the label is not
 # sure enough to replace them in another message
 _CORRECTING = re.compile(
-    r"\b(?:correction|correct myself|update|scratch (?:that|the)|i lied|i lie|i was wrong|said it wrong|any ?more|no longer"
+    r"\b(?:correction|correct myself|update|(?<!from )scratch|i lied|i lie|i was wrong|said it wrong|any ?more|no longer"
     r"|moved|switched|instead|take (?:it |that )?back|old (?:info|news)|outdated|wait|actually)\b"
 )
 
@@ -382,8 +387,13 @@ _CORRECTING = re.compile(
 # a clause that denies something ("technically not Lyon", "it is NOT a chinchilla"), or in a message that corrects, one
 # that opens with what was ("Correction: was an actuary"): the first word after its "not" (or "was") that names
 # something is what it gives up, and the clause is superseded where an earlier turn's span held that word
-_DENIAL = re.compile(r"\bnot\b")
+_DENIAL = re.compile(r"\b(?:not|(?:do|does|did|is|are|was|were)n't)\b")
 _WAS = re.compile(r"(?:^|:)\W*(?:i\s+)?(?:was|used to be)\b")
+# in a message that corrects, a clause opening with what something was ("ochre was the old me", "my shop was in Bo"):
+# it speaks of what the message corrects, and gives up the thing it names first
+_WAS_THEN = re.compile(
+    r"(?:^|[,:;\u2014\u2013])[^\w']*(?:(?:my|the|our|his|her|their)\s+)?[^\W\d_]+(?:[\s'-]+[^\W\d_]+)?\s+(?:was|were)\b"
+)
 _WORDS = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
 # words of a superseded clause that name no value: they never take a span away (``given_up``)
 _PLAIN_WORDS = frozenset({
@@ -398,7 +408,9 @@ _PLAIN_WORDS = frozenset({
     "correct", "kind", "sort", "bit", "lot", "way", "time", "day", "days", "today", "year", "years", "week", "weeks",
     "since", "ago", "yet", "ever", "never", "always", "like", "get", "got", "going", "go", "went", "say", "says",
     "said", "tell", "will", "would", "could", "should", "can", "let", "let's", "please", "ok", "okay", "yes", "yeah",
-    "fine", "honest", "honestly", "oh", "hmm", "wait", "fan", "big", "huge", "person", "people", "only", "mine",
+    "fine", "honest", "honestly", "oh", "hmm", "wait", "fan", "big", "huge", "person", "people", "only", "mine", "left",
+    "quit", "stopped", "gave", "up", "ended", "wrong", "lied", "lie", "correction", "update", "sorry", "mistake", "meant",
+    "mean",
 })  # fmt: skip
 
 
@@ -406,16 +418,28 @@ def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Coll
     """(n,) bool for a message's token texts: True on every token of a clause (cut at ``breaks``, by default
     ``clause_breaks``) that says what is no longer so ("i'm not in cusco anymore", "bouldering used to be my thing"),
     or that denies one of the words ``denied`` (its ``given_up`` word: "technically not Lyon" where an earlier turn's
-    span named Lyon, ``forget_words``). Such a clause is never imprinted: the older value it names would compete with
-    the newer one. (A denial of something the user never said, "when I'm not chasing poachers off I go fly fishing", is
-    imprinted as any clause.)"""
+    span named Lyon, ``forget_words``), or, in a message that corrects, names nothing but words of ``denied`` ("ochre
+    was the old me", "I said Vela Luka"). Such a clause is never imprinted: the older value it names would compete
+    with the newer one. (A denial of something the user never said, "when I'm not chasing poachers off I go fly
+    fishing", is imprinted as any clause.)"""
     out = torch.zeros(len(pieces), dtype=torch.bool)
     correcting = bool(denied) and corrects(pieces)
     for a, b in _clauses(clause_breaks(pieces) if breaks is None else breaks):
         text = _plain(pieces[a:b])
-        if _SUPERSEDED.search(text) or (denied and _denial_word(text, correcting) in denied):
+        names = _names(text)
+        if (
+            _SUPERSEDED.search(text)
+            or (denied and _denial_word(text, correcting) in denied)
+            or (correcting and names and all(w in denied for w in names))
+            or (corrects(pieces) and _WAS_THEN.search(text))
+        ):
             out[a:b] = True
     return out
+
+
+def _names(clause: str) -> list[str]:
+    """The words of a clause (plain text) that name something."""
+    return [w for w in _WORDS.findall(clause) if w not in _PLAIN_WORDS]
 
 
 def _denial_word(clause: str, correcting: bool) -> str | None:
@@ -427,45 +451,54 @@ def _denial_word(clause: str, correcting: bool) -> str | None:
     return next((w for w in _WORDS.findall(clause[denial.end() :]) if w not in _PLAIN_WORDS), None)
 
 
-def given_up(pieces: Sequence[str]) -> list[str]:
-    """The words (lower case) a message's token texts may give up: of each clause that denies, the first word after its
-    "not" that names something ("not Lyon", "NOT a chinchilla": lyon, chinchilla; in a message that corrects, after an
-    opening "was": "Correction: was an actuary": actuary); of each clause saying what is no longer so, every word that
-    names something ("roller derby used to be my thing": roller, derby). ``forget_words`` takes those an earlier turn
-    imprinted out of the imprint."""
-    words: list[str] = []
+def given_up(pieces: Sequence[str]) -> list[tuple[str, ...]]:
+    """The words (lower case) a message's token texts may give up, in groups that count only as a whole: of each
+    clause that denies, the first word after its "not" that names something ("not Lyon", "NOT a chinchilla": (lyon,),
+    (chinchilla,); in a message that corrects, after an opening "was": "Correction: was an actuary": (actuary,)); of
+    each clause saying what is no longer so, every word that names something ("roller derby used to be my thing":
+    (roller,), (derby,)); in a message that corrects, the words of a clause that names at most ``_RESTATED`` things,
+    together ("ochre was the old me": (ochre,); "I said Vela Luka": (vela, luka)): given up where the user said all of
+    them before. ``forget_words`` takes the groups an earlier turn imprinted out of the imprint."""
+    groups: list[tuple[str, ...]] = []
     correcting = corrects(pieces)
     for a, b in _clauses(clause_breaks(pieces)):
         text = _plain(pieces[a:b])
         denied = _denial_word(text, correcting)
         if denied is not None:
-            words.append(denied)
+            groups.append((denied,))
         elif _SUPERSEDED.search(text):
-            words += [w for w in _WORDS.findall(text) if w not in _PLAIN_WORDS]
-    return list(dict.fromkeys(words))
+            groups += [(w,) for w in _names(text)]
+        elif correcting and (said := _WAS_THEN.search(text)):
+            groups += [(w,) for w in _names(said.group())]
+        elif correcting and 0 < len(names := _names(text)) <= _RESTATED:
+            groups.append(tuple(dict.fromkeys(names)))
+    return list(dict.fromkeys(groups))
+
+
+# in a message that corrects, a clause naming at most this many things, all of which the user said before, speaks of
+# what it corrects
+_RESTATED = 3
 
 
 def forget_words(
-    imprint: Imprint, words: Sequence[str], decode: Callable[[list[int]], str], turn: int
+    imprint: Imprint, groups: Sequence[Sequence[str]], decode: Callable[[list[int]], str], turn: int
 ) -> tuple[Imprint, list[str]]:
     """``imprint`` without the spans that turns before ``turn`` imprinted whose text (``decode`` of their token ids)
-    holds one of ``words`` as a word (an s after it allowed: "cats" for "cat"), as a message that gives them up
-    (``given_up``) says; and the words found (what the message denies of what the user said: ``superseded``). A span
-    kept without its text stays: in privacy mode nothing is matched."""
-    if not words:  # most messages give nothing up: no span is unpacked or decoded
+    holds a word of a group of ``groups`` (``given_up``: what a message gives up) of which every word is held so by
+    such a span (as a word, an s after it allowed: "cats" for "cat"); and the words found (what the message denies of
+    what the user said: ``superseded``). A span kept without its text stays: in privacy mode nothing is matched."""
+    if not groups:  # most messages give nothing up: no span is unpacked or decoded
         return imprint, []
+    words = {w for g in groups for w in g}
     patterns = {w: re.compile(r"(?<!\w)" + re.escape(w) + r"s?(?!\w)") for w in words}
     spans = _unpack(imprint)
-    found: list[str] = []
-    kept = []
+    held: list[set[str]] = []  # per span, the words it holds (only the earlier turns' spans with their text)
     for s in spans:
-        if s.turn < turn and s.token is not None:
-            text = decode(s.token.tolist()).lower().replace("\u2019", "'")
-            held = [w for w, p in patterns.items() if p.search(text)]
-            if held:
-                found += [w for w in held if w not in found]
-                continue
-        kept.append(s)
+        text = decode(s.token.tolist()).lower().replace("\u2019", "'") if s.turn < turn and s.token is not None else ""
+        held.append({w for w, p in patterns.items() if text and p.search(text)})
+    anywhere = set().union(*held)
+    found = [w for w in dict.fromkeys(w for g in groups if all(x in anywhere for x in g) for w in g)]
+    kept = [s for s, h in zip(spans, held, strict=True) if not h & set(found)]
     return (imprint if len(kept) == len(spans) else _pack(imprint, kept)), found
 
 

@@ -317,6 +317,19 @@ def test_a_clause_saying_what_is_no_longer_so_is_not_imprinted() -> None:
     assert not any(superseded(text).any() for text in kept)
     assert superseded(["Bould", "ering", " used", " to", " be", " my", " thing", "."]).all()
     assert superseded(["I", "'m", " no", " longer", " at", " the", " fish", " plant"]).all()
+    # what the user left, quit, stopped or moved out of, and what is over or ended
+    for text in ("i left the dentist office friday", "I quit the band", "we moved out of Fremont last month",
+                 "roller derby is over for me", "the Horta marina job ended", "Oh, scratch Usedom"):  # fmt: skip
+        assert superseded([text]).all(), text
+    assert not any(superseded([t]).any() for t in ("my left hand", "it's over there", "I moved to Split", "I'm the left back"))
+
+
+def test_a_dash_between_words_ends_a_clause_one_inside_a_word_does_not() -> None:
+    """ "I need to correct myself — I moved over to Ponta Delgada": the value is its own clause, not cut off by a
+    window around the correction's words; "Saint-Louis" and "inter-island" stay whole."""
+    pieces = ["I", " need", " to", " correct", " myself", " —", " I", " moved", " to", " Split", " -", " and", " stay"]
+    assert clause_breaks(pieces).nonzero().flatten().tolist() == [5, 10]
+    assert not clause_breaks(["I", " live", " in", " Saint", "-", "Louis", " now"]).any()
 
 
 def test_a_message_that_gives_a_value_up_takes_it_out_of_what_earlier_turns_imprinted() -> None:
@@ -324,13 +337,25 @@ def test_a_message_that_gives_a_value_up_takes_it_out_of_what_earlier_turns_impr
     thing": such a clause is not imprinted, and every span an earlier turn imprinted that names what it gives up goes
     (as a word, an s after it allowed); the other spans, the same turn's and those kept without their text stay."""
     denial = ["Well", ",", " technically", " not", " Ly", "on", "."]
-    assert given_up(denial) == ["lyon"] and superseded(denial, denied=["lyon"]).all()
+    assert given_up(denial) == [("lyon",)] and superseded(denial, denied=["lyon"]).all()
     assert not superseded(denial).any()  # a denial of what the user never said is a clause like any other
-    assert given_up(["it", " is", " NOT", " a", " chin", "chilla", ",", " it", " is", " a", " degu", "."]) == ["chinchilla"]
-    assert given_up(["Correction", ":", " was", " an", " actuary", "."]) == ["actuary"]
+    assert given_up(["it", " is", " NOT", " a", " chin", "chilla", ",", " it", " is", " a", " degu", "."]) == [("chinchilla",)]
+    assert given_up(["Please", " don't", " use", " Barth", "olomew", "."]) == [("bartholomew",)]
+    assert given_up(["Correction", ":", " was", " an", " actuary", "."]) == [("actuary",)]
     assert given_up(["I", " was", " an", " actuary", "."]) == []  # "was" gives up something only in a correction
-    assert given_up(["roller", " derby", " used", " to", " be", " my", " thing"]) == ["roller", "derby"]
+    assert given_up(["roller", " derby", " used", " to", " be", " my", " thing"]) == [("roller",), ("derby",)]
     assert given_up(["I", " live", " in", " Lyon", " and", " I", " love", " it", "."]) == []
+    # in a message that corrects, a clause naming a few things goes where the user said every one of them before
+    corrected = ["ok", " I", " was", " wrong", ",", " I", " said", " Vela", " Luka", ",", " it", "'s", " Split", " now"]
+    assert given_up(corrected) == [("vela", "luka"), ("split",)]
+    stale = superseded(corrected, denied=["vela", "luka"])
+    assert "".join(p for p, s in zip(corrected, stale.tolist(), strict=True) if s) == "ok I was wrong, I said Vela Luka,"
+    assert not superseded(corrected, denied=["vela"])[5:10].any()  # every word of the clause must have been said
+    # in a message that corrects, a clause opening with what something was gives it up, whatever earlier turns held
+    was = ["wait", ",", " my", " shop", " was", " in", " Bo", ",", " now", " it", "'s", " in", " Ken", "ema"]
+    assert given_up(was) == [("shop",), ("kenema",)]
+    assert "".join(p for p, s in zip(was, superseded(was).tolist(), strict=True) if s) == "wait, my shop was in Bo,"
+    assert not superseded(["my", " shop", " was", " in", " Bo", " for", " years", "."]).any()  # no correction: kept
     texts = {0: "living in Lyon for two years", 10: "my two cats", 20: "Lyonnaise cooking", 30: "Lyon again, today"}
     imprint = _add(_add(_add(_imprint(20), 3, 5.0, seed=0), 3, 5.0, seed=1), 3, 5.0, seed=2)  # turn 0
     imprint = _add(imprint, 3, 5.0, turn=3, seed=3)  # the giving-up turn's own span
@@ -340,12 +365,20 @@ def test_a_message_that_gives_a_value_up_takes_it_out_of_what_earlier_turns_impr
     def decode(ids: list[int]) -> str:
         return texts[ids[0]]
 
-    kept, found = forget_words(imprint, ["lyon", "degu"], decode, turn=3)
+    kept, found = forget_words(imprint, [("lyon",), ("degu",)], decode, turn=3)
     assert [s.tokens[0] if s.tokens else None for s in kept.spans()] == [10, 20, 30, None] and kept.used == 12
     assert found == ["lyon"]
-    no_cat, found = forget_words(imprint, ["cat"], decode, 3)
+    no_cat, found = forget_words(imprint, [("cat",)], decode, 3)
     assert [s.tokens[0] if s.tokens else None for s in no_cat.spans()] == [0, 20, 30, None] and found == ["cat"]
-    assert forget_words(imprint, [], decode, 3) == (imprint, []) and forget_words(imprint, ["degu"], decode, 3) == (imprint, [])
+    # a group counts only where every word of it was said before: "two years" (turn 0) and "living" (turn 0) take
+    # the same span; "lyon" with "degu" takes nothing
+    both, found = forget_words(imprint, [("two", "living")], decode, 3)
+    assert [s.tokens[0] if s.tokens else None for s in both.spans()] == [20, 30, None] and found == ["two", "living"]
+    assert forget_words(imprint, [("lyon", "degu")], decode, 3) == (imprint, [])
+    assert forget_words(imprint, [], decode, 3) == (imprint, []) and forget_words(imprint, [("degu",)], decode, 3) == (
+        imprint,
+        [],
+    )
 
 
 def test_a_correcting_message_replaces_older_values_even_with_an_unsure_label() -> None:
