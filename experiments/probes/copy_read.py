@@ -60,7 +60,7 @@ def _attend(
     layer: int,
     attn_mask: Tensor | None,
     starts: list[int] | None,
-    reads: list[Tensor] | None = None,
+    reads: injected_attention.EntryReads | None = None,
 ) -> Tensor:
     y = _original_attend(self, q_aug, k_aug, v_aug, lc, cache, layer, attn_mask, starts, reads)
     if not _REC["on"] or lc is None or cache is None:

@@ -30,7 +30,7 @@ base model's, whatever the gates add.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -43,13 +43,31 @@ from sia.model.attention import attend
 from sia.model.config import LlamaConfig
 from sia.model.kv_cache import KVCache
 
-__all__ = ["CLOSED_GATE", "InjectedAttention", "InjectedLayer", "injected_attention_reference", "rotate", "row_starts"]
+__all__ = [
+    "CLOSED_GATE",
+    "EntryReads",
+    "InjectedAttention",
+    "InjectedLayer",
+    "injected_attention_reference",
+    "rotate",
+    "row_starts",
+]
 
 CLOSED_GATE = -1e4  # the slot's logit for a zero self state: exp(-1e4 - max) is exactly 0 in float32 and bfloat16
 
 
 def _round8(n: int) -> int:
     return (n + 7) // 8 * 8
+
+
+@dataclass
+class EntryReads:
+    """What the copy read takes from its layers' attention: per layer, the query heads whose weights on the imprint's
+    entries it reads (None: every one; only these are computed), and the weights (B, h, L, N) of each layer asked, in
+    layer order."""
+
+    heads: dict[int, list[int] | None]
+    weights: list[Tensor] = field(default_factory=list)
 
 
 @dataclass
@@ -211,13 +229,13 @@ class InjectedAttention(nn.Module):
         starts: list[int] | None = None,
         capture: list[tuple[Tensor, Tensor]] | None = None,
         unread: Tensor | None = None,
-        reads: list[Tensor] | None = None,
+        reads: EntryReads | None = None,
     ) -> Tensor:
         """``starts``: instead of ``attn_mask``, each row's keys as the prefix and the columns from its start on
         (``row_starts``): every row then attends alone, as it would unbatched, bit for bit. ``capture``: a list that
         receives this layer's pre-rotation keys and values (B, H_kv, L, d), what an imprint keeps. ``unread`` (B, L):
-        the tokens that do not read the imprint (the persona's prompt). ``reads``: a list that receives each query head's
-        attention weights on the imprint's entries (B, H, L, N) (the copy read's pointer)."""
+        the tokens that do not read the imprint (the persona's prompt). ``reads``: receives the attention weights of the
+        query heads it names for this layer on the imprint's entries (B, h, L, N) (the copy read's pointer)."""
         B, L, _ = x.shape
         H, H_kv, d, w = self.H, self.H_kv, self.d, self.w
         cos, sin = rope
@@ -299,7 +317,7 @@ class InjectedAttention(nn.Module):
         layer: int,
         attn_mask: Tensor | None,
         starts: list[int] | None,
-        reads: list[Tensor] | None = None,
+        reads: EntryReads | None = None,
     ) -> Tensor:
         """The augmented queries (B, H, L, w) against the state's keys, the cache's and these (B, H_kv, L, w): the
         heads' outputs (B, L, H·d); ``reads`` receives the weights on the imprint's entries (``entry_weights``)."""
@@ -316,20 +334,32 @@ class InjectedAttention(nn.Module):
             y = self._attend_rows(q_aug, k_aug, v_aug, starts, cache.prefix if cache is not None else 0)
         if reads is not None and lc is not None:
             prefix = cache.prefix if cache is not None else lc.slot_key.shape[2]
-            reads.append(self.entry_weights(q_aug, k_aug, lc.slot_key.shape[2] - self.S, prefix, attn_mask, starts))
+            N = lc.slot_key.shape[2] - self.S
+            reads.weights.append(self.entry_weights(q_aug, k_aug, N, prefix, attn_mask, starts, reads.heads.get(layer)))
         return y[..., : self.d].transpose(1, 2).reshape(B, L, self.H * self.d)
 
     def entry_weights(
-        self, q: Tensor, k: Tensor, N: int, prefix: int, attn_mask: Tensor | None, starts: list[int] | None
+        self,
+        q: Tensor,
+        k: Tensor,
+        N: int,
+        prefix: int,
+        attn_mask: Tensor | None,
+        starts: list[int] | None,
+        heads: list[int] | None = None,
     ) -> Tensor:
-        """The attention weights (B, H, L, N) the queries q (B, H, L, w) give the imprint's N entries among all the
-        keys k (B, H_kv, Lk, w) they see (the slots and entries first, ``prefix`` columns, then the tokens, causal;
-        ``attn_mask`` or ``starts`` as ``_attend`` takes them); float32. Written out, not fused: the kernel does not
-        return its weights."""
+        """The attention weights (B, h, L, N) the queries q (B, H, L, w) of the query heads ``heads`` (None: all H)
+        give the imprint's N entries among all the keys k (B, H_kv, Lk, w) they see (the slots and entries first,
+        ``prefix`` columns, then the tokens, causal; ``attn_mask`` or ``starts`` as ``_attend`` takes them); float32.
+        Written out, not fused: the kernel does not return its weights."""
         B, H, L, _ = q.shape
         Lk = k.shape[2]
-        logits = q.float().reshape(B, self.H_kv, H // self.H_kv * L, -1) @ k.float().transpose(-1, -2)  # (B, H_kv, G·L, Lk)
-        logits = logits.view(B, H, L, Lk)
+        if heads is None:
+            logits = q.float().reshape(B, self.H_kv, H // self.H_kv * L, -1) @ k.float().transpose(-1, -2)  # (B, H_kv, G·L, Lk)
+            logits = logits.view(B, H, L, Lk)
+        else:  # only the heads asked for, each against its key/value head
+            kv = [h // (H // self.H_kv) for h in heads]
+            logits = q[:, heads].float() @ k[:, kv].float().transpose(-1, -2)  # (B, h, L, Lk)
         at = torch.arange(Lk, device=q.device)
         visible = (at.view(1, Lk) <= torch.arange(Lk - L, Lk, device=q.device).view(L, 1)).expand(B, 1, L, Lk)
         if attn_mask is not None:
@@ -351,7 +381,7 @@ class InjectedAttention(nn.Module):
         starts: list[int] | None,
         capture: list[tuple[Tensor, Tensor]] | None,
         unread: Tensor | None,
-        reads: list[Tensor] | None = None,
+        reads: EntryReads | None = None,
     ) -> Tensor:
         """``forward`` with a state and without gradients, in fewer operators (each costs a few microseconds, the
         state's share of a decoding step): one product gives every head's augmented query after its rotated (and

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sia.backbones.injected_attention import CLOSED_GATE, InjectedAttention, InjectedLayer, row_starts
+from sia.backbones.injected_attention import CLOSED_GATE, EntryReads, InjectedAttention, InjectedLayer, row_starts
 from sia.backbones.packed_linear import NO_BFLOAT16_PACKING, PACKED_DTYPES, Linear, bfloat16_packing_available, packing_available
 from sia.backbones.slot_maps import LowRank, init_slot_map
 from sia.identity.imprint import KINDS, ImprintEntries
@@ -89,7 +89,7 @@ class Block(nn.Module):
         starts: list[int] | None = None,
         capture: list[tuple[Tensor, Tensor]] | None = None,
         unread: Tensor | None = None,
-        reads: list[Tensor] | None = None,
+        reads: EntryReads | None = None,
     ) -> tuple[Tensor, Tensor]:
         h = self.attn_norm(x)  # (B, L, C), also the input the turn summary reads
         x = x + self.attn(h, lc, rope, cache, layer, attn_mask, starts, capture, unread, reads)
@@ -622,8 +622,11 @@ class LlamaModel(IdentityModel):
         if unread is not None and not bool(unread.any()):  # decoding: every token reads (no column to close)
             unread = None
         layer_inputs = []
-        reads: list[Tensor] = []  # the copy read's layers' weights on the imprint's entries (B, H, L + K, N)
         copying = _copying(cond.layers)
+        reads = None  # the copy read's heads' weights on the imprint's entries (B, h, L + K, N) per copy layer
+        if copying is not None:
+            assert self.config.imprint_copy_layers is not None
+            reads = EntryReads({layer: self.config.copy_heads(layer) for layer in self.config.imprint_copy_layers})
         for i, (block, lc) in enumerate(zip(self.blocks, cond.layers, strict=True)):
             assert lc is None or isinstance(lc, InjectedLayer)
             copies = copying is not None and lc is not None and lc.copy_weight is not None
@@ -640,9 +643,8 @@ class LlamaModel(IdentityModel):
         if copying is not None:
             held, follows, lam = copying.copy_tokens, copying.copy_after, copying.copy_weight
             assert held is not None and follows is not None and lam is not None
-            assert self.config.imprint_copy_layers is not None
-            heads = [self.config.copy_heads(layer) for layer in self.config.imprint_copy_layers]
-            pointer = torch.cat([r if h is None else r[:, h] for r, h in zip(reads, heads, strict=True)], 1).mean(1)
+            assert reads is not None
+            pointer = torch.cat(reads.weights, 1).mean(1)
             pointer = pointer[:, logits_from:L]  # (B, L - logits_from, N): the mean over the copy's query heads
             previous = idx[:, logits_from:L].to(follows.device)
             logits = copied(logits, pointer, held, lam, follows, previous)

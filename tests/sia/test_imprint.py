@@ -839,6 +839,19 @@ def test_the_copy_read_points_with_the_named_query_heads_only(hf_model: LlamaFor
     torch.testing.assert_close(steps, fewer, atol=1e-4, rtol=0)
 
 
+def test_entry_weights_of_named_heads_are_those_heads_of_every_head_s(hf_model: LlamaForCausalLM) -> None:
+    """The copy read computes the entries' weights of its named query heads only: each the same as that head's among
+    every head's, causal, with a mask or row by row."""
+    attn = _copying(hf_model).blocks[1].attn
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, attn.H, 3, attn.w, generator=g), torch.randn(2, attn.H_kv, 9, attn.w, generator=g)
+    mask = torch.ones(2, 1, 3, 9, dtype=torch.bool)
+    mask[1, ..., 4:6] = False
+    for m, starts in ((None, None), (mask, None), (None, [4, 6])):
+        every = attn.entry_weights(q, k, 3, 4, m, starts)
+        torch.testing.assert_close(attn.entry_weights(q, k, 3, 4, m, starts, [3, 0, 2]), every[:, [3, 0, 2]])
+
+
 def test_the_copy_read_is_weighed_by_the_ask_head(hf_model: LlamaForCausalLM) -> None:
     """An entry copies lam·(1 - p(no fact asked)), nothing where no fact is the likelier; an entry whose token is not
     kept (empty, or in an imprint that keeps no text) copies nothing."""
