@@ -418,12 +418,14 @@ def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Coll
     """(n,) bool for a message's token texts: True on every token of a clause (cut at ``breaks``, by default
     ``clause_breaks``) that says what is no longer so ("i'm not in cusco anymore", "bouldering used to be my thing"),
     or that denies one of the words ``denied`` (its ``given_up`` word: "technically not Lyon" where an earlier turn's
-    span named Lyon, ``forget_words``), or, in a message that corrects, names nothing but words of ``denied`` ("ochre
-    was the old me", "I said Vela Luka"). Such a clause is never imprinted: the older value it names would compete
-    with the newer one. (A denial of something the user never said, "when I'm not chasing poachers off I go fly
-    fishing", is imprinted as any clause.)"""
+    span named Lyon, ``forget_words``); in a message that corrects, also a clause opening with what something was
+    ("ochre was the old me", "wait, my shop was in Bo") and one that names nothing but words of ``denied`` ("I said
+    Vela Luka"). Such a clause is never imprinted: the older value it names would compete with the newer one. (A denial
+    of something the user never said, "when I'm not chasing poachers off I go fly fishing", is imprinted as any
+    clause.)"""
     out = torch.zeros(len(pieces), dtype=torch.bool)
-    correcting = bool(denied) and corrects(pieces)
+    updates = corrects(pieces)
+    correcting = bool(denied) and updates
     for a, b in _clauses(clause_breaks(pieces) if breaks is None else breaks):
         text = _plain(pieces[a:b])
         names = _names(text)
@@ -431,7 +433,7 @@ def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Coll
             _SUPERSEDED.search(text)
             or (denied and _denial_word(text, correcting) in denied)
             or (correcting and names and all(w in denied for w in names))
-            or (corrects(pieces) and _WAS_THEN.search(text))
+            or (updates and _WAS_THEN.search(text))
         ):
             out[a:b] = True
     return out
@@ -451,14 +453,20 @@ def _denial_word(clause: str, correcting: bool) -> str | None:
     return next((w for w in _WORDS.findall(clause[denial.end() :]) if w not in _PLAIN_WORDS), None)
 
 
+# in a message that corrects, a clause naming at most this many things, all of which the user said before, speaks of
+# what it corrects
+_RESTATED = 3
+
+
 def given_up(pieces: Sequence[str]) -> list[tuple[str, ...]]:
     """The words (lower case) a message's token texts may give up, in groups that count only as a whole: of each
     clause that denies, the first word after its "not" that names something ("not Lyon", "NOT a chinchilla": (lyon,),
     (chinchilla,); in a message that corrects, after an opening "was": "Correction: was an actuary": (actuary,)); of
     each clause saying what is no longer so, every word that names something ("roller derby used to be my thing":
-    (roller,), (derby,)); in a message that corrects, the words of a clause that names at most ``_RESTATED`` things,
-    together ("ochre was the old me": (ochre,); "I said Vela Luka": (vela, luka)): given up where the user said all of
-    them before. ``forget_words`` takes the groups an earlier turn imprinted out of the imprint."""
+    (roller,), (derby,)); in a message that corrects, of a clause opening with what something was, each word naming
+    that thing ("ochre was the old me": (ochre,)), and of another clause that names at most ``_RESTATED`` things, those
+    words together ("I said Vela Luka": (vela, luka)), given up only where the user said all of them before.
+    ``forget_words`` takes the groups an earlier turn imprinted out of the imprint."""
     groups: list[tuple[str, ...]] = []
     correcting = corrects(pieces)
     for a, b in _clauses(clause_breaks(pieces)):
@@ -473,11 +481,6 @@ def given_up(pieces: Sequence[str]) -> list[tuple[str, ...]]:
         elif correcting and 0 < len(names := _names(text)) <= _RESTATED:
             groups.append(tuple(dict.fromkeys(names)))
     return list(dict.fromkeys(groups))
-
-
-# in a message that corrects, a clause naming at most this many things, all of which the user said before, speaks of
-# what it corrects
-_RESTATED = 3
 
 
 def forget_words(
