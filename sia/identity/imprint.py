@@ -500,8 +500,9 @@ def forget_words(
         text = decode(s.token.tolist()).lower().replace("\u2019", "'") if s.turn < turn and s.token is not None else ""
         held.append({w for w, p in patterns.items() if text and p.search(text)})
     anywhere = set().union(*held)
-    found = [w for w in dict.fromkeys(w for g in groups if all(x in anywhere for x in g) for w in g)]
-    kept = [s for s, h in zip(spans, held, strict=True) if not h & set(found)]
+    found = list(dict.fromkeys(w for g in groups if all(x in anywhere for x in g) for w in g))
+    gone = set(found)
+    kept = [s for s, h in zip(spans, held, strict=True) if not h & gone]
     return (imprint if len(kept) == len(spans) else _pack(imprint, kept)), found
 
 
