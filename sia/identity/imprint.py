@@ -380,7 +380,15 @@ _SUPERSEDED = re.compile(
 # sure enough to replace them in another message
 _CORRECTING = re.compile(
     r"\b(?:correction|correct myself|update|(?<!from )scratch|i lied|i lie|i was wrong|said it wrong|any ?more|no longer"
-    r"|moved|switched|instead|take (?:it |that )?back|old (?:info|news)|outdated|wait|actually)\b"
+    r"|moved|switched|instead|take (?:it |that )?back|old (?:info|news)|outdated|wait|actually|no,? sorry|sorry,? no"
+    r"|make that|or rather)\b"
+)
+# a clause opening with one of these takes back the clause before it in the same message, as people mend what they
+# say while saying it ("fave colour's yellow. nah scratch that, it's teal", "doing audits for KPMG... wait no, I
+# switched to EY"): that clause is never imprinted
+_RETRACTING = re.compile(
+    r"[^\w']*(?:(?:ah|oh|hmm|nah|no|um|uh|er)\W+)*(?:scratch that|wait\W+no|no\W+wait|no\W+sorry|sorry\W+no|make that"
+    r"|or rather)\b"
 )
 
 
@@ -420,13 +428,15 @@ def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Coll
     or that denies one of the words ``denied`` (its ``given_up`` word: "technically not Lyon" where an earlier turn's
     span named Lyon, ``forget_words``); in a message that corrects, also a clause opening with what something was
     ("ochre was the old me", "wait, my shop was in Bo") and one that names nothing but words of ``denied`` ("I said
-    Vela Luka"). Such a clause is never imprinted: the older value it names would compete with the newer one. (A denial
+    Vela Luka"); and a clause that the next one takes back ("fave colour's yellow. nah scratch that, it's teal"). Such a
+    clause is never imprinted: the older value it names would compete with the newer one. (A denial
     of something the user never said, "when I'm not chasing poachers off I go fly fishing", is imprinted as any
     clause.)"""
     out = torch.zeros(len(pieces), dtype=torch.bool)
     updates = corrects(pieces)
     correcting = bool(denied) and updates
-    for a, b in _clauses(clause_breaks(pieces) if breaks is None else breaks):
+    clauses = _clauses(clause_breaks(pieces) if breaks is None else breaks)
+    for i, (a, b) in enumerate(clauses):
         text = _plain(pieces[a:b])
         names = _names(text)
         if (
@@ -436,6 +446,10 @@ def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Coll
             or (updates and _WAS_THEN.search(text))
         ):
             out[a:b] = True
+        if _RETRACTING.match(text):  # the nearest clause before it with a word in it ("KPMG... wait no")
+            back = next((c for c in reversed(clauses[:i]) if _WORDS.search(_plain(pieces[c[0] : c[1]]))), None)
+            if back is not None:
+                out[back[0] : back[1]] = True
     return out
 
 

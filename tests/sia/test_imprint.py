@@ -324,6 +324,25 @@ def test_a_clause_saying_what_is_no_longer_so_is_not_imprinted() -> None:
     assert not any(superseded([t]).any() for t in ("my left hand", "it's over there", "I moved to Split", "I'm the left back"))
 
 
+def test_a_clause_taken_back_in_the_same_message_is_not_imprinted() -> None:
+    """ "fave colour's yellow. nah scratch that, it's teal": the clause before the one that takes it back is left out,
+    the mended one kept; a message that takes nothing back, and a retraction opening a message, leave every clause."""
+    tok = ByteTokenizer()
+
+    def kept(text: str) -> list[str]:
+        pieces = [tok.token_text(t) for t in tok.encode(text)]
+        chosen = message_spans(torch.full((len(pieces),), 9.0), pieces, None, budget=200, max_span=60, min_score=4.0)
+        return ["".join(pieces[c.start : c.end]) for c in chosen]
+
+    assert kept("fave colour's yellow. nah scratch that, it's teal") == [" it's teal"]  # "scratch" says what is over
+    assert kept("doing audits for KPMG... wait no, I switched to EY") == [".", ".", " wait no,", " I switched to EY"]
+    assert kept("my cat is Tom, ah no sorry, Tim") == [" ah no sorry,", " Tim"]
+    assert kept("Paris is lovely. no wait, I moved to Lyon") == [" no wait,", " I moved to Lyon"]
+    assert kept("no wait, I moved to Lyon in May") == ["no wait,", " I moved to Lyon in May"]  # nothing before it
+    assert kept("I said no, sorry to say. I live in Lyon") == ["I said no,", " sorry to say.", " I live in Lyon"]
+    assert kept("I drive trams, scratching my head all day") == ["I drive trams,", " scratching my head all day"]
+
+
 def test_a_dash_between_words_ends_a_clause_one_inside_a_word_does_not() -> None:
     """ "I need to correct myself — I moved over to Ponta Delgada": the value is its own clause, not cut off by a
     window around the correction's words; "Saint-Louis" and "inter-island" stay whole."""
