@@ -429,15 +429,14 @@ def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Coll
     span named Lyon, ``forget_words``); in a message that corrects, also a clause opening with what something was
     ("ochre was the old me", "wait, my shop was in Bo") and one that names nothing but words of ``denied`` ("I said
     Vela Luka"); and a clause that the next one takes back ("fave colour's yellow. nah scratch that, it's teal"). Such a
-    clause is never imprinted: the older value it names would compete with the newer one. (A denial
-    of something the user never said, "when I'm not chasing poachers off I go fly fishing", is imprinted as any
-    clause.)"""
+    clause is never imprinted: the older value it names would compete with the newer one. (A denial of something the
+    user never said, "when I'm not chasing poachers off I go fly fishing", is imprinted as any clause.)"""
     out = torch.zeros(len(pieces), dtype=torch.bool)
     updates = corrects(pieces)
     correcting = bool(denied) and updates
     clauses = _clauses(clause_breaks(pieces) if breaks is None else breaks)
-    for i, (a, b) in enumerate(clauses):
-        text = _plain(pieces[a:b])
+    texts = [_plain(pieces[a:b]) for a, b in clauses]
+    for i, ((a, b), text) in enumerate(zip(clauses, texts, strict=True)):
         names = _names(text)
         if (
             _SUPERSEDED.search(text)
@@ -447,9 +446,9 @@ def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Coll
         ):
             out[a:b] = True
         if _RETRACTING.match(text):  # the nearest clause before it with a word in it ("KPMG... wait no")
-            back = next((c for c in reversed(clauses[:i]) if _WORDS.search(_plain(pieces[c[0] : c[1]]))), None)
+            back = next((j for j in reversed(range(i)) if _WORDS.search(texts[j])), None)
             if back is not None:
-                out[back[0] : back[1]] = True
+                out[clauses[back][0] : clauses[back][1]] = True
     return out
 
 
