@@ -50,6 +50,7 @@ __all__ = [
     "imprint_turns",
     "imprints_of",
     "make_example",
+    "message_inputs",
     "message_reads",
     "natural_asks",
     "natural_example",
@@ -72,7 +73,7 @@ class ReadConfig:
     steps: int = 200
     batch: int = 8
     lr: float = 2e-3
-    rank: int = 8  # the read adapter's rank
+    rank: int = 8  # the read adapter's rank; 0: none (nor read steps): the backbone reads the entries by its own attention
     # imprint entries and their precision (config.imprint_bits): 62 in int8 or 120 in 4 bits keep a stored SmolLM2
     # identity under 1 MB; None: 62 and 8 for a new imprint, the checkpoint's own with resume (else it is resized)
     tokens: int | None = None
@@ -106,10 +107,21 @@ class ReadConfig:
     # > 0: an ask head on the tagger's layer, trained after the tagger, moving the asked kind's entries by this much
     # (config.imprint_ask_bias); 0: none
     ask_bias: float = 0.0
+    # the copy read's lambda the checkpoint is written with (config.imprint_copy: pointed by the query heads the
+    # checkpoint names, else by every query head of the last third of the layers); None: the one before's
+    copy: float | None = None
     # the kind tagger's label threshold the checkpoint is written with (config.imprint_label_min; None: the one before's)
     label_min: float | None = None
     seed: int = 0
     log_every: int = 10
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ValueError(f"rank is the read adapter's rank: >= 0 (0: none); got {self.rank}")
+        if not self.rank and self.gate and not self.resume:
+            raise ValueError("the imprint's read gate trains with the read adapter: rank 0 has none")
+        if self.copy is not None and not (math.isfinite(self.copy) and self.copy >= 0):
+            raise ValueError(f"copy is the copy read's lambda: a finite number >= 0; got {self.copy!r}")
 
 
 @dataclass(frozen=True)
@@ -366,6 +378,24 @@ def natural_asks(users: Sequence[Any]) -> list[tuple[str, int]]:
     return asks + [(m, 0) for u in users for m in u.messages]
 
 
+@torch.no_grad()
+def message_inputs(
+    model: LlamaModel, prompts: Sequence[tuple[list[int], tuple[int, int]]], layer: int, *, rows: int = 16
+) -> list[Tensor]:
+    """Each turn prompt's message tokens as ``layer``'s attention takes them in (``LlamaModel.layer_input``, (n, C),
+    the base model), the prompts read ``rows`` a padded pass in order of length (what the kind tagger reads)."""
+    out: list[Tensor] = [torch.empty(0)] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i][1][1])
+    for at in range(0, len(order), rows):
+        chunk = order[at : at + rows]
+        idx, _ = _batch([(prompts[i][0][: prompts[i][1][1] - 1], 1) for i in chunk], model.tokenizer.pad_id, model.device)
+        inputs = model.layer_inputs(idx, layer)  # right-padded and causal: each row as it would be read alone
+        for row, i in enumerate(chunk):
+            start, end = prompts[i][1]
+            out[i] = inputs[row, start : end - 1].cpu()
+    return out
+
+
 def train_kinds(
     model: LlamaModel,
     systems: list[list[int]],
@@ -389,26 +419,22 @@ def train_kinds(
     layer, tok, rng = model.config.imprint_kinds_layer, model.tokenizer, random.Random(seed)
 
     def features(n: int) -> tuple[Tensor, Tensor]:
-        xs, ys = [], []
+        said, ys = [], []
         for _ in range(n):
             ex = make_example(rng, phrases, distractors=1, extra_rate=0.3, others_rate=others_rate)
             system = rng.choice(systems)
             for i, message in enumerate(ex.messages):
-                xs.append(read(message, system))
+                said.append(tok.turn_prompt(message, system))
                 ys.append(torch.tensor(token_kinds(tok, message, ex.clauses.get(i, ()))))
-        return torch.cat(xs), torch.cat(ys)
-
-    def read(message: str, system: list[int]) -> Tensor:
-        tokens, (start, end) = tok.turn_prompt(message, system)
-        with torch.no_grad():
-            return model.layer_input(torch.tensor([tokens[: end - 1]], device=model.device), layer)[start:].cpu()
+        return torch.cat(message_inputs(model, said, layer)), torch.cat(ys)
 
     x, y = features(messages)
     if natural:  # their own stream of persona prompts: the generated examples stay those of a run without them
         pick = random.Random(seed + 1)
-        own = [(read(m, pick.choice(systems)), torch.tensor(token_kinds(tok, m, spans))) for m, spans in natural]
-        x = torch.cat([x, *(h for h, _ in own for _ in range(natural_repeat))])
-        y = torch.cat([y, *(t for _, t in own for _ in range(natural_repeat))])
+        own = message_inputs(model, [tok.turn_prompt(m, pick.choice(systems)) for m, _ in natural], layer)
+        labels = [torch.tensor(token_kinds(tok, m, spans)) for m, spans in natural]
+        x = torch.cat([x, *(h for h in own for _ in range(natural_repeat))])
+        y = torch.cat([y, *(t for t in labels for _ in range(natural_repeat))])
     held_x, held_y = features(200)
     tagger = model.imprint_kind
     opt = torch.optim.AdamW(tagger.parameters(), lr=1e-2, weight_decay=1e-4)
@@ -745,7 +771,8 @@ def train_checkpoint(
         if not config.kinds_only:
             model.add_imprint(NEW_TOKENS if config.tokens is None else config.tokens, config.rank, seed=config.seed)
             model.config = replace(model.config, imprint_bits=8 if config.bits is None else config.bits)
-            history = train_read(model, systems, config, phrases, natural=hand_written)
+            if config.rank:
+                history = train_read(model, systems, config, phrases, natural=hand_written)
         model.add_kind_tagger(layer)
         # the tagger learns from single statements of the user's own facts: someone else's facts in its data lowered
         # the share of natural facts it labels (experiments/LOG.md, 2026-11-28)
@@ -766,7 +793,10 @@ def train_checkpoint(
         model.config = replace(model.config, imprint_ask_bias=config.ask_bias)
     shift = model.config.read_shift if config.read_shift is None else config.read_shift
     label = model.config.imprint_label_min if config.label_min is None else config.label_min
-    model.config = replace(model.config, read_shift=shift, imprint_shift=config.imprint_shift, imprint_label_min=label)
+    copy = model.config.imprint_copy if config.copy is None else config.copy
+    model.config = replace(
+        model.config, read_shift=shift, imprint_shift=config.imprint_shift, imprint_label_min=label, imprint_copy=copy
+    )
     ref = BaseRef.read(checkpoint / BASE_FILE)
     if ref.path is not None and not Path(ref.path).is_absolute():  # a relative base path stays the same file
         ref = replace(ref, path=str((checkpoint / ref.path).resolve()))
@@ -787,7 +817,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=ReadConfig.steps)
     parser.add_argument("--batch", type=int, default=ReadConfig.batch)
     parser.add_argument("--lr", type=float, default=ReadConfig.lr)
-    parser.add_argument("--rank", type=int, default=ReadConfig.rank)
+    parser.add_argument("--rank", type=int, default=ReadConfig.rank, help="the read adapter's rank (0: none, no read steps)")
+    parser.add_argument("--copy", type=float, default=None, help="the copy read's lambda (default: the checkpoint's)")
     parser.add_argument(
         "--tokens", type=int, default=None, help=f"imprint entries (default {NEW_TOKENS}; with --resume the checkpoint's)"
     )
@@ -865,6 +896,7 @@ def main() -> None:
         kinds_natural=args.kinds_natural,
         asks_natural=args.asks_natural,
         natural_rate=args.natural_rate,
+        copy=args.copy,
     )
     if args.gate_only and not args.resume:
         parser.error("--gate-only trains over a checkpoint's read: add --resume")

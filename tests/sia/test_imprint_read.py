@@ -28,6 +28,7 @@ from sia.learn.imprint_read import (
     imprint_turns,
     imprints_of,
     make_example,
+    message_inputs,
     message_reads,
     message_tokens,
     natural_asks,
@@ -411,6 +412,15 @@ def test_messages_read_in_padded_passes_as_each_alone() -> None:
         ]
     with pytest.raises(ValueError, match="lengths"):
         model.read_rows(torch.zeros(2, 5, dtype=torch.long), [5, 6])
+    # what the kind tagger reads of each message: in padded passes sorted by length, as each alone and in order
+    for rows in (1, 3):
+        inputs = message_inputs(model, prompts, 1, rows=rows)
+        assert len(inputs) == len(prompts)
+        for (tokens, (start, end)), got in zip(prompts, inputs, strict=True):
+            with torch.no_grad():
+                alone = model.layer_input(torch.tensor([tokens[: end - 1]]), 1)[start:]
+            assert got.shape == (end - 1 - start, model.config.n_embd)
+            torch.testing.assert_close(got, alone, atol=1e-4, rtol=1e-4)
 
 
 def test_token_kinds_label_the_clauses_characters() -> None:

@@ -1,10 +1,11 @@
 """The shipped adapter's recipe (recipes/smollm2.json) runs end to end: every stage trains from the export of the
-one before and is exported as the recipe says; a finished recipe run again trains nothing; bad recipes are refused."""
+one before and is exported as the recipe says; a finished recipe run again trains nothing; bad recipes are refused.
+recipes/any-base.json gives a bare base an imprint, its copy read and the two small heads, starting from nothing trained."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +13,20 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from sia.backbones.injected_attention import CLOSED_GATE
 from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
 from sia.commands import main
+from sia.identity.state import IdentityState
 from sia.learn.adapter import recipe as recipe_module
 from sia.learn.adapter import train as adapter_train
 from sia.learn.adapter.recipe import Recipe, run_recipe
+from sia.learn.imprint_read import NEW_TOKENS, imprint_of, message_tokens
 
 from .conftest import TinyVocab, write_tiny_gguf
 
 SHIPPED = Path(__file__).resolve().parents[2] / "recipes" / "smollm2.json"
+ANY_BASE = SHIPPED.with_name("any-base.json")
 # a tiny backbone and two steps per stage: the chain, not the figures
 TINY = {
     "model": {"d_self": 8, "memory_tokens": 2, "trace_layers": [1], "block_size": 2048},
@@ -225,15 +230,58 @@ def test_an_imprint_stage_gives_the_export_before_it_an_imprint_and_a_trained_re
     assert any("imprint_read" in n for n in names) and any("imprint_kind" in n for n in names)
 
 
+def test_the_any_base_recipe_gives_a_bare_base_an_imprint_its_copy_read_and_two_heads_with_no_read_trained(
+    base: Path, tmp_path: Path
+) -> None:
+    stated = Recipe.from_file(ANY_BASE)
+    assert [s.name for s in stated.stages] == ["imprint"] and stated.train.get("base") is None  # the bundled base unless told
+    recipe = stated.with_overrides({"base": str(base), "model": {"block_size": 2048}})
+    cache = base.parent / "models"
+    final = run_recipe(recipe, tmp_path / "run", progress=False, cache_dir=cache)
+    model = load_model(final, cache_dir=cache)
+    bare = load_model(base, cache_dir=cache)
+    assert isinstance(model, LlamaModel) and isinstance(bare, LlamaModel)
+    c, stage = model.config, stated.stages[0].imprint
+    assert stage is not None and c.imprint_read_rank == 0 and not c.imprint_gate and c.imprint_tokens == NEW_TOKENS
+    assert c.imprint_copy == stage["copy"] == 4.0 and c.imprint_copy_heads is None  # every query head of the last third
+    assert c.imprint_copy_layers == [c.n_layer - 1] and c.imprint_kinds_layer == c.n_layer // 2
+    assert c.imprint_ask_bias == stage["ask_bias"] and c.imprint_label_min == stage["label_min"]
+    identity = model.identity_state_dict()
+    assert not any("imprint_read" in n for n in identity)  # nothing trained reads the entries but the two small heads
+    assert all(bool((t == CLOSED_GATE).all()) for n, t in identity.items() if n.endswith("slot_bias"))
+    assert all(bool(identity[n].abs().sum() > 0) for n in ("imprint_kind.weight", "imprint_ask.weight"))
+    history = json.loads((final / "read_history.json").read_text())
+    assert history["history"] == [] and history["kinds"]["tokens"] > 0 and history["asks"]
+    # a fresh identity is the bare base exactly; the user's words, imprinted, change what it says
+    system = model.tokenizer.system_prompt("You are a helpful assistant.")
+    idx = torch.tensor([model.tokenizer.turn_prompt("What is my name?", system)[0]])
+    asked = [message_tokens(model.tokenizer, "What is my name?")]
+    fresh = IdentityState.fresh(c)
+    told = replace(fresh, imprint=imprint_of(model, system, ["My name is Zorblax and I live in Quarzazate."]))
+    assert told.imprint is not None and told.imprint.used > 0
+    with torch.no_grad():
+        plain = bare(idx, bare.condition_states([IdentityState.fresh(bare.config)], [len(system)])).logits
+        unchanged = model(idx, model.condition_states([fresh], [len(system)], asked)).logits
+        recalled = model(idx, model.condition_states([told], [len(system)], asked)).logits
+    torch.testing.assert_close(unchanged, plain, atol=1e-5, rtol=0)
+    assert (recalled - plain).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize(
-    ("stage", "match"),
+    ("stages", "match"),
     [
-        ({"name": "imprint", "imprint": {"steps": 2}, "train": {"steps": 3}}, "no train or export"),
-        ({"name": "imprint", "imprint": {"rank_of": 2}}, "unknown imprint stage keys"),
+        ([0, {"name": "imprint", "imprint": {"steps": 2}, "train": {"steps": 3}}], "no train or export"),
+        ([0, {"name": "imprint", "imprint": {"rank_of": 2}}], "unknown imprint stage keys"),
+        ([{"name": "imprint", "imprint": {"resume": True}}], "untrained backbone: it has no imprint to resume"),
+        ([{"name": "imprint", "imprint": {"kinds_only": True}}], "untrained backbone"),
+        ([{"name": "imprint", "imprint": {"rank": 0, "gate": True}}], "rank 0 has none"),
+        ([{"name": "imprint", "imprint": {"rank": -1}}], "rank is the read adapter's rank"),
+        ([{"name": "imprint", "imprint": {"copy": -1.0}}], "copy read's lambda"),
+        ([{"name": "imprint", "imprint": {"copy": float("nan")}}], "copy read's lambda"),
     ],
 )
-def test_a_bad_imprint_stage_is_refused(stage: dict[str, Any], match: str) -> None:
+def test_a_bad_imprint_stage_is_refused(stages: list[Any], match: str) -> None:
     data = json.loads(SHIPPED.read_text())
-    data["stages"] = [data["stages"][0], stage]
+    data["stages"] = [data["stages"][0] if stage == 0 else stage for stage in stages]
     with pytest.raises(ValueError, match=match):
         Recipe.from_dict(data)

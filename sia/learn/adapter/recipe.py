@@ -5,7 +5,9 @@ A recipe file (``recipes/smollm2.json`` is the shipped adapter's) holds
 * ``train``: the training settings every stage shares (``TrainConfig`` fields: the backbone, the model section, ...);
 * ``stages``: ``[{"name", "train": {what this stage changes}, "export": {"slot_rank", "dtype", "read_shift"}}, ...]``;
   a stage ``{"name", "imprint": {ReadConfig fields}}`` instead gives the export before it an imprint, a read adapter
-  and a kind tagger trained by ``sia.learn.imprint_read`` (its checkpoint is written as it is; no export step).
+  and a kind tagger trained by ``sia.learn.imprint_read`` (its checkpoint is written as it is; no export step). As the
+  first stage, it starts from the recipe's backbone (``train``'s ``base`` and ``model``) with untrained identity
+  parameters, the self slots' read shut (``recipes/any-base.json``: an imprint for any LLaMA-family base, no GPU).
 
 Stage k trains in ``OUT/<k>-<name>/`` (``sia.learn.adapter.train``, which resumes where a run stopped), starting from
 stage k-1's export (its ``init``); its export (``sia.checkpoint.export_adapter``) is written to
@@ -25,8 +27,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sia.checkpoint import DEFAULT_CACHE, export_adapter
+from sia.checkpoint import DEFAULT_CACHE, export_adapter, save_llama_checkpoint
 from sia.learn.adapter.train import TrainConfig, train
+from sia.learn.adapter.trainable import build_model
 from sia.learn.imprint_read import ReadConfig, train_checkpoint
 from sia.model.config import check_fields, read_json_object
 
@@ -92,12 +95,15 @@ class Recipe:
             if taken:
                 raise ValueError(f"{where} sets {taken}: the recipe sets each stage's out_dir and init")
         for index, stage in enumerate(self.stages):
+            if stage.imprint is None or index == 0:
+                self.config(index, Path("."))  # every training stage, and the backbone a first stage starts from, is valid
             if stage.imprint is None:
-                self.config(index, Path("."))  # every training stage is a valid training config
-            elif index == 0 or stage.train or stage.export != Export():
+                continue
+            if stage.train or stage.export != Export():
                 raise ValueError(f"stage {stage.name} trains the imprint over the stage before: no train or export of its own")
-            else:
-                read_config(stage.imprint)
+            read = read_config(stage.imprint)
+            if index == 0 and (read.resume or read.kinds_only):
+                raise ValueError(f"stage {stage.name} starts from an untrained backbone: it has no imprint to resume or keep")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
@@ -168,6 +174,15 @@ def read_config(fields_: Mapping[str, Any]) -> ReadConfig:
     return ReadConfig(**fields_)
 
 
+def untrained(recipe: Recipe, out: Path, cache_dir: Path = DEFAULT_CACHE) -> Path:
+    """The recipe's backbone with untrained identity parameters, the self slots' read shut (nothing trained reads the
+    self state), as a SIA checkpoint in ``OUT/1-<name>/untrained``: where a first stage that is an imprint stage starts."""
+    config = recipe.config(0, out)
+    model, ref = build_model(config, cache_dir)
+    model.init_identity(config.seed)  # the slots' bias at the closed gate, not the open one training starts from
+    return save_llama_checkpoint(model, recipe.stage_dir(out, 0) / "untrained", ref)
+
+
 def run_recipe(recipe: Recipe, out: Path, *, progress: bool = True, cache_dir: Path = DEFAULT_CACHE) -> Path:
     """Train and export every stage in order (stages already exported are skipped); returns ``OUT/final``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -181,7 +196,7 @@ def run_recipe(recipe: Recipe, out: Path, *, progress: bool = True, cache_dir: P
         partial = done.with_name(done.name + ".partial")  # renamed once whole: a stopped export is redone
         shutil.rmtree(partial, ignore_errors=True)
         if stage.imprint is not None:
-            before = recipe.export_dir(out, index - 1)
+            before = untrained(recipe, out, cache_dir) if index == 0 else recipe.export_dir(out, index - 1)
             train_checkpoint(before, partial, read_config(stage.imprint), cache_dir=cache_dir)
             partial.rename(done)
             continue
