@@ -1,0 +1,144 @@
+"""Do the personas answer a user's introduction in the user's language? A new user's first message often names them
+and their home ("Hi! I'm Ana Kowalski, I live in Lisbon"), and the backbone tends to answer a foreign name or place in
+that place's language ("Eu estes ao Ana Kowalski, sistema de uma criatura..."). The easy questions of the
+reply-quality benchmark hold no such message, so their wrong-language rate (0-4 %) does not see it.
+
+Each introduction below (written by hand for this probe: 40 English messages, names and places from many countries,
+openers, asides and lower case as people type them) is sent to a fresh identity of every persona, exactly as the
+service builds a turn (``benchmarks.reply_quality.ask``), greedy and at the persona's sampling. A reply drifts when the
+reply-quality benchmark calls it the wrong language (``benchmarks.reply_metrics.wrong_language``) or when its words
+hold at least three function words of Portuguese, Spanish, French, German, Italian or Czech and more of them than of
+English stopwords (the benchmark's own rule misses Spanish and German, whose "es", "die", "in" it reads as English).
+With ``--ban-first`` a drifted reply is decoded again with its first token banned (logit bias -100), up to three times:
+whether the first token decides the reply's language.
+
+    PYTHONPATH=. python -m experiments.probes.introduction_language [--personas sia] [--ban-first] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.reply_metrics import _set, words, wrong_language
+from benchmarks.reply_quality import ask
+from sia.checkpoint import load_model
+from sia.personas import PERSONAS, persona_sampling
+
+INTRODUCTIONS = (
+    "Hi! I'm Ana Kowalski, I live in Lisbon and I work as a nurse. My favourite colour is green and I have a cat.",
+    "Hello, my name is Pierre Dubois and I'm an architect in Lyon.",
+    "hey, I'm Lucía, I teach primary school in Seville",
+    "Good morning! Jonas Becker here, I fix cars for a living in Hamburg.",
+    "Hi there. I'm Giulia and I cook in a small trattoria in Bologna.",
+    "Olá! Just kidding, I speak English. I'm João, a lawyer from Porto Alegre.",
+    "My name's Marisol Etxeberria, I'm a pharmacist, and I live in Bilbao with my two dogs.",
+    "I'm Kenji Tanaka, I write software in Osaka. Nice to meet you.",
+    "hello!! olga here, I translate books, based in St Petersburg",
+    "Hey! Sven Larsson, carpenter, Gothenburg. That's me in a nutshell.",
+    "Hi, I'm Fatima Benali. I work as a midwife in Marseille.",
+    "Hi, Tomáš Novák here, I bake bread in Brno every morning before sunrise.",
+    "Hello! I'm Aroha, I live in Rotorua and I guide tourists around the geysers.",
+    "Hi, I'm Chidi Okafor from Enugu, I'm a civil engineer.",
+    "hey there, my name is Priya Raghunathan and I'm a dentist in Chennai",
+    "Hello! I'm Mateus, I moved to Belo Horizonte last year and I work in a bank.",
+    "Hi, Anneke de Vries, veterinarian, Utrecht. Pleased to meet you!",
+    "Hey, I'm Dmitri. I drive trams in Kraków.",
+    "Hi! I'm Sofía Herrera and I run a flower shop in Valparaíso.",
+    "Good evening. My name is Hamid, I'm a taxi driver in Casablanca.",
+    "hi, i'm Ines, from Coimbra, studying to be a physiotherapist",
+    "Hello, I am François Lefèvre, I restore old furniture in Bordeaux.",
+    "Hey! Call me Bea. I'm a firefighter in Valencia and I love the sea.",
+    "Hi, I'm Lukas Schneider, a music teacher in Graz.",
+    "Hello there! I'm Zanele Dlamini and I'm a journalist in Durban.",
+    "Hi, my name is Nguyen Thi Lan and I sew wedding dresses in Hanoi.",
+    "Heya, I'm Mirela, a hairdresser in Cluj-Napoca.",
+    "Hello, I'm Javier Morales, I manage a hotel in Cancún.",
+    "Hi! Ewa Nowak, I'm an accountant in Gdańsk, nice to meet you.",
+    "I'm Rafael and I grow coffee near Manizales, in Colombia.",
+    "Hi, I'm Björn, I fish for a living off the coast of Tromsø.",
+    "Hello! My name is Ayşe Yılmaz and I'm a pilot based in Izmir.",
+    "hey I'm Matteo, barista in Turin, what's up",
+    "Hi, I'm Catarina Sousa. I'm an architect and I live in Braga.",
+    "Good afternoon, I'm Henrik Nielsen, a nurse at a hospital in Aarhus.",
+    "Hi! I'm Léa, I make cheese on a farm near Annecy.",
+    "Hi there, Esteban here. I'm a surf instructor in Máncora, Peru.",
+    "Hello, I'm Katarzyna, but everyone calls me Kasia. I'm a librarian in Wrocław.",
+    "Hi! My name is Paulo and I teach history in Maputo.",
+    "Hey, I'm Ingrid Johansson and I'm a photographer living in Uppsala.",
+)
+
+# function words of the languages the backbone drifts into that are not English words (Portuguese, Spanish, French,
+# German, Italian, Czech)
+FOREIGN_WORDS = (
+    "eu não você uma ao aos às é está estão estou estes isso isto muito também obrigado obrigada olá que meu minha seu sua "
+    "nós es un una estoy el los las del por pero muy gracias hola soy eres sí je suis est une les des et il elle nous vous "
+    "mais très merci bonjour c'est avec ich ist und der das dem ein eine nicht für auch sehr danke hallo wir sie sono della "
+    "che gli ciao grazie anche molto jsem je na se za jako"
+)
+FOREIGN = frozenset(FOREIGN_WORDS.split())
+LIST_MIN = 3
+
+
+def drifts(reply: str) -> bool:
+    """The reply-quality benchmark's wrong language, or at least LIST_MIN foreign function words, more than English
+    stopwords."""
+    if wrong_language(reply):
+        return True
+    ws = words(reply)
+    foreign = sum(w in FOREIGN for w in ws)
+    english = sum(w in _set("english_stopwords") for w in ws)
+    return foreign >= LIST_MIN and foreign > english
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--personas", nargs="+", default=sorted(PERSONAS))
+    ap.add_argument("--ban-first", action="store_true", help="decode a drifted reply again without its first token")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "introduction_language.json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(2)
+    model = load_model()
+    messages = [{"id": str(i), "question": m} for i, m in enumerate(INTRODUCTIONS)]
+    found: dict[str, Any] = {"introductions": len(messages), "runs": {}}
+    for persona in args.personas:
+        sampled = persona_sampling(model, persona)
+        for mode, params in (("greedy", replace(sampled, temperature=0.0)), ("sampled", sampled)):
+            replies = ask(model, persona, messages, params, batch=8)
+            rows = [
+                {"message": m["question"], "reply": r["reply"], "drifts": drifts(r["reply"])}
+                for m, r in zip(messages, replies, strict=True)
+            ]
+            if args.ban_first:
+                for m, r, row in zip(messages, replies, rows, strict=True):
+                    banned: list[int] = []
+                    reply = r
+                    while drifts(reply["reply"]) and len(banned) < 3 and reply["tokens"]:
+                        banned.append(reply["tokens"][0])
+                        again = replace(params, logit_bias=tuple((t, -100.0) for t in banned))
+                        reply = ask(model, persona, [m], again, batch=1)[0]
+                    if banned:
+                        row["banned"] = [model.tokenizer.decode([t]) for t in banned]
+                        row["after_ban"] = reply["reply"]
+                        row["drifts_after_ban"] = drifts(reply["reply"])
+            n = sum(row["drifts"] for row in rows)
+            run = {"drifted": n, "rate": n / len(rows), "replies": rows}
+            if args.ban_first:
+                run["drifted_after_ban"] = sum(row.get("drifts_after_ban", row["drifts"]) for row in rows)
+            found["runs"][f"{persona}/{mode}"] = run
+            after = f", {run['drifted_after_ban']} after banning first tokens" if args.ban_first else ""
+            sys.stdout.write(f"{persona} {mode}: {n}/{len(rows)} drift{after}\n")
+            sys.stdout.flush()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(found, indent=1, ensure_ascii=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
