@@ -8,8 +8,10 @@ The word lists live in ``benchmarks/data/reply_words.json``.
   word, so "12" is not found in "120" nor in "2.12", and "seven" not in "seventeen".
 * **loops**: some 3-gram of words appears 3 or more times, or some 6-gram of tokens appears twice.
 * **wrong language**: a reply of 5 or more words none of which is a common English word (a short stopword list), or
-  one whose letters are mostly not ASCII (Cyrillic, Chinese, ...). Deliberately crude: it catches the backbone's
-  drift into Portuguese or French, not a stray foreign word.
+  one whose letters are mostly not ASCII (Cyrillic, Chinese, ...), or one holding at least 3 function words of
+  Portuguese, Spanish, French, German, Italian or Czech and more of them than English stopwords (Spanish and German
+  share "es", "in", "die" with the English list). Deliberately crude: it catches the backbone's drift into another
+  language, not a stray foreign word or a place's own name ("Rio de Janeiro", "Hola!").
 * **style**: one check per persona, from its system prompt (``sia.personas``); a persona without one passes a
   reply that is non-empty and does not loop.
 """
@@ -38,6 +40,7 @@ WORD = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*")  # letters and digits, with inn
 LOOP_WORD_NGRAM, LOOP_WORD_COUNT = 3, 3
 LOOP_TOKEN_NGRAM = 6
 FOREIGN_MIN_WORDS = 5
+FOREIGN_FUNCTION_WORDS = 3  # the fewest function words of another language that make a reply drift
 NON_ASCII_SHARE = 0.5
 
 
@@ -87,12 +90,17 @@ def loops(reply: str, tokens: Sequence[int] = ()) -> bool:
 
 
 def wrong_language(reply: str) -> bool:
-    """5 or more words and no English stopword among them, or letters mostly outside ASCII."""
+    """5 or more words and no English stopword among them, letters mostly outside ASCII, or another language's function
+    words, at least FOREIGN_FUNCTION_WORDS of them and more than the English stopwords."""
     letters = [c for c in reply if c.isalpha()]
     if letters and sum(not c.isascii() for c in letters) / len(letters) > NON_ASCII_SHARE:
         return True
     ws = words(reply)
-    return len(ws) >= FOREIGN_MIN_WORDS and not set(ws) & _set("english_stopwords")
+    english = sum(w in _set("english_stopwords") for w in ws)
+    if len(ws) >= FOREIGN_MIN_WORDS and not english:
+        return True
+    foreign = sum(w in _set("foreign_function_words") for w in ws)
+    return foreign >= FOREIGN_FUNCTION_WORDS and foreign > english
 
 
 def _has(text: str, phrases: frozenset[str]) -> bool:

@@ -6,9 +6,8 @@ reply-quality benchmark hold no such message, so their wrong-language rate (0-4 
 Each introduction below (written by hand for this probe: 40 English messages, names and places from many countries,
 openers, asides and lower case as people type them) is sent to a fresh identity of every persona, exactly as the
 service builds a turn (``benchmarks.reply_quality.ask``), greedy and at the persona's sampling. A reply drifts when the
-reply-quality benchmark calls it the wrong language (``benchmarks.reply_metrics.wrong_language``) or when its words
-hold at least three function words of Portuguese, Spanish, French, German, Italian or Czech and more of them than of
-English stopwords (the benchmark's own rule misses Spanish and German, whose "es", "die", "in" it reads as English).
+reply-quality benchmark calls it the wrong language (``benchmarks.reply_metrics.wrong_language``, whose rule of other
+languages' function words was added for this probe: its stopword rule alone read Spanish and German as English).
 With ``--ban-first`` a drifted reply is decoded again with its first token banned (logit bias -100), up to three times:
 whether the first token decides the reply's language.
 
@@ -26,7 +25,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.reply_metrics import _set, words, wrong_language
+from benchmarks.reply_metrics import wrong_language
 from benchmarks.reply_quality import ask
 from sia.checkpoint import load_model
 from sia.personas import PERSONAS, persona_sampling
@@ -74,28 +73,6 @@ INTRODUCTIONS = (
     "Hey, I'm Ingrid Johansson and I'm a photographer living in Uppsala.",
 )
 
-# function words of the languages the backbone drifts into that are not English words (Portuguese, Spanish, French,
-# German, Italian, Czech)
-FOREIGN_WORDS = (
-    "eu não você uma ao aos às é está estão estou estes isso isto muito também obrigado obrigada olá que meu minha seu sua "
-    "nós es un una estoy el los las del por pero muy gracias hola soy eres sí je suis est une les des et il elle nous vous "
-    "mais très merci bonjour c'est avec ich ist und der das dem ein eine nicht für auch sehr danke hallo wir sie sono della "
-    "che gli ciao grazie anche molto jsem je na se za jako"
-)
-FOREIGN = frozenset(FOREIGN_WORDS.split())
-LIST_MIN = 3
-
-
-def drifts(reply: str) -> bool:
-    """The reply-quality benchmark's wrong language, or at least LIST_MIN foreign function words, more than English
-    stopwords."""
-    if wrong_language(reply):
-        return True
-    ws = words(reply)
-    foreign = sum(w in FOREIGN for w in ws)
-    english = sum(w in _set("english_stopwords") for w in ws)
-    return foreign >= LIST_MIN and foreign > english
-
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -112,21 +89,21 @@ def main(argv: list[str] | None = None) -> int:
         for mode, params in (("greedy", replace(sampled, temperature=0.0)), ("sampled", sampled)):
             replies = ask(model, persona, messages, params, batch=8)
             rows = [
-                {"message": m["question"], "reply": r["reply"], "drifts": drifts(r["reply"])}
+                {"message": m["question"], "reply": r["reply"], "drifts": wrong_language(r["reply"])}
                 for m, r in zip(messages, replies, strict=True)
             ]
             if args.ban_first:
                 for m, r, row in zip(messages, replies, rows, strict=True):
                     banned: list[int] = []
                     reply = r
-                    while drifts(reply["reply"]) and len(banned) < 3 and reply["tokens"]:
+                    while wrong_language(reply["reply"]) and len(banned) < 3 and reply["tokens"]:
                         banned.append(reply["tokens"][0])
                         again = replace(params, logit_bias=tuple((t, -100.0) for t in banned))
                         reply = ask(model, persona, [m], again, batch=1)[0]
                     if banned:
                         row["banned"] = [model.tokenizer.decode([t]) for t in banned]
                         row["after_ban"] = reply["reply"]
-                        row["drifts_after_ban"] = drifts(reply["reply"])
+                        row["drifts_after_ban"] = wrong_language(reply["reply"])
             n = sum(row["drifts"] for row in rows)
             run = {"drifted": n, "rate": n / len(rows), "replies": rows}
             if args.ban_first:

@@ -53,6 +53,12 @@ def test_wrong_language_is_a_reply_without_any_english_stopword_or_mostly_not_as
     assert not wrong_language("The capital of France is Paris.")
     assert not wrong_language("Paris!")  # too short to judge
     assert not wrong_language("Bienvenue! It's Paris, I'd say.")
+    # Spanish and German share "es", "in", "die" with the English stopwords: a majority of their function words decides
+    assert wrong_language("Este es un amigo, sí. Estoy en la ciudad de Madrid y este color no parece mucho más que el cielo.")
+    assert wrong_language("Ze klubi, siska! Ich habe eine Kittelheit für die Stadt. Ich bin in Berlin, das ist klar.")
+    assert not wrong_language("Hola! Welcome to our beautiful city. I'm so glad you're here, Lucía.")
+    assert not wrong_language("You live in Rio de Janeiro, and your name is Ana de la Cruz. Is that right?")
+    assert not wrong_language("I love the song Que Sera Sera, and Los Angeles in the spring.")
 
 
 def test_words_are_lower_cased_with_inner_apostrophes() -> None:

@@ -193,19 +193,3 @@ def test_write_input_splits_the_variance_of_z_between_turn_and_state(config: Tra
     shares = [result["all"], result["pooled"], *result["memory_tokens"]]
     assert len(result["memory_tokens"]) == model.config.memory_tokens
     assert all(s["turn"] >= 0 and s["state"] >= 0 and s["turn"] + s["state"] + s["rest"] == pytest.approx(1) for s in shares)
-
-
-def test_a_reply_drifts_into_spanish_or_german_though_the_benchmark_reads_their_words_as_english() -> None:
-    """experiments.probes.introduction_language: the benchmark's wrong-language rule, and a majority of another
-    language's function words; English with a greeting or a place's own words in it does not drift."""
-    from benchmarks.reply_metrics import wrong_language
-    from experiments.probes.introduction_language import drifts
-
-    spanish = "Este es un amigo, sí. Estoy en la ciudad de Madrid y este color no parece mucho más que el cielo."
-    german = "Ze klubi, siska! Ich habe eine Kittelheit für die Stadt. Ich bin in Berlin, das ist klar."
-    assert not wrong_language(spanish) and not wrong_language(german)
-    assert drifts(spanish) and drifts(german)
-    assert drifts("Eu estes ao Ana Kowalski, sistema de uma criatura. E que não parece mais o que ao Ana.")
-    assert not drifts("Hola! Welcome to our beautiful city. I'm so glad you're here, Lucía.")
-    assert not drifts("You live in Rio de Janeiro, and your name is Ana de la Cruz. Is that right?")
-    assert not drifts("Welcome to Lisbon, Ana! It is lovely to meet a nurse who loves green.")
