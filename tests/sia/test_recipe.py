@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 
 from sia.backbones.injected_attention import CLOSED_GATE
 from sia.backbones.llama import LlamaModel
-from sia.checkpoint import load_model
+from sia.backbones.weights import cache_entry, file_sha256
+from sia.checkpoint import load_model, source_digest
 from sia.commands import main
 from sia.identity.state import IdentityState
 from sia.learn.adapter import recipe as recipe_module
@@ -235,11 +236,13 @@ def test_the_any_base_recipe_gives_a_bare_base_an_imprint_its_copy_read_and_two_
 ) -> None:
     stated = Recipe.from_file(ANY_BASE)
     assert [s.name for s in stated.stages] == ["imprint"] and stated.train.get("base") is None  # the bundled base unless told
-    recipe = stated.with_overrides({"base": str(base), "model": {"block_size": 2048}})
     cache = base.parent / "models"
-    final = run_recipe(recipe, tmp_path / "run", progress=False, cache_dir=cache)
-    model = load_model(final, cache_dir=cache)
     bare = load_model(base, cache_dir=cache)
+    hf_dir = cache_entry(cache, file_sha256(base))  # the GGUF dequantised: a Hugging Face directory, the other kind of base
+    recipe = stated.with_overrides({"base": str(hf_dir), "model": {"block_size": 2048}})
+    final = run_recipe(recipe, tmp_path / "run", progress=False, cache_dir=cache)
+    assert json.loads((final / "base.json").read_text()) == {"path": str(hf_dir), "sha256": source_digest(hf_dir)}
+    model = load_model(final, cache_dir=cache)
     assert isinstance(model, LlamaModel) and isinstance(bare, LlamaModel)
     c, stage = model.config, stated.stages[0].imprint
     assert stage is not None and c.imprint_read_rank == 0 and not c.imprint_gate and c.imprint_tokens == NEW_TOKENS
