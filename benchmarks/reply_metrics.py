@@ -50,6 +50,7 @@ def _lists() -> dict[str, Any]:
     return loaded
 
 
+@cache
 def _set(name: str) -> frozenset[str]:
     return frozenset(_lists()[name])
 
