@@ -23,10 +23,11 @@ import logging
 import re
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from sia.backbones.llama import UNTRAINED_SLOT_BIAS
 from sia.checkpoint import DEFAULT_CACHE, export_adapter, save_llama_checkpoint
 from sia.learn.adapter.train import TrainConfig, train
 from sia.learn.adapter.trainable import build_model
@@ -177,9 +178,8 @@ def read_config(fields_: Mapping[str, Any]) -> ReadConfig:
 def untrained(recipe: Recipe, out: Path, cache_dir: Path = DEFAULT_CACHE) -> Path:
     """The recipe's backbone with untrained identity parameters, the self slots' read shut (nothing trained reads the
     self state), as a SIA checkpoint in ``OUT/1-<name>/untrained``: where a first stage that is an imprint stage starts."""
-    config = recipe.config(0, out)
-    model, ref = build_model(config, cache_dir)
-    model.init_identity(config.seed)  # the slots' bias at the closed gate, not the open one training starts from
+    # the slots' bias at the closed gate, not the open one training starts from
+    model, ref = build_model(replace(recipe.config(0, out), slot_bias=UNTRAINED_SLOT_BIAS), cache_dir)
     return save_llama_checkpoint(model, recipe.stage_dir(out, 0) / "untrained", ref)
 
 
