@@ -9,7 +9,9 @@ service builds a turn (``benchmarks.reply_quality.ask``), greedy and at the pers
 reply-quality benchmark calls it the wrong language (``benchmarks.reply_metrics.wrong_language``, whose rule of other
 languages' function words was added for this probe: its stopword rule alone read Spanish and German as English).
 With ``--ban-first`` a drifted reply is decoded again with its first token banned (logit bias -100), up to three times:
-whether the first token decides the reply's language.
+whether the first token decides the reply's language. Since the guard of ``sia.model.language`` ships, every turn
+holds its reply's first word back and begins the reply again when that word is another language's: this probe measures
+what is left (experiments/LOG.md 2026-12-03 (i) has the figures before it).
 
     PYTHONPATH=. python -m experiments.probes.introduction_language [--personas sia] [--ban-first] [--out PATH]
 """

@@ -41,7 +41,15 @@ import torch
 from server.errors import OverloadedError
 from server.observability import Metrics
 from sia.identity.imprint import Imprint
-from sia.identity.turn import TurnPrompt, TurnRequest, TurnResult, conclude_turns, imprint_message, turn_prompt
+from sia.identity.turn import (
+    TurnPrompt,
+    TurnRequest,
+    TurnResult,
+    conclude_turns,
+    imprint_message,
+    reply_params,
+    turn_prompt,
+)
 from sia.model.batching import DecodeBatch, Prefilled
 from sia.model.generate import SamplingParams, StreamEvent, check_room
 from sia.model.identity_model import IdentityModel
@@ -139,7 +147,7 @@ class Batcher:
         is full; RuntimeError once closed. ``deliver`` is called on the batcher thread and must not block."""
         prompt = turn_prompt(self.tokenizer, request)
         check_room(self.model, len(prompt.tokens), params.max_new_tokens)
-        turn = SubmittedTurn(request, prompt, params, deliver)
+        turn = SubmittedTurn(request, prompt, reply_params(params, request), deliver)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the batcher is closed")

@@ -30,6 +30,7 @@ __all__ = [
     "TurnRequest",
     "TurnResult",
     "conclude_turns",
+    "reply_params",
     "run_turn",
     "stream_turns",
     "turn_prompt",
@@ -169,13 +170,19 @@ def _turns(
         model,
         [p.tokens for p in prompts],
         cond,
-        params,
+        [reply_params(params, req) for req in requests],
         tokenizer=tok,
         summary_masks=[p.counted for p in prompts],
         nll_from=[p.scored[0] for p in prompts],  # the shock scores the message: the persona's prompt needs no logits
     )
     yield from decoding
     return conclude_turns(model, requests, prompts, decoding.result, tok)
+
+
+def reply_params(params: SamplingParams, request: TurnRequest) -> SamplingParams:
+    """How a turn's reply is decoded: ``params``, the reply kept to the language of the message it answers
+    (``SamplingParams.language_of``)."""
+    return replace(params, language_of=request.message)
 
 
 def imprint_message(

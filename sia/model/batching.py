@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, is_dataclass
+from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from sia.model.conditioning import Conditioning
@@ -35,6 +35,7 @@ from sia.model.generate import (
     padded_inputs,
     prompt_nll,
     prompt_scoring,
+    reply_events,
     row_params,
 )
 from sia.model.identity_model import IdentityModel
@@ -90,6 +91,8 @@ class _Member:
     prompt_nll: Tensor  # (prompt_len - 1,)
     stats: SummarySums  # (1 row) sums over counted prompt tokens and every generated token fed back
     last: Tensor  # (V,) logits of its next token
+    prompt_stats: SummarySums  # (1 row) the prompt's: what a reply begun again (``ReplyDecoder.taken_back``) counts
+    first: Tensor  # (V,) logits of its reply's first token
 
 
 @dataclass
@@ -286,7 +289,8 @@ class DecodeBatch:
         for b, p in enumerate(pre.params):
             rids.append(self._next)
             row = ReplyDecoder(p, device, self.tok)
-            self.members.append(_Member(self._next, p, row, pre.row_nll(b), pre.stats.row(b), pre.last[b]))
+            stats = pre.stats.row(b)
+            self.members.append(_Member(self._next, p, row, pre.row_nll(b), stats, pre.last[b], stats, pre.last[b]))
             self._next += 1
         return rids
 
@@ -334,18 +338,18 @@ class DecodeBatch:
         going: list[int] = []
         stopped: list[int] = []
         for b, m in enumerate(self.members):
-            logits = m.last.index_fill(0, self._banned, float("-inf"))
-            token = m.row.sample(logits, m.params)
-            log_p = F.log_softmax(logits.float(), dim=-1)
-            top: tuple[tuple[int, float], ...] = ()
-            if m.params.top_logprobs:
-                values, ids = log_p.topk(m.params.top_logprobs)
-                top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
-            delta = m.row.push(token, m.params, self.tok.end_ids)
-            events.append(StreamEvent(row=m.rid, token=token, text=delta, logprob=float(log_p[token]), top_logprobs=top))
+            events += reply_events(m.row, m.last, m.params, m.rid, self._banned, self.tok.end_ids, partial(self._restart, b))
             (going if m.row.finish_reason is None else stopped).append(b)
         self._sampled = (going, stopped)
         return events
+
+    def _restart(self, b: int, n: int) -> Tensor:
+        """Row b's reply begins again (``reply_events``): its n tokens read are hidden; the logits of its first token."""
+        m = self.members[b]
+        if n:
+            self.valid[b, -n:] = False
+        m.stats = m.prompt_stats
+        return m.first
 
     @torch.inference_mode()
     def advance(self) -> None:

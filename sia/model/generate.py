@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Generic, TypeVar
 
 import torch
@@ -24,6 +25,7 @@ from torch import Tensor
 from sia.model.conditioning import Conditioning
 from sia.model.identity_model import IdentityModel
 from sia.model.kv_cache import KVCache
+from sia.model.language import english, foreign_opening, message_words
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
 
@@ -46,6 +48,7 @@ __all__ = [
     "padded_inputs",
     "penalize",
     "repeated_ngram_bans",
+    "reply_events",
     "row_params",
     "sample_next",
     "sentence_closers",
@@ -58,6 +61,9 @@ MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 300  # tokens a logit_bias may name (OpenAI's limit)
 MAX_ADDRESS = 40  # characters of a form of address
 _WORD = re.compile(r"[^\W\d_]+")  # a run of letters
+LANGUAGE_RETRIES = 5  # first tokens a reply may lose to its first word's language before its first word is let be
+FIRST_WORD_TOKENS = 6  # tokens a reply's first word is waited for at most: then the letters so far are judged
+TAKEN_BACK_COLUMNS = LANGUAGE_RETRIES * FIRST_WORD_TOKENS  # cache columns the replies taken back may leave behind
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,10 @@ class SamplingParams:
     # decoded at min(temperature, recall_temperature): a fact is recalled as the model reads it best (0: greedy); None
     # is off
     recall_temperature: float | None = None
+    # the user's message this replies to: a reply to an English message keeps to English. Its first word is read once
+    # whole (``sia.model.language``); when it is another language's, the reply is taken back and begun again without
+    # its first token, at most LANGUAGE_RETRIES times (``ReplyDecoder``). "" is off; a turn sets it (sia.identity.turn)
+    language_of: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -109,6 +119,8 @@ class SamplingParams:
             raise ValueError(f"address must be printable text of at most {MAX_ADDRESS} characters; got {self.address!r}")
         if self.address and not _WORD.search(self.address):
             raise ValueError(f"address must hold a word (it is written until the reply says it); got {self.address!r}")
+        if not isinstance(self.language_of, str):
+            raise ValueError(f"language_of must be the user's message (a string); got {type(self.language_of).__name__}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -503,20 +515,24 @@ def _visible_text(text: str, stops: Sequence[str]) -> int:
 class ReplyDecoder:
     """One row's reply as it is decoded: its tokens and text, stop strings, finish reason and sampling generator. The
     text begins at its first character that is not white space (a reply whose first token is " Lisbon" reads
-    "Lisbon"); the tokens are the model's, as sampled."""
+    "Lisbon"); the tokens are the model's, as sampled.
+
+    With ``language_of`` an English message, the reply's first word is held back until it is whole; when it is
+    another language's (``sia.model.language.foreign_opening``), the reply is taken back: ``taken_back`` then counts
+    its tokens the model has already read, which the caller forgets before the row samples its first token again,
+    that token now banned (``reply_events``)."""
 
     def __init__(self, params: SamplingParams, device: torch.device, tok: Tokenizer) -> None:
-        self.tokens: list[int] = []
-        self.text = ""
-        self.emitted = 0
-        self.decoder = IncrementalDecoder(tok.token_bytes)
+        self.tok = tok
         self.stops = [lowered(stop, params.lowercase) for stop in params.stop]  # a lowercase reply is matched in lower case
-        self.finish_reason: str | None = None
         self.exclamations = exclamation_pairs(tok) if params.exclaim else ()
         self.address = tuple(tok.encode(params.address)) if params.address else ()
         self.address_words = [w.lower() for w in _WORD.findall(params.address)]
         self.closers = sentence_closers(tok) if self.address else frozenset()
-        self.queued: list[int] = []  # tokens written before the model's next one (the address's rest, then its pick)
+        # the words the user wrote (a reply may echo them), when the reply keeps to the message's English; else None
+        self.user_words = message_words(params.language_of) if params.language_of and english(params.language_of) else None
+        self.banned_first: list[int] = []  # first tokens whose reply was taken back
+        self.taken_back: int | None = None  # set by push: the reply was taken back, and this many of its tokens were read
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator(device=device)
@@ -524,14 +540,29 @@ class ReplyDecoder:
                 self.generator.manual_seed(params.seed)
             else:
                 self.generator.seed()
+        self._begin()
+
+    def _begin(self) -> None:
+        """An empty reply."""
+        self.tokens: list[int] = []
+        self.text = ""
+        self.emitted = 0
+        self.decoder = IncrementalDecoder(self.tok.token_bytes)
+        self.finish_reason: str | None = None
+        self.queued: list[int] = []  # tokens written before the model's next one (the address's rest, then its pick)
+        self.held: list[StreamEvent] = []  # events of the first word, until it is judged
+        self.judging = self.user_words is not None and len(self.banned_first) < LANGUAGE_RETRIES
 
     def sample(self, logits: Tensor, params: SamplingParams) -> int:
         """The row's next token from its (V,) logits: with ``exclaim``, a full stop right after a word is an exclamation
         mark until the reply holds one ("3.5" and "1." stay as they are); then ``sample_next`` over the reply so far.
         With ``address``, a sentence's end picked right after a word, while the reply does not say the address's words,
-        is put off: the address's tokens come first, then that end ("Tokyo." becomes "Tokyo, sir.")."""
+        is put off: the address's tokens come first, then that end ("Tokyo." becomes "Tokyo, sir."). A reply begun
+        again never begins with a token whose reply was taken back."""
         if self.queued:
             return self.queued.pop(0)
+        if not self.tokens and self.banned_first:
+            logits = logits.index_fill(0, torch.tensor(self.banned_first, device=logits.device), float("-inf"))
         after_word = self.text[-1:].isalpha()
         if self.exclamations and after_word and "!" not in self.text:
             logits = exclaimed(logits, self.exclamations)
@@ -548,7 +579,9 @@ class ReplyDecoder:
         return any(said[i : i + n] == self.address_words for i in range(len(said) - n + 1))
 
     def push(self, token: int, params: SamplingParams, end_ids: frozenset[int]) -> str:
-        """Record a token; return the newly visible text and set finish_reason when the row is done."""
+        """Record a token; return the newly visible text and set finish_reason when the row is done (or ``taken_back``
+        when the reply begins in another language)."""
+        self.taken_back = None
         self.tokens.append(token)
         if token in end_ids:
             self.text += lowered(self.decoder.flush(), params.lowercase)
@@ -570,9 +603,63 @@ class ReplyDecoder:
         if self.finish_reason is None and len(self.tokens) >= params.max_new_tokens:
             self.text += lowered(self.decoder.flush(), params.lowercase)
             self.finish_reason = "length"
+        if self.judging and not self._judged():
+            return ""  # the first word is not whole yet: nothing is shown
         visible = len(self.text) if self.finish_reason else _visible_text(self.text, self.stops)
         delta, self.emitted = self.text[self.emitted : visible], max(self.emitted, visible)
         return delta
+
+    def _judged(self) -> bool:
+        """Whether the first word can be judged now; if it can and it is another language's, the reply is taken back
+        (``taken_back``, and the reply begins again empty)."""
+        found = _WORD.search(self.text)
+        whole = found is not None and found.end() < len(self.text)
+        if not (whole or self.finish_reason or len(self.tokens) >= FIRST_WORD_TOKENS):
+            return False
+        self.judging = False
+        assert self.user_words is not None
+        if foreign_opening("" if found is None else found.group(), self.user_words):
+            self.banned_first.append(self.tokens[0])
+            read = len(self.tokens) - 1  # every token but the newest went through the model
+            self._begin()
+            self.taken_back = read
+            return False
+        return True
+
+    def release(self, event: StreamEvent) -> list[StreamEvent]:
+        """The events to deliver now that ``event`` is this row's newest: none while the first word is judged, the
+        first word's all at once when it passes."""
+        if self.judging:
+            self.held.append(event)
+            return []
+        events, self.held = [*self.held, event], []
+        return events
+
+
+def reply_events(
+    row: ReplyDecoder,
+    logits: Tensor,
+    params: SamplingParams,
+    rid: int,
+    banned: Tensor,
+    end_ids: frozenset[int],
+    restart: Callable[[int], Tensor],
+) -> list[StreamEvent]:
+    """The row's next token from its (V,) logits (``banned`` ids never), recorded, and the events to deliver. A reply
+    taken back (its first word in another language) begins again at once: ``restart(n)`` forgets the row's n tokens
+    the model has read and returns the logits of its first token."""
+    while True:
+        logits_b = logits.index_fill(0, banned, float("-inf"))  # (V,)
+        token = row.sample(logits_b, params)
+        log_p = F.log_softmax(logits_b.float(), dim=-1)  # (V,)
+        top: tuple[tuple[int, float], ...] = ()
+        if params.top_logprobs:
+            values, ids = log_p.topk(params.top_logprobs)
+            top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+        delta = row.push(token, params, end_ids)
+        if row.taken_back is None:
+            return row.release(StreamEvent(row=rid, token=token, text=delta, logprob=float(log_p[token]), top_logprobs=top))
+        logits = restart(row.taken_back)
 
 
 def prompt_scoring(lengths: Sequence[int], nll_from: Sequence[int] | None) -> tuple[list[int], int]:
@@ -604,7 +691,7 @@ def stream(
     model: IdentityModel,
     prompts: Sequence[Sequence[int]],
     cond: Conditioning,
-    params: SamplingParams,
+    params: SamplingParams | Sequence[SamplingParams],
     *,
     tokenizer: Tokenizer | None = None,
     summary_masks: Sequence[Sequence[bool]] | None = None,
@@ -612,6 +699,8 @@ def stream(
     nll_from: Sequence[int] | None = None,
 ) -> Stream[list[Generation]]:
     """A StreamEvent per row and step; the result is the list of finished Generations, one per prompt.
+
+    ``params``: one SamplingParams for every row, or one per row.
 
     ``summary_masks`` marks, per prompt token, whether it counts towards the turn summary (default: all).
     ``nll_from``: per prompt, the first ``prompt_nll`` index wanted (default 0); the entries before it are NaN and the
@@ -637,7 +726,7 @@ def _decode(
     model: IdentityModel,
     prompts: Sequence[Sequence[int]],
     cond: Conditioning,
-    params: SamplingParams,
+    params: SamplingParams | Sequence[SamplingParams],
     tokenizer: Tokenizer | None,
     summary_masks: Sequence[Sequence[bool]] | None,
     use_cache: bool,
@@ -651,7 +740,10 @@ def _decode(
     if min(lengths, default=0) < 1:
         raise ValueError("every prompt needs at least one token")
     L = max(lengths)
-    check_room(model, L, params.max_new_tokens)
+    each = list(params) if isinstance(params, Sequence) else [params] * B
+    if len(each) != B:
+        raise ValueError(f"{len(each)} sampling settings for {B} prompts")
+    check_room(model, L, max(p.max_new_tokens for p in each))
     starts, logits_from = prompt_scoring(lengths, nll_from)
     n_memory = model.memory_after_reply
     device = model.device
@@ -683,33 +775,38 @@ def _decode(
         )
         return out.logits, out.stats, out.memory
 
+    each = row_params(each, cond.recalls)  # a row that recalls the user's facts: at the recall temperature
+    rows = [ReplyDecoder(p, device, tok) for p in each]
+    guarded = any(row.judging for row in rows)  # a reply may be taken back: its columns stay, hidden
     prefix = torch.ones(B, model.prefix_len, dtype=torch.bool, device=device)  # the self slot, if any
     key_valid = torch.cat([prefix, valid], dim=1)  # (B, prefix + L)
-    cache = model.new_cache(cond, L + params.max_new_tokens + n_memory) if use_cache else None
+    room = max(p.max_new_tokens for p in each) + n_memory + (TAKEN_BACK_COLUMNS if guarded else 0)
+    cache = model.new_cache(cond, L + room) if use_cache else None
     logits, stats, _ = run(idx, key_valid, counted, cache, logits_from=logits_from)  # (B, L - logits_from, V)
     nll = prompt_nll(logits, idx, lengths, starts, logits_from)  # (B, L-1)
     last = logits[:, -1]  # (B, V)
+    first, prompt_stats = (last.clone(), stats) if guarded else (last, stats)  # what a reply begun again starts from
     seq, seq_count = idx, counted
 
-    each = row_params([params] * B, cond.recalls)  # a row that recalls the user's facts: at the recall temperature
-    rows = [ReplyDecoder(p, device, tok) for p in each]
+    def restart(b: int, n: int) -> Tensor:
+        """Row b's reply begins again: its n tokens read are hidden and uncounted; the logits of its first token."""
+        nonlocal stats, padded
+        if n:
+            key_valid[b, -n:] = False
+            if cache is None:  # the reference reads the whole sequence every step: its count too
+                seq_count[b, -n:] = False
+        stats, padded = stats.with_row(b, prompt_stats.row(b)), True
+        return first[b]
+
     while True:
         step = torch.full((B, 1), tok.pad_id, dtype=torch.long, device=device)
         alive = torch.zeros(B, 1, dtype=torch.bool, device=device)
         for b, row in enumerate(rows):
             if row.finish_reason is not None:
                 continue
-            logits_b = last[b].index_fill(0, banned, float("-inf"))  # (V,)
-            token = row.sample(logits_b, each[b])
-            log_p = F.log_softmax(logits_b.float(), dim=-1)  # (V,)
-            top: tuple[tuple[int, float], ...] = ()
-            if params.top_logprobs:
-                values, ids = log_p.topk(params.top_logprobs)
-                top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
-            delta = row.push(token, each[b], tok.end_ids)
-            yield StreamEvent(row=b, token=token, text=delta, logprob=float(log_p[token]), top_logprobs=top)
+            yield from reply_events(row, last[b], each[b], b, banned, tok.end_ids, partial(restart, b))
             if row.finish_reason is None:
-                step[b, 0], alive[b, 0] = token, True
+                step[b, 0], alive[b, 0] = row.tokens[-1], True
         if not bool(alive.any()):
             break
         key_valid = torch.cat([key_valid, alive], dim=1)
@@ -749,7 +846,7 @@ def generate(
     model: IdentityModel,
     prompts: Sequence[Sequence[int]],
     cond: Conditioning,
-    params: SamplingParams,
+    params: SamplingParams | Sequence[SamplingParams],
     *,
     tokenizer: Tokenizer | None = None,
     summary_masks: Sequence[Sequence[bool]] | None = None,

@@ -45,6 +45,12 @@ class SummarySums:
     def row(self, b: int) -> SummarySums:
         return SummarySums(*(getattr(self, f.name)[b : b + 1] for f in fields(self)))
 
+    def with_row(self, b: int, row: SummarySums) -> SummarySums:
+        """These sums with row ``b`` replaced by ``row``'s (one row)."""
+        mine = [getattr(self, f.name) for f in fields(self)]
+        theirs = [getattr(row, f.name) for f in fields(self)]
+        return SummarySums(*(torch.cat([t[:b], r, t[b + 1 :]]) for t, r in zip(mine, theirs, strict=True)))
+
     def written_by(self, memory: Tensor) -> SummarySums:
         """These sums with z = [the memory tokens' final hidden states (B, K, C); the pooled hidden state], flat."""
         B = memory.shape[0]

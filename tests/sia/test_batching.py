@@ -10,6 +10,7 @@ import torch
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
+import sia.model.generate as generate_module
 from sia.backbones.llama import LlamaModel
 from sia.backbones.packed_linear import NO_BFLOAT16_PACKING, bfloat16_packing_available, packing_available
 from sia.identity.state import Dynamics, IdentityState
@@ -245,6 +246,33 @@ def test_rows_decoding_in_lowercase_to_a_sentence_limit_or_exclaiming_decode_in_
         assert got.text == want.text == texts[i]
         if params[i].lowercase:
             assert got.text == got.text.lower()
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["prefilled-alone", "prefilled-together"])
+@pytest.mark.parametrize("build", [lambda: llama(2, 2), native], ids=["llama-memory-slots", "native"])
+def test_rows_whose_replies_are_taken_back_decode_in_a_batch_as_they_would_alone(
+    build: object, together: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every first word judged another language's: the guarded rows are taken back and begun again (their tokens read
+    hidden in the batch's columns) while other rows step beside them; each ends as it does alone, sums included."""
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: True)
+    model = build()  # type: ignore[operator]
+    identity = states(model, len(PROMPTS))
+    params = [replace(p, max_new_tokens=10) for p in PARAMS]
+    for i in (0, 1):
+        params[i] = replace(params[i], language_of="Hi! I'm Ana Kowalski from Lisbon.")
+    expected = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, params, strict=True)]
+    unguarded = solo(model, PROMPTS[0], identity[0], replace(params[0], language_of=""))
+    assert unguarded.tokens != expected[0].tokens  # the guard really changed the reply
+    batch, handles, sizes, texts = decode_joining(model, identity, together, params=params)
+    assert max(sizes) >= 3
+    for i, want in enumerate(expected):
+        got = batch.take(handles[i])
+        assert got.tokens == want.tokens, i
+        assert got.text == want.text == texts[i]
+        torch.testing.assert_close(got.stats.hidden, want.stats.hidden, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.stats.layer_inputs, want.stats.layer_inputs, atol=1e-4, rtol=1e-4)
+        assert float(got.stats.count) == float(want.stats.count)
 
 
 def test_a_cancelled_row_leaves_at_once_and_the_others_go_on_unchanged() -> None:

@@ -1,0 +1,71 @@
+"""Whether a reply keeps to its user's language: the decoder's rule for the first word of a reply to English.
+
+The bundled backbone answers an introduction that names a foreign person or place in that place's language ("Hi! I'm
+Ana Kowalski, I live in Lisbon" -> "Eu estes ao Ana Kowalski, sistema de uma criatura..."), and the reply's first
+token decides it: decoded again without that token, the reply is English (``experiments/probes``'s
+``introduction_language``). No list of first tokens can be banned beforehand: the tokenizer writes "Eu" as "E" + "u"
+and "Nice" as "N" + "ice". So the decoder reads the reply's first *word* once it is whole, and takes the reply back
+when that word is another language's (``ReplyDecoder``). The rule here is that judgement, deliberately narrow: it
+speaks of English only, since that is the language whose words it knows.
+
+* A message is **English** when its letters are mostly ASCII and it holds no more of the other languages' common
+  words than English ones ("Olá! Just kidding, I speak English" is English; "Olá, eu sou a Ana" is not).
+* A reply's first word is **foreign** when the user did not write it ("Este es mi perro" may be answered "Este"), it
+  is not a common English word ("a", "me", "no" belong to both), and it is either a word that begins a sentence in
+  another language ("Eu", "Este", "Je", "Das") or holds a letter outside ASCII ("Ouémão", "Zdravím": the backbone's
+  openers of a reply in Portuguese or Czech). A greeting is no sign ("Bonjour, welcome to Lyon" goes on in English).
+  A name with an accent that the user wrote in an earlier turn ("José") can be taken for one; the reply begun again
+  then names it after its first word ("Your name is José").
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["english", "foreign_opening", "message_words"]
+
+WORD = re.compile(r"[^\W\d_]+")  # a run of letters
+NON_ASCII_SHARE = 0.5  # a message whose letters are more than this share outside ASCII is not English
+
+
+def _listed(words: str) -> frozenset[str]:
+    return frozenset(words.split())
+
+
+# common English words that another language shares or nearly shares ("a", "in", "no", "me"): never foreign
+ENGLISH = _listed(
+    "a about after all also am an and any are as at be because been but by can could did do does for from had has have "
+    "he her here hi him his how i if in into is it its just like may me more my no not of oh ok on one or our out she "
+    "so some than that the their them then there these they this to up was we were what when which who will with "
+    "would yes you your"
+)
+# words that begin or hold together a sentence in Portuguese, Spanish, French, Italian, German, Dutch, Polish or Czech
+# (pronouns, articles, verbs of being, prepositions, conjunctions). Greetings are not among them: a persona may well
+# open "Bonjour, welcome to Lyon" or "Hola, amigo!" and go on in English, and does
+FOREIGN = _listed(
+    "ao aos aquí às auch avec como das de del della dem der des det die é ein eine el ela ele elle em es está estamos "
+    "estas este estes esto estou estoy et eu für ich ihr il ist je jsem la las le les los mais más mas meu minha moi "
+    "mon nos nossa nosso nous para pero por que qué qui ser si sí sie sim sono sou soy sua suis também tu uma un una "
+    "und une você vous wir"
+)
+
+
+def message_words(text: str) -> frozenset[str]:
+    """The words of ``text``, lower-cased: what a reply may echo without being foreign."""
+    return frozenset(w.lower() for w in WORD.findall(text))
+
+
+def english(text: str) -> bool:
+    """Whether a message reads as English: letters mostly ASCII, and no more common words of the other languages than
+    of English (a message with no words of either, "hi" or "ok?", is English)."""
+    letters = [c for c in text if c.isalpha()]
+    if letters and sum(not c.isascii() for c in letters) / len(letters) > NON_ASCII_SHARE:
+        return False
+    said = [w.lower() for w in WORD.findall(text)]
+    return sum(w in FOREIGN for w in said) <= sum(w in ENGLISH for w in said)
+
+
+def foreign_opening(word: str, user_words: frozenset[str] = frozenset()) -> bool:
+    """Whether a reply to an English message that opens with ``word`` (letters only) opens in another language."""
+    w = word.lower()
+    return (w in FOREIGN or not w.isascii()) and w not in user_words and w not in ENGLISH

@@ -1,0 +1,184 @@
+"""A reply keeps to its user's English (sia.model.language, ReplyDecoder): the first word of a reply is judged once
+whole, and a reply that opens in another language is taken back and begun again without its first token."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import sia.model.generate as generate_module
+from sia.identity.state import Dynamics, IdentityState
+from sia.identity.turn import TurnRequest, reply_params
+from sia.model.generate import (
+    LANGUAGE_RETRIES,
+    Generation,
+    ReplyDecoder,
+    SamplingParams,
+    StreamEvent,
+    generate,
+    reply_events,
+    stream,
+)
+from sia.model.language import english, foreign_opening, message_words
+from sia.model.native import SIAModel
+from sia.model.tokenizer import ByteTokenizer
+from tests.conftest import random_state, tiny_config
+
+
+@pytest.mark.parametrize(
+    ("message", "is_english"),
+    [
+        ("Hi! I'm Ana Kowalski, I live in Lisbon and I work as a nurse.", True),
+        ("hey, I'm Lucía, I teach primary school in Seville", True),
+        ("Olá! Just kidding, I speak English. I'm João, a lawyer from Porto Alegre.", True),
+        ("hi", True),
+        ("Olá, eu sou a Ana e moro em Lisboa", False),
+        ("Hola, me llamo Pilar y soy de Madrid", False),
+        ("Привет, меня зовут Ольга", False),
+    ],
+)
+def test_a_message_reads_as_english_by_its_words_and_letters(message: str, is_english: bool) -> None:
+    assert english(message) is is_english
+
+
+def test_a_first_word_is_foreign_when_another_language_says_it_and_the_user_did_not() -> None:
+    for word in ("Eu", "Este", "je", "Das", "Olá", "É", "Ouémão", "Zdravím"):
+        assert foreign_opening(word), word
+    for word in ("I", "Nice", "Welcome", "Lisbon", "Marisol", "No", "a", "Me", "Euphoria", "Bonjour", "Hola", ""):
+        assert not foreign_opening(word), word
+    assert not foreign_opening("Este", message_words("Este es mi perro, Rocky"))  # the user's own word
+    assert not foreign_opening("Lucía", message_words("hey, I'm Lucía, I teach in Seville"))  # the user's own name
+
+
+TOK, CPU = ByteTokenizer(), torch.device("cpu")
+NONE = torch.tensor([], dtype=torch.long)
+
+
+def scripted(
+    first: str, replies: dict[str, str], message: str, steps: int = 40
+) -> tuple[ReplyDecoder, list[StreamEvent], list[int]]:
+    """A greedy row whose model prefers the first characters in ``first``'s order, then spells the reply that begins
+    with the character it opened with; the events it delivers and the restarts it asked for."""
+    params = SamplingParams(max_new_tokens=steps, temperature=0.0, language_of=message)
+    opening = torch.full((TOK.vocab_size,), -10.0)
+    for rank, c in enumerate(first):
+        opening[ord(c)] = 10.0 - rank
+    row, events, restarts = ReplyDecoder(params, CPU, TOK), [], []
+
+    def restart(n: int) -> torch.Tensor:
+        restarts.append(n)
+        return opening
+
+    def logits() -> torch.Tensor:
+        if not row.tokens:
+            return opening
+        reply = replies[chr(row.tokens[0])]
+        spelled = torch.full((TOK.vocab_size,), -10.0)
+        spelled[ord(reply[len(row.tokens)]) if len(row.tokens) < len(reply) else next(iter(TOK.end_ids))] = 10.0
+        return spelled
+
+    while row.finish_reason is None:
+        events += reply_events(row, logits(), params, 0, NONE, TOK.end_ids, restart)
+    return row, events, restarts
+
+
+REPLIES = {
+    "E": "Eu sou a Ana.",
+    "L": "La Ana!",
+    "T": "Tu es Ana.",
+    "S": "Si, Ana.",
+    "J": "Je suis Ana.",
+    "D": "Das ist Ana.",
+    "Q": "Que bom, Ana.",
+    "N": "Nice to meet you, Ana.",
+}
+FOREIGN_FIRST = "ELTSJDQ"  # seven replies in another language, best first
+
+
+def test_a_reply_opening_in_another_language_is_taken_back_and_begun_again_without_its_first_token() -> None:
+    row, events, restarts = scripted("ELN", REPLIES, "Hi! I'm Ana, I live in Lisbon.")
+    assert row.text == "Nice to meet you, Ana."
+    assert row.banned_first == [ord("E"), ord("L")]
+    assert restarts == [2, 2]  # "Eu" and "La" were read by the model, not the space that closed them
+    assert [e.token for e in events] == row.tokens and "".join(e.text for e in events) == row.text  # nothing else shown
+    assert all(e.text == "" for e in events[:4]) and events[4].text == "Nice "  # the first word held until whole
+
+
+def test_the_users_own_words_a_message_not_in_english_and_the_last_retry_are_let_be() -> None:
+    assert scripted("LN", REPLIES, "Hi! I'm Pilar, la reina.")[0].text == "La Ana!"  # the user said it first
+    row, _, restarts = scripted("ELN", REPLIES, "Olá, eu sou a Ana e moro em Lisboa")
+    assert row.text == "Eu sou a Ana." and restarts == []  # the user does not write English: nothing is judged
+    assert len(FOREIGN_FIRST) > LANGUAGE_RETRIES
+    row, _, restarts = scripted(FOREIGN_FIRST + "N", REPLIES, "Hi, I'm Ana.")
+    assert len(restarts) == LANGUAGE_RETRIES  # so many tries, then the reply is the model's
+    assert row.text == REPLIES[FOREIGN_FIRST[LANGUAGE_RETRIES]]
+    row, _, restarts = scripted("ELN", REPLIES, "")
+    assert row.text == "Eu sou a Ana." and restarts == []  # off
+
+
+def test_a_reply_taken_back_leaves_no_trace_in_the_reply_or_the_turns_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every first word judged foreign: each guarded row is taken back LANGUAGE_RETRIES times. The greedy one ends with
+    the tokens, text and summary sums of the row decoded alone with those first tokens banned from the start (the
+    tokens taken back hidden and uncounted), cached or not; the sampled one decodes the same cached or not (its draws
+    go on from where the taken-back reply left them); an unguarded row beside them is untouched; each row's events are
+    its reply's."""
+    torch.manual_seed(1)
+    model = SIAModel(tiny_config(block_size=256)).eval()
+    config = model.config
+    prompts = [list(b"hello there, persona"), list(b"hi"), list(b"what is my name?")]
+    states = [IdentityState.fresh(config), random_state(config, 1), random_state(config, 2)]
+    plain = SamplingParams(max_new_tokens=10, temperature=0.8, seed=4)
+    guarded = replace(plain, language_of="Hi! I'm Ana from Lisbon.")
+    plain_greedy = replace(plain, temperature=0.0)
+    params = [guarded, plain, replace(guarded, temperature=0.0)]
+    decoded: list[list[Generation]] = []
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: True)
+    rows: list[ReplyDecoder] = []
+    bans: list[int] = []
+
+    class Recorded(ReplyDecoder):
+        def _begin(self) -> None:
+            super()._begin()
+            if self not in rows:
+                rows.append(self)
+
+    class Banned(ReplyDecoder):  # the reference: its first tokens banned at once, nothing judged
+        def _begin(self) -> None:
+            super()._begin()
+            self.banned_first, self.judging = list(bans), False
+
+    for use_cache in (True, False):
+        rows.clear()
+        monkeypatch.setattr(generate_module, "ReplyDecoder", Recorded)
+        decoding = stream(model, prompts, model.condition_states(states), params, use_cache=use_cache)
+        events = list(decoding)
+        got = decoding.result
+        assert [len(row.banned_first) for row in rows] == [LANGUAGE_RETRIES, 0, LANGUAGE_RETRIES]
+        for b, gen in enumerate(got):
+            assert [e.token for e in events if e.row == b] == gen.tokens
+            assert "".join(e.text for e in events if e.row == b) == gen.text
+        assert rows[0].tokens[0] not in rows[0].banned_first
+        decoded.append(got)
+        monkeypatch.setattr(generate_module, "ReplyDecoder", Banned)
+        bans[:] = rows[2].banned_first  # the greedy row: its reference draws nothing either
+        (want,) = generate(model, [prompts[2]], model.condition_states([states[2]]), plain_greedy, use_cache=use_cache)
+        assert got[2].tokens == want.tokens and got[2].text == want.text
+        torch.testing.assert_close(got[2].stats.hidden, want.stats.hidden, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got[2].stats.layer_inputs, want.stats.layer_inputs, atol=1e-4, rtol=1e-4)
+        assert float(got[2].stats.count) == float(want.stats.count)
+        monkeypatch.setattr(generate_module, "ReplyDecoder", ReplyDecoder)
+        (alone,) = generate(model, [prompts[1]], model.condition_states([states[1]]), plain, use_cache=use_cache)
+        assert got[1].tokens == alone.tokens
+    cached, uncached = decoded
+    assert [g.tokens for g in cached] == [g.tokens for g in uncached]  # the sampled row too
+
+
+def test_a_turn_keeps_its_reply_to_the_language_of_its_message() -> None:
+    config = tiny_config()
+    request = TurnRequest(IdentityState.fresh(config), "Hi! I'm Ana from Lisbon.", Dynamics.from_config(config))
+    params = SamplingParams(temperature=0.0, max_new_tokens=5)
+    assert reply_params(params, request) == replace(params, language_of="Hi! I'm Ana from Lisbon.")
+    with pytest.raises(ValueError, match="language_of"):
+        SamplingParams(language_of=3)  # type: ignore[arg-type]
