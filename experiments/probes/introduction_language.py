@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -75,6 +76,20 @@ INTRODUCTIONS = (
     "Hey, I'm Ingrid Johansson and I'm a photographer living in Uppsala.",
 )
 
+# each introduction's user, by the first name they give (written by hand beside the messages): a reply that says
+# "I'm <name>" speaks as the user
+USERS = (
+    "Ana", "Pierre", "Lucía", "Jonas", "Giulia", "João", "Marisol", "Kenji", "Olga", "Sven", "Fatima", "Tomáš", "Aroha",
+    "Chidi", "Priya", "Mateus", "Anneke", "Dmitri", "Sofía", "Hamid", "Ines", "François", "Bea", "Lukas", "Zanele",
+    "Nguyen", "Mirela", "Javier", "Ewa", "Rafael", "Björn", "Ayşe", "Matteo", "Catarina", "Henrik", "Léa", "Esteban",
+    "Katarzyna", "Paulo", "Ingrid",
+)  # fmt: skip
+
+
+def speaks_as(user: str, reply: str) -> bool:
+    """Whether ``reply`` gives the user's name as its speaker's ("I'm Rafael", "my name is Ana")."""
+    return re.search(r"(?i)\b(?:i'm|i’m|i am|my name is|my name's|call me)\s+" + re.escape(user) + r"\b", reply) is not None
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -91,8 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         for mode, params in (("greedy", replace(sampled, temperature=0.0)), ("sampled", sampled)):
             replies = ask(model, persona, messages, params, batch=8)
             rows = [
-                {"message": m["question"], "reply": r["reply"], "drifts": wrong_language(r["reply"])}
-                for m, r in zip(messages, replies, strict=True)
+                {
+                    "message": m["question"],
+                    "reply": r["reply"],
+                    "drifts": wrong_language(r["reply"]),
+                    "as_user": speaks_as(user, r["reply"]),
+                }
+                for m, r, user in zip(messages, replies, USERS, strict=True)
             ]
             if args.ban_first:
                 for m, r, row in zip(messages, replies, rows, strict=True):
@@ -107,12 +127,13 @@ def main(argv: list[str] | None = None) -> int:
                         row["after_ban"] = reply["reply"]
                         row["drifts_after_ban"] = wrong_language(reply["reply"])
             n = sum(row["drifts"] for row in rows)
-            run = {"drifted": n, "rate": n / len(rows), "replies": rows}
+            as_user = sum(row["as_user"] for row in rows)
+            run = {"drifted": n, "rate": n / len(rows), "as_user": as_user, "replies": rows}
             if args.ban_first:
                 run["drifted_after_ban"] = sum(row.get("drifts_after_ban", row["drifts"]) for row in rows)
             found["runs"][f"{persona}/{mode}"] = run
             after = f", {run['drifted_after_ban']} after banning first tokens" if args.ban_first else ""
-            sys.stdout.write(f"{persona} {mode}: {n}/{len(rows)} drift{after}\n")
+            sys.stdout.write(f"{persona} {mode}: {n}/{len(rows)} drift{after}; {as_user} speak as the user\n")
             sys.stdout.flush()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(found, indent=1, ensure_ascii=False) + "\n")

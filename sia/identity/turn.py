@@ -181,8 +181,8 @@ def _turns(
 
 def reply_params(params: SamplingParams, request: TurnRequest) -> SamplingParams:
     """How a turn's reply is decoded: ``params``, the reply kept to the language of the message it answers
-    (``SamplingParams.language_of``)."""
-    return replace(params, language_of=request.message)
+    (``SamplingParams.reply_to``)."""
+    return replace(params, reply_to=request.message)
 
 
 def imprint_message(

@@ -26,6 +26,7 @@ from sia.model.conditioning import Conditioning
 from sia.model.identity_model import IdentityModel
 from sia.model.kv_cache import KVCache
 from sia.model.language import english, foreign_opening, message_words
+from sia.model.naming import name_starts, names_self, user_names
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
 
@@ -98,10 +99,11 @@ class SamplingParams:
     # decoded at min(temperature, recall_temperature): a fact is recalled as the model reads it best (0: greedy); None
     # is off
     recall_temperature: float | None = None
-    # the user's message this replies to: a reply to an English message keeps to English. Its first word is read once
-    # whole (``sia.model.language``); when it is another language's, the reply is taken back and begun again without
-    # its first token, at most LANGUAGE_RETRIES times (``ReplyDecoder``). "" is off; a turn sets it (sia.identity.turn)
-    language_of: str = ""
+    # the user's message this replies to ("": none; a turn sets it, sia.identity.turn). A reply to an English message
+    # keeps to English: its first word is read once whole (``sia.model.language``), and when it is another language's
+    # the reply is taken back and begun again without its first token, at most LANGUAGE_RETRIES times. And the reply
+    # never gives a name the user gave as their own as its speaker's ("I'm Rafael": ``sia.model.naming``)
+    reply_to: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -119,8 +121,8 @@ class SamplingParams:
             raise ValueError(f"address must be printable text of at most {MAX_ADDRESS} characters; got {self.address!r}")
         if self.address and not _WORD.search(self.address):
             raise ValueError(f"address must hold a word (it is written until the reply says it); got {self.address!r}")
-        if not isinstance(self.language_of, str):
-            raise ValueError(f"language_of must be the user's message (a string); got {type(self.language_of).__name__}")
+        if not isinstance(self.reply_to, str):
+            raise ValueError(f"reply_to must be the user's message (a string); got {type(self.reply_to).__name__}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -517,7 +519,7 @@ class ReplyDecoder:
     text begins at its first character that is not white space (a reply whose first token is " Lisbon" reads
     "Lisbon"); the tokens are the model's, as sampled.
 
-    With ``language_of`` an English message, the reply's first word is held back until it is whole; when it is
+    With ``reply_to`` an English message, the reply's first word is held back until it is whole; when it is
     another language's (``sia.model.language.foreign_opening``), the reply is taken back: ``taken_back`` then counts
     its tokens the model has already read, which the caller forgets before the row samples its first token again,
     that token now banned (``reply_events``)."""
@@ -530,7 +532,10 @@ class ReplyDecoder:
         self.address_words = [w.lower() for w in _WORD.findall(params.address)]
         self.closers = sentence_closers(tok) if self.address else frozenset()
         # the words the user wrote (a reply may echo them), when the reply keeps to the message's English; else None
-        self.user_words = message_words(params.language_of) if params.language_of and english(params.language_of) else None
+        self.user_words = message_words(params.reply_to) if params.reply_to and english(params.reply_to) else None
+        # the tokens that begin a name the user gave as their own: never right after "I'm" (``sia.model.naming``)
+        starts = name_starts(tok, user_names(params.reply_to)) if params.reply_to else []
+        self.user_name_starts = torch.tensor(starts, dtype=torch.long, device=device) if starts else None
         self.banned_first: list[int] = []  # first tokens whose reply was taken back
         self.taken_back: int | None = None  # set by push: the reply was taken back, and this many of its tokens were read
         self.generator: torch.Generator | None = None
@@ -558,11 +563,14 @@ class ReplyDecoder:
         mark until the reply holds one ("3.5" and "1." stay as they are); then ``sample_next`` over the reply so far.
         With ``address``, a sentence's end picked right after a word, while the reply does not say the address's words,
         is put off: the address's tokens come first, then that end ("Tokyo." becomes "Tokyo, sir."). A reply begun
-        again never begins with a token whose reply was taken back."""
+        again never begins with a token whose reply was taken back, and where the reply names its speaker ("I'm"), the
+        user's name cannot come."""
         if self.queued:
             return self.queued.pop(0)
         if not self.tokens and self.banned_first:
             logits = logits.index_fill(0, torch.tensor(self.banned_first, device=logits.device), float("-inf"))
+        if self.user_name_starts is not None and names_self(self.text):
+            logits = logits.index_fill(0, self.user_name_starts, float("-inf"))
         after_word = self.text[-1:].isalpha()
         if self.exclamations and after_word and "!" not in self.text:
             logits = exclaimed(logits, self.exclamations)

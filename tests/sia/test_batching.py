@@ -260,9 +260,9 @@ def test_rows_whose_replies_are_taken_back_decode_in_a_batch_as_they_would_alone
     identity = states(model, len(PROMPTS))
     params = [replace(p, max_new_tokens=10) for p in PARAMS]
     for i in (0, 1):
-        params[i] = replace(params[i], language_of="Hi! I'm Ana Kowalski from Lisbon.")
+        params[i] = replace(params[i], reply_to="Hi! I'm Ana Kowalski from Lisbon.")
     expected = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, params, strict=True)]
-    unguarded = solo(model, PROMPTS[0], identity[0], replace(params[0], language_of=""))
+    unguarded = solo(model, PROMPTS[0], identity[0], replace(params[0], reply_to=""))
     assert unguarded.tokens != expected[0].tokens  # the guard really changed the reply
     batch, handles, sizes, texts = decode_joining(model, identity, together, params=params)
     assert max(sizes) >= 3

@@ -1,5 +1,6 @@
 """A reply keeps to its user's English (sia.model.language, ReplyDecoder): the first word of a reply is judged once
-whole, and a reply that opens in another language is taken back and begun again without its first token."""
+whole, and a reply that opens in another language is taken back and begun again without its first token. And it never
+gives the user's name as its speaker's (sia.model.naming)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from sia.model.generate import (
     stream,
 )
 from sia.model.language import english, foreign_opening, message_words
+from sia.model.naming import name_starts, names_self, user_names
 from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
 from tests.conftest import random_state, tiny_config
@@ -61,7 +63,7 @@ def scripted(
 ) -> tuple[ReplyDecoder, list[StreamEvent], list[int]]:
     """A greedy row whose model prefers the first characters in ``first``'s order, then spells the reply that begins
     with the character it opened with; the events it delivers and the restarts it asked for."""
-    params = SamplingParams(max_new_tokens=steps, temperature=0.0, language_of=message)
+    params = SamplingParams(max_new_tokens=steps, temperature=0.0, reply_to=message)
     opening = torch.full((TOK.vocab_size,), -10.0)
     for rank, c in enumerate(first):
         opening[ord(c)] = 10.0 - rank
@@ -130,7 +132,7 @@ def test_a_reply_taken_back_leaves_no_trace_in_the_reply_or_the_turns_sums(monke
     prompts = [list(b"hello there, persona"), list(b"hi"), list(b"what is my name?")]
     states = [IdentityState.fresh(config), random_state(config, 1), random_state(config, 2)]
     plain = SamplingParams(max_new_tokens=10, temperature=0.8, seed=4)
-    guarded = replace(plain, language_of="Hi! I'm Ana from Lisbon.")
+    guarded = replace(plain, reply_to="Hi! I'm Ana from Lisbon.")
     plain_greedy = replace(plain, temperature=0.0)
     params = [guarded, plain, replace(guarded, temperature=0.0)]
     decoded: list[list[Generation]] = []
@@ -175,10 +177,49 @@ def test_a_reply_taken_back_leaves_no_trace_in_the_reply_or_the_turns_sums(monke
     assert [g.tokens for g in cached] == [g.tokens for g in uncached]  # the sampled row too
 
 
-def test_a_turn_keeps_its_reply_to_the_language_of_its_message() -> None:
+def test_a_turn_replies_to_its_message() -> None:
     config = tiny_config()
     request = TurnRequest(IdentityState.fresh(config), "Hi! I'm Ana from Lisbon.", Dynamics.from_config(config))
     params = SamplingParams(temperature=0.0, max_new_tokens=5)
-    assert reply_params(params, request) == replace(params, language_of="Hi! I'm Ana from Lisbon.")
-    with pytest.raises(ValueError, match="language_of"):
-        SamplingParams(language_of=3)  # type: ignore[arg-type]
+    assert reply_params(params, request) == replace(params, reply_to="Hi! I'm Ana from Lisbon.")
+    with pytest.raises(ValueError, match="reply_to"):
+        SamplingParams(reply_to=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("message", "names"),
+    [
+        ("Hi! I'm Ana Kowalski, I live in Lisbon and I work as a nurse.", ["Ana"]),
+        ("Hello, my name is Pierre Dubois and I'm an architect in Lyon.", ["Pierre"]),
+        ("hi, i'm Ines, from Coimbra", ["Ines"]),
+        ("Hello, I'm Katarzyna, but everyone calls me Kasia.", ["Katarzyna", "Kasia"]),
+        ("Hi there, Esteban here. I'm a surf instructor.", ["Esteban"]),
+        ("hello!! olga here, I translate books", ["olga"]),
+        ("Hi Sia, how are you?", []),  # the persona's name, not the user's
+        ("hey I'm tired, I'm a nurse", []),
+    ],
+)
+def test_the_names_a_user_gives_as_their_own_are_read_from_the_message(message: str, names: list[str]) -> None:
+    assert user_names(message) == names
+
+
+def test_a_reply_never_gives_the_users_name_as_its_speakers() -> None:
+    """Right after "I'm" (or "my name is", in any case) the tokens that begin the user's name are banned: the row takes
+    its next choice; anywhere else, and for a message that names nobody, the name is the model's to say."""
+    assert name_starts(TOK, ["Ana"]) == [ord("A"), ord("a")]  # " Ana" begins with a space: not a name's start
+    assert names_self("Hello! I'm") and names_self("so, my name is ") and names_self("i am ")
+    assert not names_self("Miami") and not names_self("I'm glad")
+    prefer = torch.full((TOK.vocab_size,), -10.0)
+    prefer[ord("A")], prefer[ord("S")] = 5.0, 4.0
+
+    def next_after(said: str, message: str) -> str:
+        params = SamplingParams(temperature=0.0, reply_to=message)
+        row = ReplyDecoder(params, CPU, TOK)
+        for t in said.encode():
+            row.push(t, params, TOK.end_ids)
+        return chr(row.sample(prefer, params))
+
+    assert next_after("Hello! I'm ", "Hi! I'm Ana Kowalski.") == "S"
+    assert next_after("hello! i am ", "Hi! I'm Ana Kowalski.") == "S"
+    assert next_after("Hello! I'm glad, ", "Hi! I'm Ana Kowalski.") == "A"  # not where a speaker names itself
+    assert next_after("Hello! I'm ", "Hi! How are you?") == "A"  # the user gave no name
