@@ -439,7 +439,7 @@ def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Coll
     for i, ((a, b), text) in enumerate(zip(clauses, texts, strict=True)):
         names = _names(text)
         if (
-            _SUPERSEDED.search(text)
+            _SUPERSEDED.search(_mended(text))
             or (denied and _denial_word(text, correcting) in denied)
             or (correcting and names and all(w in denied for w in names))
             or (updates and _WAS_THEN.search(text))
@@ -450,6 +450,15 @@ def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Coll
             if back is not None:
                 out[clauses[back][0] : clauses[back][1]] = True
     return out
+
+
+def _mended(clause: str) -> str:
+    """A clause (plain text) without the words that take back the clause before it, where it says something in its
+    place ("Scratch that, my cat is called Felix" says "my cat is called Felix", which is not what is over); a clause
+    that only takes back ("nah scratch that,") as it is."""
+    taking_back = _RETRACTING.match(clause)
+    rest = "" if taking_back is None else clause[taking_back.end() :]
+    return rest if _names(rest) else clause
 
 
 def _names(clause: str) -> list[str]:
@@ -483,7 +492,7 @@ def given_up(pieces: Sequence[str]) -> list[tuple[str, ...]]:
     groups: list[tuple[str, ...]] = []
     correcting = corrects(pieces)
     for a, b in _clauses(clause_breaks(pieces)):
-        text = _plain(pieces[a:b])
+        text = _mended(_plain(pieces[a:b]))
         denied = _denial_word(text, correcting)
         if denied is not None:
             groups.append((denied,))

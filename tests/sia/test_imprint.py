@@ -326,7 +326,8 @@ def test_a_clause_saying_what_is_no_longer_so_is_not_imprinted() -> None:
 
 def test_a_clause_taken_back_in_the_same_message_is_not_imprinted() -> None:
     """ "fave colour's yellow. nah scratch that, it's teal": the clause before the one that takes it back is left out,
-    the mended one kept; a message that takes nothing back, and a retraction opening a message, leave every clause."""
+    the mended one kept (also where the mending and the taking back are one clause); a message that takes nothing back,
+    and a retraction opening a message, leave every clause."""
     tok = ByteTokenizer()
 
     def kept(text: str) -> list[str]:
@@ -341,6 +342,12 @@ def test_a_clause_taken_back_in_the_same_message_is_not_imprinted() -> None:
     assert kept("no wait, I moved to Lyon in May") == ["no wait,", " I moved to Lyon in May"]  # nothing before it
     assert kept("I said no, sorry to say. I live in Lyon") == ["I said no,", " sorry to say.", " I live in Lyon"]
     assert kept("I drive trams, scratching my head all day") == ["I drive trams,", " scratching my head all day"]
+    # the mending clause itself says what is so, though it opens with "scratch" (three tokens before its comma: one
+    # clause): it is kept, and gives up no word alone
+    mended = ["My", " cat", " is", " Tom", ".", " Scratch", " that", ",", " my", " cat", " is", " called", " Felix", "."]
+    chosen = message_spans(torch.full((len(mended),), 9.0), mended, None, budget=200, max_span=60, min_score=4.0)
+    assert ["".join(mended[c.start : c.end]) for c in chosen] == [" Scratch that, my cat is called Felix."]
+    assert all(len(group) > 1 for group in given_up(mended))
 
 
 def test_a_dash_between_words_ends_a_clause_one_inside_a_word_does_not() -> None:
