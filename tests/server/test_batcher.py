@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import sia.model.generate as generate_module
 from server.errors import OverloadedError
 from server.observability import Metrics
 from server.runtime.batcher import Batcher, SubmittedTurn
@@ -370,3 +371,24 @@ def test_turns_of_a_model_with_an_imprint_write_it_as_they_would_alone() -> None
         for name in ("span", "token", "turn", "offset", "kind", "keys", "values"):
             assert torch.equal(getattr(g.state.imprint, name), getattr(a.state.imprint, name)), name
         torch.testing.assert_close(g.state.imprint.score, a.state.imprint.score)
+
+
+def test_turns_in_the_batcher_keep_to_their_messages_language_as_they_do_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every first word judged another language's: the batcher's turns are taken back and begun again, as a turn
+    alone is (the batcher decodes each turn as a reply to its own message), and stream only the reply they keep."""
+    model = llama(2, 2)
+    requests = requests_for(model, 3)
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: False)
+    unjudged = run_turn(model, requests[0], PARAMS[0])
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: True)
+    alone = [run_turn(model, r, p) for r, p in zip(requests, PARAMS, strict=False)]
+    assert alone[0].reply != unjudged.reply  # the rule really took the reply back
+    for b in batcher_of(model):
+        readers = [Reader() for _ in requests]
+        for reader, request, params in zip(readers, requests, PARAMS, strict=False):
+            reader.turn = b.submit(request, params, reader.deliver)
+        results = [r.result() for r in readers]
+    for reader, got, want in zip(readers, results, alone, strict=True):
+        assert_same_turn(got, want)
+        assert "".join(e.text for e in reader.events) == want.reply
+        assert len(reader.events) == want.completion_tokens  # no event of a reply taken back
