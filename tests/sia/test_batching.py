@@ -200,6 +200,25 @@ def decode_joining(
     return batch, handles, sizes, texts
 
 
+def decode_as_alone(
+    model: IdentityModel, identity: list[IdentityState], together: bool, params: list[SamplingParams], sums: bool = False
+) -> list[Generation]:
+    """PROMPTS decoded alone with ``params``, and joining one batch (``decode_joining``): every row ends as it does
+    alone (its summary sums too, with ``sums``), the rows having shared steps; the Generations alone."""
+    expected = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, params, strict=True)]
+    batch, handles, sizes, texts = decode_joining(model, identity, together, params=params)
+    assert max(sizes) >= 3  # rows really shared steps
+    for i, want in enumerate(expected):
+        got = batch.take(handles[i])
+        assert got.tokens == want.tokens, i
+        assert got.text == want.text == texts[i]
+        if sums:
+            torch.testing.assert_close(got.stats.hidden, want.stats.hidden, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(got.stats.layer_inputs, want.stats.layer_inputs, atol=1e-4, rtol=1e-4)
+            assert float(got.stats.count) == float(want.stats.count)
+    return expected
+
+
 @pytest.mark.parametrize("together", [False, True], ids=["prefilled-alone", "prefilled-together"])
 @pytest.mark.parametrize("build", [lambda: llama(0, 1), native], ids=["llama", "native"])
 def test_rows_with_repetition_controls_decode_in_a_batch_as_they_would_alone(build: object, together: bool) -> None:
@@ -210,13 +229,7 @@ def test_rows_with_repetition_controls_decode_in_a_batch_as_they_would_alone(bui
     params = [replace(p, max_new_tokens=12, repetition_penalty=1.5, no_repeat_ngram=2) for p in PARAMS]
     params[2] = replace(params[2], repetition_penalty=1.0)  # rows with different controls share the batch
     params[3] = replace(params[3], no_repeat_ngram=0)
-    expected = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, params, strict=True)]
-    batch, handles, sizes, texts = decode_joining(model, identity, together, params=params)
-    assert max(sizes) >= 3
-    for i, want in enumerate(expected):
-        got = batch.take(handles[i])
-        assert got.tokens == want.tokens, i
-        assert got.text == want.text == texts[i]
+    expected = decode_as_alone(model, identity, together, params)
     plain = [
         solo(model, p, s, replace(q, repetition_penalty=1.0, no_repeat_ngram=0))
         for p, s, q in zip(PROMPTS, identity, params, strict=True)
@@ -261,18 +274,9 @@ def test_rows_whose_replies_are_taken_back_decode_in_a_batch_as_they_would_alone
     params = [replace(p, max_new_tokens=10) for p in PARAMS]
     for i in (0, 1):
         params[i] = replace(params[i], reply_to="Hi! I'm Ana Kowalski from Lisbon.")
-    expected = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, params, strict=True)]
+    expected = decode_as_alone(model, identity, together, params, sums=True)
     unguarded = solo(model, PROMPTS[0], identity[0], replace(params[0], reply_to=""))
     assert unguarded.tokens != expected[0].tokens  # the guard really changed the reply
-    batch, handles, sizes, texts = decode_joining(model, identity, together, params=params)
-    assert max(sizes) >= 3
-    for i, want in enumerate(expected):
-        got = batch.take(handles[i])
-        assert got.tokens == want.tokens, i
-        assert got.text == want.text == texts[i]
-        torch.testing.assert_close(got.stats.hidden, want.stats.hidden, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(got.stats.layer_inputs, want.stats.layer_inputs, atol=1e-4, rtol=1e-4)
-        assert float(got.stats.count) == float(want.stats.count)
 
 
 def test_a_cancelled_row_leaves_at_once_and_the_others_go_on_unchanged() -> None:
