@@ -793,7 +793,8 @@ def _decode(
     logits, stats, _ = run(idx, key_valid, counted, cache, logits_from=logits_from)  # (B, L - logits_from, V)
     nll = prompt_nll(logits, idx, lengths, starts, logits_from)  # (B, L-1)
     last = logits[:, -1]  # (B, V)
-    first, prompt_stats = (last.clone(), stats) if guarded else (last, stats)  # what a reply begun again starts from
+    # what a reply begun again starts from (a copy: a view of the prompt's logits would keep them all alive)
+    first, prompt_stats = last.clone(), stats
     seq, seq_count = idx, counted
 
     def restart(b: int, n: int) -> Tensor:
