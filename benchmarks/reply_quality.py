@@ -69,6 +69,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--exclaim", choices=("on", "off"), default=None, help="override the persona's exclamation rule")
     p.add_argument("--address", default=None, help='override the persona\'s form of address ("": off)')
     p.add_argument("--max-sentences", type=int, default=None, help="override the persona's sentence limit (0: off)")
+    p.add_argument("--max-words", type=int, default=None, help="override the persona's soft word limit (0: off)")
     p.add_argument(
         "--logit-bias", type=json.loads, default=None, help='override the persona\'s: a JSON object {"token id": bias}'
     )
@@ -196,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         overrides["lowercase"] = args.lowercase == "on"
     if args.max_sentences is not None:
         overrides["max_sentences"] = args.max_sentences
+    if args.max_words is not None:
+        overrides["max_words"] = args.max_words
     if args.exclaim is not None:
         overrides["exclaim"] = args.exclaim == "on"
     if args.address is not None:

@@ -38,6 +38,7 @@ def sampling_choices(args: argparse.Namespace) -> Sampling:
         logit_bias_once=args.logit_bias_once,
         lowercase=args.lowercase,
         max_sentences=args.max_sentences,
+        max_words=args.max_words,
         exclaim=args.exclaim,
         address=args.address,
         recall_temperature=args.recall_temperature,
@@ -274,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None, help="write the reply in lower case")
         p.add_argument("--max-sentences", type=int, default=None, help="end the reply after this many sentences (0: off)")
+        p.add_argument(
+            "--max-words", type=int, default=None, help="end the reply soon after this many words, at a point of its own (0: off)"
+        )
         p.add_argument(
             "--exclaim",
             action=argparse.BooleanOptionalAction,

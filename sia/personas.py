@@ -100,9 +100,10 @@ CHAT_SAMPLING: dict[str, object] = {
 # sia's ended after four ("a few gentle, complete sentences": style 79 -> 91 %, answered 55 -> 53 %, one question);
 # pip's first full stop after a word written "!" (style 69 -> 93 %, answered 53 -> 57 %; held out 62 -> 90 %, 60 -> 54 %)
 # and marlow's ", sir" before its first sentence end (style 81 -> 96 %, answered 52 -> 55 %; held out 77 -> 93 %,
-# 52 -> 50 %), in place of the bias below (2026-12-03 (d))
+# 52 -> 50 %), in place of the bias below (2026-12-03 (d)); bolt's end pulled nearer past eight words (style 71 -> 95 %,
+# answered 53 -> 51 %; greedy 79 -> 99 %, 49 -> 44 %; six words: style 100 %, answered 40 %; ten: 85 %, 52 %; 2026-12-04 (a))
 CHAT_FORM: dict[str, dict[str, object]] = {
-    "bolt": {"lowercase": True, "max_sentences": 1},
+    "bolt": {"lowercase": True, "max_sentences": 1, "max_words": 8},
     "sia": {"max_sentences": 4},
     "pip": {"exclaim": True},
     "marlow": {"address": ", sir"},
@@ -119,7 +120,7 @@ CHAT_WORDS: dict[str, dict[str, float]] = {}
 # the release of the default personas' defaults: a service brings a stored default persona to them once (where a field
 # still holds an earlier release's default, EARLIER_CHAT_SAMPLING and EARLIER_CHAT_PROMPTS) and records this number with
 # it, so that an admin who later sets a field back to an earlier default keeps it. Raise it whenever a default changes.
-DEFAULTS_RELEASE = 4
+DEFAULTS_RELEASE = 5
 
 
 # the decoding defaults earlier releases stored for a chat backbone's personas, field by field
@@ -129,6 +130,7 @@ EARLIER_CHAT_SAMPLING: dict[str, tuple[object, ...]] = {
     "no_repeat_ngram": (0,),
     "lowercase": (False,),
     "max_sentences": (0,),
+    "max_words": (0,),
     "exclaim": (False,),
     "address": ("",),
     "logit_bias": ({},),
@@ -152,7 +154,14 @@ def persona_defaults(model: IdentityModel, name: str) -> dict[str, object]:
     values: dict[str, object] = {"description": PERSONAS[name].description, "preamble": persona_prompt(model, name)}
     if not isinstance(model.config, ModelConfig):
         values.update(
-            CHAT_SAMPLING, lowercase=False, max_sentences=0, exclaim=False, address="", logit_bias={}, logit_bias_once=False
+            CHAT_SAMPLING,
+            lowercase=False,
+            max_sentences=0,
+            max_words=0,
+            exclaim=False,
+            address="",
+            logit_bias={},
+            logit_bias_once=False,
         )
         values.update(CHAT_FORM.get(name, {}))
         bias = word_bias(model.tokenizer, CHAT_WORDS.get(name, {}))
@@ -186,6 +195,7 @@ def persona_sampling(model: IdentityModel, name: str) -> SamplingParams:
         exclaim=d.get("exclaim") is True,
         address=str(d.get("address", "")),
         max_sentences=int(str(d.get("max_sentences", 0))),
+        max_words=int(str(d.get("max_words", 0))),
         logit_bias=logit_bias_pairs(d.get("logit_bias", {})),
         logit_bias_once=d.get("logit_bias_once") is True,
         recall_temperature=None if d.get("recall_temperature") is None else float(str(d["recall_temperature"])),

@@ -67,6 +67,9 @@ class PersonaFields(_Strict):
     logit_bias_once: bool | None = Field(None, description="each logit_bias holds only until the reply holds its token")
     lowercase: bool | None = Field(None, description="replies written in lower case")
     max_sentences: int | None = Field(None, ge=0, le=MAX_INT, description="replies end after this many sentences; 0: off")
+    max_words: int | None = Field(
+        None, ge=0, le=MAX_INT, description="a reply's end is pulled nearer at every word past this many; 0: off"
+    )
     exclaim: bool | None = Field(None, description='a full stop right after a word is written "!" until the reply holds one')
     address: AddressText | None = Field(
         None, description='a form of address (", sir") written before the first sentence end after a word unless said; "": off'
@@ -84,7 +87,8 @@ class PersonaUpdate(PersonaFields):
     """Only the fields sent change. alpha, decay, eta, top_p, top_k and recall_temperature may be set to null (back to
     the default, off for the last three);
     description, preamble, temperature, max_tokens, repetition_penalty, no_repeat_ngram, frequency_penalty,
-    presence_penalty, logit_bias, logit_bias_once, lowercase, max_sentences, exclaim and address may not."""
+    presence_penalty, logit_bias, logit_bias_once, lowercase, max_sentences, max_words, exclaim and address may
+    not."""
 
     @model_validator(mode="after")
     def _not_null(self) -> PersonaUpdate:
@@ -101,6 +105,7 @@ class PersonaUpdate(PersonaFields):
             "logit_bias_once",
             "lowercase",
             "max_sentences",
+            "max_words",
             "exclaim",
             "address",
         ):
@@ -128,6 +133,7 @@ class Persona(BaseModel):
     logit_bias_once: bool
     lowercase: bool
     max_sentences: int
+    max_words: int
     exclaim: bool
     address: str
     recall_temperature: float | None

@@ -48,6 +48,16 @@ MaxSentences = Annotated[
     int | None,
     Field(None, ge=0, le=2**31 - 1, description="the reply ends after this many sentences; 0 is off (persona default)"),
 ]
+MaxWords = Annotated[
+    int | None,
+    Field(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description="the reply's end is pulled nearer at every word past this many, so it ends soon after; 0 is off"
+        " (persona default)",
+    ),
+]
 Exclaim = Annotated[
     bool | None,
     Field(None, description='a full stop right after a word is written "!" until the reply holds one (persona default)'),
@@ -136,6 +146,7 @@ class SamplingFields(BaseModel):
     logit_bias_once: LogitBiasOnce = None
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
+    max_words: MaxWords = None
     exclaim: Exclaim = None
     address: Address = None
     recall_temperature: RecallTemperature = None
@@ -156,6 +167,7 @@ class SamplingFields(BaseModel):
             logit_bias_once=self.logit_bias_once,
             lowercase=self.lowercase,
             max_sentences=self.max_sentences,
+            max_words=self.max_words,
             exclaim=self.exclaim,
             address=self.address,
             recall_temperature=self.recall_temperature,
@@ -209,7 +221,8 @@ class StreamOptions(BaseModel):
 
 class ChatCompletionRequest(BaseModel):
     """OpenAI's chat completion request; fields SIA has no use for (tools, ...) are accepted and ignored.
-    ``repetition_penalty``, ``no_repeat_ngram``, ``lowercase``, ``max_sentences``, ``exclaim`` and ``address`` are
+    ``repetition_penalty``, ``no_repeat_ngram``, ``lowercase``, ``max_sentences``, ``max_words``, ``exclaim`` and
+    ``address`` are
     SIA's own (as in vLLM's and Hugging Face's extra sampling parameters), as is ``logit_bias_once`` (each
     ``logit_bias`` pair holds only until the reply holds its token)."""
 
@@ -231,6 +244,7 @@ class ChatCompletionRequest(BaseModel):
     logit_bias_once: LogitBiasOnce = None
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
+    max_words: MaxWords = None
     exclaim: Exclaim = None
     address: Address = None
     recall_temperature: RecallTemperature = None

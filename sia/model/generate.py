@@ -65,6 +65,7 @@ _WORD = re.compile(r"[^\W\d_]+")  # a run of letters
 LANGUAGE_RETRIES = 5  # first tokens a reply may lose to its first word's language before its first word is let be
 FIRST_WORD_TOKENS = 6  # tokens a reply's first word is waited for at most: then the letters so far are judged
 TAKEN_BACK_COLUMNS = LANGUAGE_RETRIES * FIRST_WORD_TOKENS  # cache columns the replies taken back may leave behind
+END_PULL = 2.0  # nats a reply's end gains for each word past ``max_words`` - 1
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,11 @@ class SamplingParams:
     # a form of address (", sir") written before the reply's first sentence end after a word, unless the reply already
     # says its words (``ReplyDecoder.sample``); "" is off
     address: str = ""
+    # n > 0: once the reply holds n words, its end is pulled nearer at every further word (``ReplyDecoder.sample``):
+    # where the model would begin a new word, a sentence's closing marks gain END_PULL nats for each word past n - 1,
+    # and after a closing mark the end token does, so the reply ends at a point of the model's choosing soon after n
+    # words (a soft limit: no word is cut); 0 is off
+    max_words: int = 0
     # a reply to a message that asks about the user, with an imprint to answer from (the conditioning's ``recalls``), is
     # decoded at min(temperature, recall_temperature): a fact is recalled as the model reads it best (0: greedy); None
     # is off
@@ -130,7 +136,7 @@ class SamplingParams:
         penalty = self.repetition_penalty
         if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not (math.isfinite(penalty) and penalty >= 1.0):
             raise ValueError(f"repetition_penalty must be a finite number >= 1 (1 is off); got {penalty!r}")
-        for name in ("no_repeat_ngram", "max_sentences"):
+        for name in ("no_repeat_ngram", "max_sentences", "max_words"):
             n = getattr(self, name)
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValueError(f"{name} must be an integer >= 0 (0 is off); got {n!r}")
@@ -218,6 +224,7 @@ class Sampling:
     logit_bias_once: bool | None = None
     lowercase: bool | None = None
     max_sentences: int | None = None
+    max_words: int | None = None
     exclaim: bool | None = None
     address: str | None = None
     recall_temperature: float | None = None
@@ -243,6 +250,7 @@ class Sampling:
             logit_bias_once=defaults.logit_bias_once if self.logit_bias_once is None else self.logit_bias_once,
             lowercase=defaults.lowercase if self.lowercase is None else self.lowercase,
             max_sentences=defaults.max_sentences if self.max_sentences is None else self.max_sentences,
+            max_words=defaults.max_words if self.max_words is None else self.max_words,
             exclaim=defaults.exclaim if self.exclaim is None else self.exclaim,
             address=defaults.address if self.address is None else self.address,
             recall_temperature=defaults.recall_temperature if self.recall_temperature is None else self.recall_temperature,
@@ -397,12 +405,15 @@ def sentences_end(text: str, n: int) -> int | None:
 
 # the pieces that close a sentence with a full stop, and their twins with an exclamation mark
 _FULL_STOPS = (".", '."', ".)", ".'", ".”", ".’")
-_SENTENCE_CLOSERS = (*_FULL_STOPS, *(p.replace(".", mark) for p in _FULL_STOPS for mark in "!?"), "...", "…")
+_ELLIPSES = ("...", "…")
+_SENTENCE_CLOSERS = (*_FULL_STOPS, *(p.replace(".", mark) for p in _FULL_STOPS for mark in "!?"), *_ELLIPSES)
 
 
-def sentence_closers(tok: Tokenizer) -> frozenset[int]:
-    """The tokens of ``tok`` that are one piece of ``_SENTENCE_CLOSERS`` (".", "!", "?", '."', "...", ...)."""
-    return frozenset(ids[0] for piece in _SENTENCE_CLOSERS if len(ids := tok.encode(piece)) == 1)
+def sentence_closers(tok: Tokenizer, ellipses: bool = True) -> frozenset[int]:
+    """The tokens of ``tok`` that are one piece of ``_SENTENCE_CLOSERS`` (".", "!", "?", '."', "...", ...); without
+    ``ellipses``, not "..." nor "…"."""
+    pieces = _SENTENCE_CLOSERS if ellipses else [p for p in _SENTENCE_CLOSERS if p not in _ELLIPSES]
+    return frozenset(ids[0] for piece in pieces if len(ids := tok.encode(piece)) == 1)
 
 
 def exclamation_pairs(tok: Tokenizer) -> tuple[tuple[int, int], ...]:
@@ -531,6 +542,10 @@ class ReplyDecoder:
         self.address = tuple(tok.encode(params.address)) if params.address else ()
         self.address_words = [w.lower() for w in _WORD.findall(params.address)]
         self.closers = sentence_closers(tok) if self.address else frozenset()
+        # the closers a word limit pulls: a sentence's end, not an ellipsis (a reply cut short would trail off "...")
+        self.enders = sentence_closers(tok, ellipses=False) if params.max_words else frozenset()
+        self.ender_ids = torch.tensor(sorted(self.enders), dtype=torch.long, device=device)
+        self.end_ids = torch.tensor(sorted(tok.end_ids), dtype=torch.long, device=device)
         # the words the user wrote (a reply may echo them), when the reply keeps to the message's English; else None
         self.user_words = message_words(params.reply_to) if params.reply_to and english(params.reply_to) else None
         # the tokens that begin a name the user gave as their own: never right after "I'm" (``sia.model.naming``)
@@ -572,6 +587,8 @@ class ReplyDecoder:
         if self.user_name_starts is not None and names_self(self.text):
             logits = logits.index_fill(0, self.user_name_starts, float("-inf"))
         after_word = self.text[-1:].isalpha()
+        if params.max_words:
+            logits = self._ended_sooner(logits, params.max_words)
         if self.exclamations and after_word and "!" not in self.text:
             logits = exclaimed(logits, self.exclamations)
         token = sample_next(logits, params, self.generator, self.tokens)
@@ -579,6 +596,23 @@ class ReplyDecoder:
             self.queued = [*self.address[1:], token]
             return self.address[0]
         return token
+
+    def _ended_sooner(self, logits: Tensor, max_words: int) -> Tensor:
+        """``logits`` with the reply's end pulled nearer once the reply holds ``max_words`` words, by END_PULL nats for
+        each word past max_words - 1: the sentence closers (not an ellipsis) where the model's most likely token begins
+        a new word (so no word is cut short: a letter, a digit, an apostrophe or a hyphen goes on with it), the end
+        tokens right after a closer."""
+        over = len(_WORD.findall(self.text)) - max_words + 1
+        if over <= 0:
+            return logits
+        if self.text[-1:].isalnum():  # after a word or a number
+            begins = self.tok.token_text(int(logits.argmax()))[:1]
+            if begins.isalnum() or begins in "'’-":  # the model goes on with the word ("night" + "'s")
+                return logits
+            return logits.index_add(0, self.ender_ids, logits.new_full(self.ender_ids.shape, END_PULL * over))
+        if self.tokens and self.tokens[-1] in self.enders:
+            return logits.index_add(0, self.end_ids, logits.new_full(self.end_ids.shape, END_PULL * over))
+        return logits
 
     def _addressed(self) -> bool:
         """Whether the reply so far says the address's words, in order, as words ("Sir" counts, "sirloin" does not)."""

@@ -28,7 +28,7 @@ def _tables(settings: Settings) -> set[str]:
 def test_upgrade_and_downgrade(settings: Settings) -> None:
     assert migrate.current_revision(settings) is None
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0010"
+    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0011"
     assert _tables(settings) == TABLES
     migrate.downgrade(settings, "base")
     assert migrate.current_revision(settings) is None
@@ -77,7 +77,7 @@ def test_turns_without_text_go_back_to_empty_strings_on_downgrade(settings: Sett
     finally:
         engine.dispose()
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == "0010"
+    assert migrate.current_revision(settings) == "0011"
 
 
 def _persona_stored_at(settings: Settings, revision: str) -> None:
@@ -230,6 +230,23 @@ def test_personas_made_before_the_reply_marks_have_them_off(settings: Settings) 
     assert names == ["new", "old"]
 
 
+def test_personas_made_before_the_word_limit_have_it_off(settings: Settings) -> None:
+    """0011 adds personas.max_words: a persona stored before has it off (0); a new or changed one keeps the value it
+    is given; downgrading drops the column and keeps the persona."""
+    _persona_stored_at(settings, "0010")
+    store = Store(settings)
+    try:
+        assert store.get_persona("old").max_words == 0
+        assert store.create_persona("new", max_words=8).max_words == 8
+        assert store.get_persona("new").max_words == 8
+        assert store.update_persona("old", max_words=12).max_words == 12
+    finally:
+        store.close()
+    columns, names = _downgraded(settings, "0010")
+    assert "max_words" not in columns and {"exclaim", "address"} <= columns
+    assert names == ["new", "old"]
+
+
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "nested" / "dir")
     assert settings.url == f"sqlite:///{tmp_path / 'nested' / 'dir' / 'sia.db'}"
@@ -259,7 +276,7 @@ def test_db_commands(tmp_path: Path) -> None:
 
     assert sia("db", "current").stdout.startswith("empty (no revision)")
     sia("db", "upgrade")
-    assert sia("db", "current").stdout.strip() == "0010 (up to date)"
+    assert sia("db", "current").stdout.strip() == "0011 (up to date)"
     engine = create_engine(f"sqlite:///{tmp_path / 'sia.db'}")
     try:
         assert set(inspect(engine).get_table_names()) >= TABLES

@@ -241,12 +241,12 @@ def test_rows_with_repetition_controls_decode_in_a_batch_as_they_would_alone(bui
 def test_rows_decoding_in_lowercase_to_a_sentence_limit_or_exclaiming_decode_in_a_batch_as_they_would_alone(
     build: object,
 ) -> None:
-    """Rows in lowercase, rows cut after a sentence, an exclaiming row with an address and rows with none of these
-    share steps: each decodes what it would alone."""
+    """Rows in lowercase and ending soon after two words, rows cut after a sentence, an exclaiming row with an address
+    and rows with none of these share steps: each decodes what it would alone."""
     model = build()  # type: ignore[operator]
     identity = states(model, len(PROMPTS))
     params = [replace(p, max_new_tokens=16) for p in PARAMS]
-    params[0] = replace(params[0], lowercase=True)
+    params[0] = replace(params[0], lowercase=True, max_words=2)
     params[1] = replace(params[1], max_sentences=1)
     params[2] = replace(params[2], lowercase=True, max_sentences=1)
     params[3] = replace(params[3], exclaim=True, address=", sir")

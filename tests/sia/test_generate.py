@@ -11,6 +11,7 @@ import torch
 from sia.identity.state import IdentityState
 from sia.model.config import ModelConfig
 from sia.model.generate import (
+    END_PULL,
     NUCLEUS_FIRST,
     ReplyDecoder,
     Sampling,
@@ -500,6 +501,58 @@ def test_an_address_comes_before_the_first_sentence_end_after_a_word_unless_the_
         with pytest.raises(ValueError, match="address"):
             SamplingParams(address=bad)
     assert Sampling(address="").over(params).address == "" and Sampling().over(params).address == ", sir"
+
+
+def test_a_word_limit_pulls_the_replys_end_nearer_at_every_word_past_it_and_never_cuts_a_word() -> None:
+    """Past ``max_words`` - 1 words a sentence closer gains END_PULL nats a word where the model's likeliest token
+    begins a new word, and the end token does right after a closer; inside a word (a letter or an apostrophe next),
+    below the limit or with the limit off, the model's own pick stands."""
+    tok, cpu = ByteTokenizer(), torch.device("cpu")
+    params = SamplingParams(temperature=0.0, max_words=3)
+    logits = torch.full((tok.vocab_size,), -9.0)
+    logits[ord(" ")], logits[ord("e")], logits[ord(".")] = 4.0 + END_PULL / 2, 3.0, 0.0
+    end = next(iter(tok.end_ids))
+    logits[end] = 0.0
+
+    def pick(text: str, p: SamplingParams = params, scores: torch.Tensor = logits) -> str:
+        row = ReplyDecoder(p, cpu, tok)
+        for t in text.encode():
+            row.push(t, p, tok.end_ids)
+        token = row.sample(scores, p)
+        return "<end>" if token == end else chr(token)
+
+    assert pick("one two") == " "  # below the limit
+    assert pick("one two three") == " "  # one word past limit - 1: the closer gains END_PULL, short of the space
+    assert pick("one two three four five") == "."  # three: 3 * END_PULL
+    assert pick("one two three four five", replace(params, max_words=0)) == " "
+    inside = logits.clone()
+    inside[ord("e")] = 6.0  # the model's likeliest token goes on with the word
+    assert pick("one two three four fiv", scores=inside) == "e"
+    apostrophe = logits.clone()
+    apostrophe[ord("'")] = 6.0  # "night" + "'s"
+    assert pick("one two three four night", scores=apostrophe) == "'"
+    assert pick("one two three four five.") == "<end>"  # after a closer the end token gains
+    assert pick("one two three four five 12") == "."  # a number is a word's end too
+    assert Sampling().over(params).max_words == 3 and Sampling(max_words=0).over(params).max_words == 0
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="max_words"):
+            SamplingParams(max_words=bad)  # type: ignore[arg-type]
+
+
+def test_a_word_limit_shortens_a_sampled_decoding(model: SIAModel, config: ModelConfig) -> None:
+    """The tiny model, made to like letters and spaces far above full stops and the end token, sampled with a limit of
+    three words: every reply ends, after fewer tokens than the same seeds give without it."""
+    bias = torch.zeros(config.vocab_size)
+    bias[ord("a") : ord("z") + 1] = 10.0
+    bias[ord(" ")] = 11.0
+    bias[[ord("."), *ByteTokenizer.end_ids]] = 6.0
+    liked = _biased_head(model, bias)
+    params = SamplingParams(max_new_tokens=64, temperature=1.0, seed=5, max_words=3)
+    limited = generate(liked, PROMPTS, _cond(liked, config), params)
+    free = generate(liked, PROMPTS, _cond(liked, config), replace(params, max_words=0))
+    assert all(g.finish_reason == "stop" for g in limited), [g.text for g in limited]
+    assert sum(len(g.tokens) for g in limited) < sum(len(g.tokens) for g in free)
+    assert all(g.text.rstrip()[-1:] == "." for g in limited), [g.text for g in limited]
 
 
 def test_an_exclaiming_decoding_ends_its_first_sentence_with_an_exclamation_mark(model: SIAModel, config: ModelConfig) -> None:

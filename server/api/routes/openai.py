@@ -76,6 +76,7 @@ def _request(body: ChatCompletionRequest, caller: CallerDep, settings: SettingsD
         logit_bias_once=body.logit_bias_once,
         lowercase=body.lowercase,
         max_sentences=body.max_sentences,
+        max_words=body.max_words,
         exclaim=body.exclaim,
         address=body.address,
         recall_temperature=body.recall_temperature,

@@ -105,9 +105,9 @@ def test_persona_create_read_update_delete(client: TestClient) -> None:
     assert (updated["repetition_penalty"], updated["no_repeat_ngram"]) == (1.0, 0)  # off unless set
     controlled = ok(client.patch(f"{P}/mara.v2", json={"repetition_penalty": 1.25, "no_repeat_ngram": 3}))
     assert (controlled["repetition_penalty"], controlled["no_repeat_ngram"], controlled["top_k"]) == (1.25, 3, 20)
-    assert (controlled["lowercase"], controlled["max_sentences"]) == (False, 0)  # off unless set
-    formed = ok(client.patch(f"{P}/mara.v2", json={"lowercase": True, "max_sentences": 2}))
-    assert (formed["lowercase"], formed["max_sentences"], formed["no_repeat_ngram"]) == (True, 2, 3)
+    assert (controlled["lowercase"], controlled["max_sentences"], controlled["max_words"]) == (False, 0, 0)  # off unless set
+    formed = ok(client.patch(f"{P}/mara.v2", json={"lowercase": True, "max_sentences": 2, "max_words": 9}))
+    assert (formed["lowercase"], formed["max_sentences"], formed["max_words"], formed["no_repeat_ngram"]) == (True, 2, 9, 3)
     assert (formed["frequency_penalty"], formed["presence_penalty"], formed["logit_bias"]) == (0.0, 0.0, {})  # off unless set
     biased = ok(client.patch(f"{P}/mara.v2", json={"frequency_penalty": 0.5, "presence_penalty": -1, "logit_bias": {"101": 3}}))
     assert (biased["frequency_penalty"], biased["presence_penalty"], biased["logit_bias"]) == (0.5, -1.0, {"101": 3.0})
@@ -169,6 +169,9 @@ INVALID_BODIES: list[tuple[str, str, dict[str, object], str | None]] = [
     ("POST", P, {"name": "ok", "lowercase": "maybe"}, "lowercase"),
     ("PATCH", f"{P}/sia", {"lowercase": None}, None),
     ("PATCH", f"{P}/sia", {"max_sentences": None}, None),
+    ("POST", P, {"name": "ok", "max_words": -2}, "max_words"),
+    ("PATCH", f"{P}/sia", {"max_words": None}, None),
+    ("PATCH", f"{P}/sia", {"max_words": 1.5}, "max_words"),
     ("POST", P, {"name": "ok", "frequency_penalty": 3}, "frequency_penalty"),
     ("POST", P, {"name": "ok", "presence_penalty": -2.5}, "presence_penalty"),
     ("POST", P, {"name": "ok", "logit_bias": {"1": 200}}, "logit_bias"),

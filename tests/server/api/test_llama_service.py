@@ -109,7 +109,7 @@ def test_a_restart_brings_default_personas_to_this_releases_decoding_unless_an_a
         CHAT_SAMPLING["no_repeat_ngram"],
     )
     assert sia["preamble"] == PERSONAS["sia"].system_prompt and sia["temperature"] == CHAT_SAMPLING["temperature"]
-    assert (bolt["lowercase"], bolt["max_sentences"]) == (True, 1) == tuple(CHAT_FORM["bolt"].values())  # no form before
+    assert (bolt["lowercase"], bolt["max_sentences"], bolt["max_words"]) == tuple(CHAT_FORM["bolt"].values())  # no form before
     assert (sia["lowercase"], sia["max_sentences"]) == (False, 4) == (False, CHAT_FORM["sia"]["max_sentences"])
 
 
@@ -352,7 +352,7 @@ def test_bolts_replies_are_lowercase_single_sentences_unless_a_request_says_othe
     bias[sorted(tok.end_ids)] = -30.0  # and not to end early
     liked.lm_head.bias = torch.nn.Parameter(bias)
     migrate.upgrade(settings)
-    free = {"lowercase": False, "max_sentences": 0}
+    free = {"lowercase": False, "max_sentences": 0, "max_words": 0}
     with TestClient(create_app(settings, model=liked)) as c:
 
         def say(persona: str, user: str, **extra: object) -> str:
@@ -362,7 +362,7 @@ def test_bolts_replies_are_lowercase_single_sentences_unless_a_request_says_othe
         loose = say("bolt", "a", **free)
         end = sentences_end(loose, 1)
         assert end is not None and end < len(loose.rstrip()) and loose != loose.lower(), loose  # the form has work to do
-        assert say("bolt", "b") == loose[:end].lower()
+        assert say("bolt", "b", max_words=0) == loose[:end].lower()
         body = {"model": "bolt", "user": "c", "messages": [{"role": "user", "content": "Hello there."}], "temperature": 0}
         out = ok(c.post("/v1/chat/completions", json={**body, "max_tokens": 16, **free}))
         assert out["choices"][0]["message"]["content"] == loose
@@ -411,3 +411,37 @@ def test_pip_exclaims_and_marlow_addresses_the_user_unless_a_request_says_otherw
         out = ok(c.post("/v1/chat/completions", json={**body, "model": "marlow", "max_tokens": 24, "address": ""}))
         assert out["choices"][0]["message"]["content"] == plain
         assert say("sia", "h", max_sentences=0, address=", friend")[: first_stop(sia) + 9] == sia[: first_stop(sia)] + ", friend."
+
+
+def test_a_word_limit_ends_the_reply_soon_after_it_unless_a_request_lifts_it(settings: Settings, tmp_path: Path) -> None:
+    """The tiny model, made to say words (each token a space and a word) far above full stops and its end token: a
+    request's word limit of three ends the reply with a full stop at a word's end within a few words of it, on either
+    route; with the limit off, the model's longer free reply. Bolt's defaults carry CHAT_FORM's limit: a request that
+    sets nothing decodes as one that sets it."""
+    liked = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab()).path, cache_dir=tmp_path / "models")
+    assert isinstance(liked, LlamaModel)
+    tok = liked.tokenizer
+    texts = {i: raw.decode("utf-8", errors="ignore") for i in range(tok.vocab_size) if (raw := tok.token_bytes(i)) is not None}
+    bias = torch.full((liked.lm_head.weight.shape[0],), -60.0)  # nothing but lowercase words, spaces, full stops
+    bias[[i for i, t in texts.items() if t[:1] == " " and t[1:].isalpha() and t[1:].islower()]] = 20.0  # " word"
+    bias[[*(i for i, t in texts.items() if t == "."), *tok.end_ids]] = 12.0
+    liked.lm_head.bias = torch.nn.Parameter(bias)
+    migrate.upgrade(settings)
+    with TestClient(create_app(settings, model=liked)) as c:
+
+        def say(persona: str, user: str, **extra: object) -> str:
+            body = {"user": user, "message": "Hello there.", "temperature": 0, "max_tokens": 16, **extra}
+            return str(ok(c.post(f"/v1/personas/{persona}/chat", json=body))["reply"])
+
+        def words(text: str) -> int:
+            return len(re.findall(r"[^\W\d_]+", text))
+
+        loose = say("sia", "a", max_sentences=0, max_words=0)
+        short = say("sia", "b", max_sentences=0, max_words=3)
+        assert words(loose) > 3 + 5 and "." not in loose, loose  # the limit has work to do
+        assert 3 <= words(short) <= 3 + 5 and short.endswith("."), short
+        assert loose.startswith(short[:-1])  # the same words up to the end it was pulled to
+        body = {"model": "sia", "user": "c", "messages": [{"role": "user", "content": "Hello there."}], "temperature": 0}
+        out = ok(c.post("/v1/chat/completions", json={**body, "max_tokens": 16, "max_sentences": 0, "max_words": 3}))
+        assert out["choices"][0]["message"]["content"] == short
+        assert say("bolt", "d") == say("bolt", "e", max_words=CHAT_FORM["bolt"]["max_words"]) != say("bolt", "f", max_words=3)

@@ -143,6 +143,7 @@ def test_bad_reply_forms_are_refused(client: TestClient) -> None:
     for extra, param in (
         ({"lowercase": "maybe"}, "lowercase"),
         ({"max_sentences": -1}, "max_sentences"),
+        ({"max_words": -1}, "max_words"),
         ({"logit_bias_once": "maybe"}, "logit_bias_once"),
         ({"recall_temperature": -1}, "recall_temperature"),
         ({"exclaim": "loudly"}, "exclaim"),
