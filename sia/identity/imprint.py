@@ -46,6 +46,7 @@ __all__ = [
     "imprint_spans",
     "message_spans",
     "quantise",
+    "says_now",
     "select_spans",
     "superseded",
 ]
@@ -373,7 +374,15 @@ def asides(pieces: Sequence[str], questions: Tensor | None = None) -> Tensor:
 # thing"): it is never imprinted, so the older value it names does not come back beside the newer one
 _SUPERSEDED = re.compile(
     r"\b(?:any ?more|no longer|no more|used to|old (?:info|news)|outdated|(?<!from )scratch|take (?:it |that )?back"
-    r"|(?:i|we) (?:left|quit|stopped|gave up)|moved (?:out of|away from)|(?:is|are|was|'s) over(?= for\b| now\b|\W*$)|ended)\b"
+    r"|(?:i|we) (?:left|quit|stopped|gave up)|moved (?:out of|away from)|(?:is|are|was|'s) over(?= for\b| now\b|\W*$)|ended"
+    r"|(?:i've|i have|we've|we have) gone off|(?:is|are|'s|'re) gone\b(?! to)|re-?homed|gave (?:[\w']+ ){0,3}away"
+    r"|passed away|died|on (?:pause|hold)|got boring|retired from)\b"
+)
+# a clause holding one of these says what is so now ("I'm a producer now", "these days it's bouldering"): where the
+# kind tagger labels it (from the stored-label threshold), it replaces the older spans of its kind, as a sure label does
+_NOW = re.compile(
+    r"\b(?:now|nowadays|these days|currently|as of|since (?:last|this|january|february|march|april|may"
+    r"|june|july|august|september|october|november|december|the spring|the summer|the autumn|the fall|the winter))\b"
 )
 # a message holding one of these corrects or updates what the user said before ("Correction: was an actuary", "we
 # moved to Nadi", "wait, ..."): each clause it labels replaces the older spans of its kind, even where the label is not
@@ -418,7 +427,7 @@ _PLAIN_WORDS = frozenset({
     "said", "tell", "will", "would", "could", "should", "can", "let", "let's", "please", "ok", "okay", "yes", "yeah",
     "fine", "honest", "honestly", "oh", "hmm", "wait", "fan", "big", "huge", "person", "people", "only", "mine", "left",
     "quit", "stopped", "gave", "up", "ended", "wrong", "lied", "lie", "correction", "update", "sorry", "mistake", "meant",
-    "mean",
+    "mean", "gone", "off", "rehomed", "homed", "re", "away", "passed", "died", "pause", "hold", "boring", "retired",
 })  # fmt: skip
 
 
@@ -449,6 +458,18 @@ def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Coll
             back = next((j for j in reversed(range(i)) if _WORDS.search(texts[j])), None)
             if back is not None:
                 out[clauses[back][0] : clauses[back][1]] = True
+    return out
+
+
+def says_now(pieces: Sequence[str], breaks: Tensor | None = None) -> Tensor:
+    """(n,) bool for a message's token texts: True on every token of a clause (cut at ``breaks``, by default
+    ``clause_breaks``) that says what is so now ("I'm a producer now", "these days it's bouldering", "since March I
+    rent in Braga"), unless it also says what is no longer so (``superseded`` leaves such a clause out)."""
+    out = torch.zeros(len(pieces), dtype=torch.bool)
+    for a, b in _clauses(clause_breaks(pieces) if breaks is None else breaks):
+        text = _mended(_plain(pieces[a:b]))
+        if _NOW.search(text) and not _SUPERSEDED.search(text):
+            out[a:b] = True
     return out
 
 
@@ -555,6 +576,7 @@ def select_spans(
     min_kind: float = 0.5,
     min_label: float | None = None,
     questions: Tensor | None = None,
+    current: Tensor | None = None,
 ) -> list[SpanChoice]:
     """The spans of one message worth imprinting: the message cut into clauses at ``breaks``, each scored by its
     most surprising token (token shock, nats) and, with ``kinds``, labelled with the kind its tokens state on
@@ -565,12 +587,15 @@ def select_spans(
 
     surprisal (n,) each token's NLL under the identity; breaks (n,) bool, the token ends a clause (``clause_breaks``);
     kinds (n, len(KINDS)) each token's probabilities of stating each kind (the model's kind tagger), or None;
-    questions (n,) bool, the token is part of a question (``asking``): a clause holding one is never imprinted."""
+    questions (n,) bool, the token is part of a question (``asking``): a clause holding one is never imprinted;
+    current (n,) bool, the token is part of a clause that says what is so now (``says_now``): its label is sure from
+    ``min_label``."""
     n = surprisal.shape[0]
     if breaks.shape != (n,):
         raise ValueError(f"breaks must be ({n},) like the surprisal; got {tuple(breaks.shape)}")
-    if questions is not None and questions.shape != (n,):
-        raise ValueError(f"questions must be ({n},) like the surprisal; got {tuple(questions.shape)}")
+    for name, mask in (("questions", questions), ("current", current)):
+        if mask is not None and mask.shape != (n,):
+            raise ValueError(f"{name} must be ({n},) like the surprisal; got {tuple(mask.shape)}")
     if kinds is not None and kinds.shape != (n, len(KINDS)):
         raise ValueError(f"kinds must be ({n}, {len(KINDS)}); got {tuple(kinds.shape)}")
     if budget < 0 or max_span < 1:
@@ -587,7 +612,7 @@ def select_spans(
         if kinds is not None:
             mean = kinds[a:b, 1:].float().mean(0)  # (len(KINDS) - 1,)
             kind = int(mean.argmax()) + 1 if float(mean.max()) >= label else 0
-            sure = float(mean.max()) >= min_kind
+            sure = float(mean.max()) >= (label if current is not None and bool(current[a:b].any()) else min_kind)
         a, b = _peak_window(surprisal, a, b, max_span)
         scored.append((sure and kind > 0, float(surprisal[a:b].max()), a, b, kind))
     chosen, room = [], budget
@@ -614,7 +639,8 @@ def message_spans(
     """``select_spans`` for a message's token texts ``pieces``: cut into clauses (``clause_breaks``), its questions
     and requests left out (``asking``) and the clauses saying what is no longer so or denying one of the words
     ``denied`` (``superseded``); in a message that corrects what the user said before (``corrects``), every labelled
-    clause is sure: it goes first and replaces the older spans of its kind. A span chosen in an aside (``asides``) has
+    clause is sure: it goes first and replaces the older spans of its kind, and so is a labelled clause that says what
+    is so now (``says_now``: "I'm a producer now"). A span chosen in an aside (``asides``) has
     its score multiplied by ``aside_weight`` and a label that is not sure is dropped (chosen as before; ranked lower against
     other messages' spans when the imprint is full)."""
     breaks = clause_breaks(pieces)
@@ -630,6 +656,7 @@ def message_spans(
         min_kind=min(label, 0.5) if corrects(pieces) else 0.5,
         min_label=min_label,
         questions=questions | superseded(pieces, breaks, denied),
+        current=says_now(pieces, breaks),
     )
     if aside_weight == 1.0 or not choices:
         return choices

@@ -32,6 +32,7 @@ from sia.identity.imprint import (
     imprint_spans,
     message_spans,
     quantise,
+    says_now,
     select_spans,
     superseded,
 )
@@ -322,6 +323,28 @@ def test_a_clause_saying_what_is_no_longer_so_is_not_imprinted() -> None:
                  "roller derby is over for me", "the Horta marina job ended", "Oh, scratch Usedom"):  # fmt: skip
         assert superseded([text]).all(), text
     assert not any(superseded([t]).any() for t in ("my left hand", "it's over there", "I moved to Split", "I'm the left back"))
+    # what the user has gone off, what is gone, given away or rehomed, what died, what is on pause or got boring
+    for text in ("Honestly I've gone off chess", "The goldfish are gone", "We rehomed the parrot with my uncle",
+                 "I gave my old bike away", "Biscuit died in March", "Knitting's on pause", "fishing got boring",
+                 "I retired from accounting in the spring"):  # fmt: skip
+        assert superseded([text]).all(), text
+    assert not any(superseded([t]).any() for t in ("we're gone to the coast till Friday", "I'm holding a hamster", "off to work"))
+
+
+def test_a_clause_that_says_what_is_so_now_is_marked() -> None:
+    """``says_now``: a clause with "now", "these days", "currently", "as of" or "since last month" is marked, its
+    neighbours not; one that says what is no longer so is not (it is never imprinted)."""
+    tok = ByteTokenizer()
+
+    def marked(text: str) -> str:
+        pieces = [tok.token_text(t) for t in tok.encode(text)]
+        return "".join(p for p, now in zip(pieces, says_now(pieces).tolist(), strict=True) if now)
+
+    assert marked("Got promoted! I'm a producer now, so more meetings") == " I'm a producer now,"
+    assert marked("these days it's bouldering, three times a week") == "these days it's bouldering,"
+    assert marked("since last month I rent in Braga") == "since last month I rent in Braga"
+    assert marked("I live in Puno and I love it") == ""
+    assert marked("I'm not in Lyon anymore now") == ""
 
 
 def test_a_clause_taken_back_in_the_same_message_is_not_imprinted() -> None:
@@ -425,7 +448,10 @@ def test_a_correcting_message_replaces_older_values_even_with_an_unsure_label() 
 
     update = ["Update", ":", " we", " live", " in", " Pun", "o", " now", "."]
     assert chosen(update) == [("Update: we live in Puno now.", "city", True)]
-    assert chosen(["Today", *update[2:]]) == [("Today we live in Puno now.", "city", False)]
+    assert chosen(["Today", *update[2:-2], "."]) == [("Today we live in Puno.", "city", False)]
+    # a clause that says what is so now is sure from the stored label's threshold, in any message; its neighbours not
+    now = ["I", " live", " in", " Pun", "o", " now", ",", " my", " sister", " is", " in", " Lima", "."]
+    assert chosen(now) == [("I live in Puno now,", "city", True), (" my sister is in Lima.", "city", False)]
 
 
 def test_selection_refuses_bad_input() -> None:
