@@ -53,6 +53,15 @@ def chat(client: TestClient, user: str, message: str) -> dict[str, Any]:
     return body
 
 
+def _tiny_with_texts(tmp_path: Path) -> tuple[LlamaModel, dict[int, str]]:
+    """A tiny GGUF-loaded model whose head a test then biases, and the text of each of its tokens."""
+    model = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab()).path, cache_dir=tmp_path / "models")
+    assert isinstance(model, LlamaModel)
+    tok = model.tokenizer
+    texts = {i: raw.decode("utf-8", errors="ignore") for i in range(tok.vocab_size) if (raw := tok.token_bytes(i)) is not None}
+    return model, texts
+
+
 def test_personas_read_their_system_prompt_and_turns_change_the_state(client: TestClient, tiny_llama: LlamaModel) -> None:
     sia = ok(client.get("/admin/personas/sia"))
     assert sia["preamble"] == PERSONAS["sia"].system_prompt
@@ -342,10 +351,8 @@ def test_bolts_replies_are_lowercase_single_sentences_unless_a_request_says_othe
     """The tiny model, made to like capitals, full stops and spaces, answers bolt (whose defaults write the reply in
     lower case and end it after its first sentence) with the first sentence of its free reply, lowered; a request
     that turns the form off, on either route, gets the free reply; one that asks for it gets it from sia too."""
-    liked = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab()).path, cache_dir=tmp_path / "models")
-    assert isinstance(liked, LlamaModel)
+    liked, texts = _tiny_with_texts(tmp_path)
     tok = liked.tokenizer
-    texts = {i: raw.decode("utf-8", errors="ignore") for i in range(tok.vocab_size) if (raw := tok.token_bytes(i)) is not None}
     bias = torch.zeros(liked.lm_head.weight.shape[0])
     bias[[i for i, t in texts.items() if t and (t.isspace() or any(c.isupper() for c in t))]] = 2.0
     bias[[i for i, t in texts.items() if t == "."]] = 5.0
@@ -375,10 +382,8 @@ def test_pip_exclaims_and_marlow_addresses_the_user_unless_a_request_says_otherw
     to the first full stop after a word, written "!", and marlow (whose defaults address the user) with ", sir" before
     that full stop; a request that turns the rule off, on either route, gets the free reply; one that asks for it gets
     it from sia too."""
-    liked = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab()).path, cache_dir=tmp_path / "models")
-    assert isinstance(liked, LlamaModel)
+    liked, texts = _tiny_with_texts(tmp_path)
     tok = liked.tokenizer
-    texts = {i: raw.decode("utf-8", errors="ignore") for i in range(tok.vocab_size) if (raw := tok.token_bytes(i)) is not None}
     bias = torch.zeros(liked.lm_head.weight.shape[0])
     bias[[i for i, t in texts.items() if t.strip().isalpha()]] = 2.0
     bias[[i for i, t in texts.items() if t == "."]] = 4.0
@@ -418,10 +423,8 @@ def test_a_word_limit_ends_the_reply_soon_after_it_unless_a_request_lifts_it(set
     request's word limit of three ends the reply with a full stop at a word's end within a few words of it, on either
     route; with the limit off, the model's longer free reply. Bolt's defaults carry CHAT_FORM's limit: a request that
     sets nothing decodes as one that sets it."""
-    liked = load_model(write_tiny_gguf(tmp_path / "tiny.gguf", build_tiny_vocab()).path, cache_dir=tmp_path / "models")
-    assert isinstance(liked, LlamaModel)
+    liked, texts = _tiny_with_texts(tmp_path)
     tok = liked.tokenizer
-    texts = {i: raw.decode("utf-8", errors="ignore") for i in range(tok.vocab_size) if (raw := tok.token_bytes(i)) is not None}
     bias = torch.full((liked.lm_head.weight.shape[0],), -60.0)  # nothing but lowercase words, spaces, full stops
     bias[[i for i, t in texts.items() if t[:1] == " " and t[1:].isalpha() and t[1:].islower()]] = 20.0  # " word"
     bias[[*(i for i, t in texts.items() if t == "."), *tok.end_ids]] = 12.0
