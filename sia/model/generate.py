@@ -544,8 +544,10 @@ class ReplyDecoder:
         self.closers = sentence_closers(tok) if self.address else frozenset()
         # the closers a word limit pulls: a sentence's end, not an ellipsis (a reply cut short would trail off "...")
         self.enders = sentence_closers(tok, ellipses=False) if params.max_words else frozenset()
-        self.ender_ids = torch.tensor(sorted(self.enders), dtype=torch.long, device=device)
-        self.end_ids = torch.tensor(sorted(tok.end_ids), dtype=torch.long, device=device)
+        self.pulled: tuple[Tensor, Tensor] | None = None  # the enders' and the end tokens' ids, with a word limit
+        if params.max_words:
+            enders, ends = (torch.tensor(sorted(ids), dtype=torch.long, device=device) for ids in (self.enders, tok.end_ids))
+            self.pulled = (enders, ends)
         # the words the user wrote (a reply may echo them), when the reply keeps to the message's English; else None
         self.user_words = message_words(params.reply_to) if params.reply_to and english(params.reply_to) else None
         # the tokens that begin a name the user gave as their own: never right after "I'm" (``sia.model.naming``)
@@ -603,15 +605,16 @@ class ReplyDecoder:
         a new word (so no word is cut short: a letter, a digit, an apostrophe or a hyphen goes on with it), the end
         tokens right after a closer."""
         over = len(_WORD.findall(self.text)) - max_words + 1
-        if over <= 0:
+        if over <= 0 or self.pulled is None:
             return logits
+        enders, ends = self.pulled
         if self.text[-1:].isalnum():  # after a word or a number
             begins = self.tok.token_text(int(logits.argmax()))[:1]
             if begins.isalnum() or begins in "'’-":  # the model goes on with the word ("night" + "'s")
                 return logits
-            return logits.index_add(0, self.ender_ids, logits.new_full(self.ender_ids.shape, END_PULL * over))
+            return logits.index_add(0, enders, logits.new_full(enders.shape, END_PULL * over))
         if self.tokens and self.tokens[-1] in self.enders:
-            return logits.index_add(0, self.end_ids, logits.new_full(self.end_ids.shape, END_PULL * over))
+            return logits.index_add(0, ends, logits.new_full(ends.shape, END_PULL * over))
         return logits
 
     def _addressed(self) -> bool:
