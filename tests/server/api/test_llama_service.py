@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,12 @@ def _tiny_with_texts(tmp_path: Path) -> tuple[LlamaModel, dict[int, str]]:
     tok = model.tokenizer
     texts = {i: raw.decode("utf-8", errors="ignore") for i in range(tok.vocab_size) if (raw := tok.token_bytes(i)) is not None}
     return model, texts
+
+
+def _greeted(c: TestClient, persona: str, user: str, max_tokens: int, **extra: object) -> str:
+    """The greedy reply of ``persona`` to ``user``'s "Hello there." over the chat route, ``extra`` fields sent too."""
+    body = {"user": user, "message": "Hello there.", "temperature": 0, "max_tokens": max_tokens, **extra}
+    return str(ok(c.post(f"/v1/personas/{persona}/chat", json=body))["reply"])
 
 
 def test_personas_read_their_system_prompt_and_turns_change_the_state(client: TestClient, tiny_llama: LlamaModel) -> None:
@@ -361,10 +368,7 @@ def test_bolts_replies_are_lowercase_single_sentences_unless_a_request_says_othe
     migrate.upgrade(settings)
     free = {"lowercase": False, "max_sentences": 0, "max_words": 0}
     with TestClient(create_app(settings, model=liked)) as c:
-
-        def say(persona: str, user: str, **extra: object) -> str:
-            body = {"user": user, "message": "Hello there.", "temperature": 0, "max_tokens": 16, **extra}
-            return str(ok(c.post(f"/v1/personas/{persona}/chat", json=body))["reply"])
+        say = partial(_greeted, c, max_tokens=16)
 
         loose = say("bolt", "a", **free)
         end = sentences_end(loose, 1)
@@ -391,10 +395,7 @@ def test_pip_exclaims_and_marlow_addresses_the_user_unless_a_request_says_otherw
     liked.lm_head.bias = torch.nn.Parameter(bias)
     migrate.upgrade(settings)
     with TestClient(create_app(settings, model=liked)) as c:
-
-        def say(persona: str, user: str, **extra: object) -> str:
-            body = {"user": user, "message": "Hello there.", "temperature": 0, "max_tokens": 24, **extra}
-            return str(ok(c.post(f"/v1/personas/{persona}/chat", json=body))["reply"])
+        say = partial(_greeted, c, max_tokens=24)
 
         def first_stop(text: str) -> int:
             found = re.search(r"[^\W\d_]\.", text)
@@ -431,10 +432,7 @@ def test_a_word_limit_ends_the_reply_soon_after_it_unless_a_request_lifts_it(set
     liked.lm_head.bias = torch.nn.Parameter(bias)
     migrate.upgrade(settings)
     with TestClient(create_app(settings, model=liked)) as c:
-
-        def say(persona: str, user: str, **extra: object) -> str:
-            body = {"user": user, "message": "Hello there.", "temperature": 0, "max_tokens": 16, **extra}
-            return str(ok(c.post(f"/v1/personas/{persona}/chat", json=body))["reply"])
+        say = partial(_greeted, c, max_tokens=16)
 
         def words(text: str) -> int:
             return len(re.findall(r"[^\W\d_]+", text))
