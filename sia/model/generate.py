@@ -25,7 +25,7 @@ from torch import Tensor
 from sia.model.conditioning import Conditioning
 from sia.model.identity_model import IdentityModel
 from sia.model.kv_cache import KVCache
-from sia.model.language import english, foreign_opening, message_words
+from sia.model.language import OPEN_WORDS, english, foreign_opening, message_words
 from sia.model.naming import name_starts, names_self, user_names
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
@@ -602,8 +602,8 @@ class ReplyDecoder:
     def _ended_sooner(self, logits: Tensor, max_words: int) -> Tensor:
         """``logits`` with the reply's end pulled nearer once the reply holds ``max_words`` words, by END_PULL nats for
         each word past max_words - 1: the sentence closers (not an ellipsis) where the model's most likely token begins
-        a new word (so no word is cut short: a letter, a digit, an apostrophe or a hyphen goes on with it), the end
-        tokens right after a closer."""
+        a new word (so no word is cut short: a letter, a digit, an apostrophe or a hyphen goes on with it) and the last
+        word is not one a sentence cannot end on (``OPEN_WORDS``), the end tokens right after a closer."""
         over = len(_WORD.findall(self.text)) - max_words + 1
         if over <= 0 or self.pulled is None:
             return logits
@@ -612,6 +612,8 @@ class ReplyDecoder:
             begins = self.tok.token_text(int(logits.argmax()))[:1]
             if begins.isalnum() or begins in "'’-":  # the model goes on with the word ("night" + "'s")
                 return logits
+            if self.text[-1].isalpha() and _WORD.findall(self.text[-20:])[-1].lower() in OPEN_WORDS:
+                return logits  # the sentence cannot end here ("that can be found in")
             return logits.index_add(0, enders, logits.new_full(enders.shape, END_PULL * over))
         if self.tokens and self.tokens[-1] in self.enders:
             return logits.index_add(0, ends, logits.new_full(ends.shape, END_PULL * over))

@@ -16,13 +16,15 @@ speaks of English only, since that is the language whose words it knows.
   openers of a reply in Portuguese or Czech). A greeting is no sign ("Bonjour, welcome to Lyon" goes on in English).
   A name with an accent that the user wrote in an earlier turn ("José") can be taken for one; the reply begun again
   then names it after its first word ("Your name is José").
+* ``OPEN_WORDS`` are the English words a sentence does not end on ("in", "a", "with", "is"): a reply's word limit
+  waits past them before it pulls the sentence's end (``ReplyDecoder``).
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["english", "foreign_opening", "message_words"]
+__all__ = ["OPEN_WORDS", "english", "foreign_opening", "message_words"]
 
 WORD = re.compile(r"[^\W\d_]+")  # a run of letters
 NON_ASCII_SHARE = 0.5  # a message whose letters are more than this share outside ASCII is not English
@@ -38,6 +40,14 @@ ENGLISH = _listed(
     "he her here hi him his how i if in into is it its just like may me more my no not of oh ok on one or our out she "
     "so some than that the their them then there these they this to up was we were what when which who will with "
     "would yes you your"
+)
+# English words a sentence does not end on (articles, determiners, conjunctions, prepositions, auxiliaries): a word
+# limit pulls no sentence's end right after one ("that can be found in." / "known as a.", ``sia.model.generate``)
+OPEN_WORDS = _listed(
+    "a an the my your his our their its this these those every each some any and or but nor because if than as of in "
+    "on at to for with from by into onto about over under through between among without within across toward towards "
+    "is are was were am be been being has have had can could will would should shall may might must very quite rather "
+    "such who which whose whom"
 )
 # words that begin or hold together a sentence in Portuguese, Spanish, French, Italian, German, Dutch, Polish or Czech
 # (pronouns, articles, verbs of being, prepositions, conjunctions). Greetings are not among them: a persona may well

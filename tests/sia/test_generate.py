@@ -506,7 +506,8 @@ def test_an_address_comes_before_the_first_sentence_end_after_a_word_unless_the_
 def test_a_word_limit_pulls_the_replys_end_nearer_at_every_word_past_it_and_never_cuts_a_word() -> None:
     """Past ``max_words`` - 1 words a sentence closer gains END_PULL nats a word where the model's likeliest token
     begins a new word, and the end token does right after a closer; inside a word (a letter or an apostrophe next),
-    below the limit or with the limit off, the model's own pick stands."""
+    right after a word a sentence cannot end on ("in", "a", "The"), below the limit or with the limit off, the model's
+    own pick stands."""
     tok, cpu = ByteTokenizer(), torch.device("cpu")
     params = SamplingParams(temperature=0.0, max_words=3)
     logits = torch.full((tok.vocab_size,), -9.0)
@@ -533,6 +534,9 @@ def test_a_word_limit_pulls_the_replys_end_nearer_at_every_word_past_it_and_neve
     assert pick("one two three four night", scores=apostrophe) == "'"
     assert pick("one two three four five.") == "<end>"  # after a closer the end token gains
     assert pick("one two three four five 12") == "."  # a number is a word's end too
+    for open_word in ("in", "a", "The", "with", "of"):
+        assert pick(f"one two three four found {open_word}") == " "  # "... found in." cannot end there
+    assert pick("one two three four tin") == pick("one two three four plain") == "."  # whole words: "tin" is not "in"
     assert Sampling().over(params).max_words == 3 and Sampling(max_words=0).over(params).max_words == 0
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="max_words"):
