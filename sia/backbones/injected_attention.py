@@ -70,6 +70,23 @@ class EntryReads:
     weights: list[Tensor] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class InferenceMaps:
+    """What ``InjectedAttention._infer`` multiplies in one layer for one turn, made once in the turn's dtype (each cast
+    or scaling of a small tensor costs a decoding step a few microseconds per layer): the weight (n, C) and bias (n,)
+    whose product with a token's input gives the augmented query's tail and the read adapter's down maps and scale
+    logit, the adapter's up maps (None without them), the metric as 2M and -M (None in a layer without a trace: the
+    query's and the key's columns then need no products), and the rows' adapter gate (B, 1, 1) where some row holds
+    no imprint (None where every row does: the gate is then 1 and its product is left out)."""
+
+    weight: Tensor
+    bias: Tensor
+    up: Tensor | None
+    metric2: Tensor | None
+    neg_metric: Tensor | None
+    imprinted: Tensor | None
+
+
 @dataclass
 class InjectedLayer:
     """One layer's share of a turn's conditioning, per batch row."""
@@ -92,7 +109,7 @@ class InjectedLayer:
         return self.imprinted is not None and bool(self.imprinted.any())
 
     @cached_property
-    def maps(self) -> list[tuple[Tensor, Tensor, Tensor | None]]:
+    def maps(self) -> list[InferenceMaps]:
         """Where the layer's inference maps (``InjectedAttention._inference_maps``) are kept once its first forward
         without gradients has made them: made once a turn, not at every decoding step. Not a field: rows selected
         from a batch or stacked into one make a new layer, which makes them anew."""
@@ -360,6 +377,8 @@ class InjectedAttention(nn.Module):
         else:  # only the heads asked for, each against its key/value head
             kv = [h // (H // self.H_kv) for h in heads]
             logits = q[:, heads].float() @ k[:, kv].float().transpose(-1, -2)  # (B, h, L, Lk)
+        if L == 1 and attn_mask is None and starts is None:  # a decoding step's one query sees every key
+            return torch.softmax(logits, dim=-1)[..., self.S : self.S + N]
         at = torch.arange(Lk, device=q.device)
         visible = (at.view(1, Lk) <= torch.arange(Lk - L, Lk, device=q.device).view(L, 1)).expand(B, 1, L, Lk)
         if attn_mask is not None:
@@ -390,24 +409,26 @@ class InjectedAttention(nn.Module):
         B, L, _ = x.shape
         H, H_kv, d = self.H, self.H_kv, self.d
         if not lc.maps:
-            lc.maps.append(self._inference_maps(lc.reading))
-        weight, bias, up = lc.maps[0]
+            lc.maps.append(self._inference_maps(lc, x.dtype))
+        maps = lc.maps[0]
         t = self.tail
-        mixed = F.linear(x, weight.to(x.dtype), bias.to(x.dtype))  # (B, L, H·t [+ 2r (+ 1)])
+        mixed = F.linear(x, maps.weight, maps.bias)  # (B, L, H·t [+ 2r (+ 1)])
         tail = mixed[..., : H * t].view(B, L, H, t).transpose(1, 2)  # (B, H, L, t): 1, g·x, a·x + c, zeros
         if unread is not None:  # the closed gate where a token does not read the imprint
             tail = tail.clone()
             tail[..., self.unread_at - self.w + t] += unread.to(x.dtype).view(B, 1, L) * CLOSED_GATE
         q, v = self.q_proj(x), self.v_proj(x)
         scale = None
-        if up is not None:  # the read adapter, in the rows that hold an imprint
-            assert lc.imprinted is not None
+        if maps.up is not None:  # the read adapter, in the rows that hold an imprint
             r2 = 2 * self.read_rank
             down = mixed[..., H * t : H * t + r2]  # (B, L, 2r)
-            scale = lc.imprinted.to(x.dtype)  # (B, 1, 1), or per token (B, L, 1): 2·sigmoid(a_H·x + c_H)
+            scale = maps.imprinted  # (B, 1, 1) where some row holds nothing, or per token (B, L, 1): 2·sigmoid(a_H·x + c_H)
             if self.imprint_gated:
-                scale = scale * 2.0 * torch.sigmoid(mixed[..., H * t + r2 :])
-            both = F.linear(down * scale, up.to(x.dtype))  # (B, L, H·d + H_kv·d)
+                gate = torch.sigmoid(mixed[..., H * t + r2 :]).mul_(2.0)
+                scale = gate if scale is None else scale * gate
+            if scale is not None:
+                down = down * scale
+            both = F.linear(down, maps.up)  # (B, L, H·d + H_kv·d)
             q, v = q + both[..., : q.shape[-1]], v + both[..., q.shape[-1] :]
         q = q.view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
         k = self.k_proj(x).view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
@@ -417,24 +438,40 @@ class InjectedAttention(nn.Module):
         cos, sin = rope
         q_parts = [rotate(q, cos, sin) / math.sqrt(d)]
         k_rot = rotate(k, cos, sin)
-        if lc.metric is not None:
-            metric = lc.metric.to(q.dtype)  # (B, H_kv, d, d)
+        if maps.metric2 is not None and maps.neg_metric is not None:  # (B, H_kv, d, d): 2M and -M, exactly
             u = F.normalize(q, dim=-1).reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by their kv head
-            q_parts.append((2.0 * u @ metric).view(B, H, L, d))  # 2 M u (M symmetric)
+            q_parts.append((u @ maps.metric2).view(B, H, L, d))  # 2 M u (M symmetric)
             w_k = F.normalize(k, dim=-1)  # (B, H_kv, L, d)
-            k_bias = -((w_k @ metric) * w_k).sum(-1, keepdim=True)  # (B, H_kv, L, 1) = -w^T M w
+            k_bias = ((w_k @ maps.neg_metric) * w_k).sum(-1, keepdim=True)  # (B, H_kv, L, 1) = -w^T M w
             k_aug = F.pad(torch.cat([k_rot, w_k, k_bias], dim=-1), (0, self.w - 2 * d - 1))
         else:
             k_aug = F.pad(k_rot, (0, self.w - d))  # the bias column is 0: no metric
         q_aug = torch.cat([*q_parts, tail], dim=-1)  # (B, H, L, w)
         y = self._attend(q_aug, k_aug, F.pad(v, (0, self.w - d)), lc, cache, layer, attn_mask, starts, reads)
         out: Tensor = self.o_proj(y)
-        if scale is not None:
+        if maps.up is not None:
             o = self.imprint_read_o
-            out = out + F.linear(F.linear(y, o.down.weight) * scale, o.up.weight)
+            down = F.linear(y, o.down.weight)
+            out = out + F.linear(down if scale is None else down * scale, o.up.weight)
         return out
 
-    def _inference_maps(self, reading: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _inference_maps(self, lc: InjectedLayer, dtype: torch.dtype) -> InferenceMaps:
+        """``InferenceMaps`` of this layer for the turn ``lc`` conditions, in ``dtype``: ``_query_maps``'s products,
+        the metric's two forms (2M and -M are M's own numbers scaled exactly, so the products agree bit for bit with
+        ``forward``'s 2·(u M) and -(w M)·w), and the adapter's gate where not every row reads."""
+        weight, bias, up = self._query_maps(lc.reading)
+        metric2 = neg_metric = None
+        if lc.metric is not None:
+            metric = lc.metric.to(dtype)
+            metric2, neg_metric = 2.0 * metric, -metric
+        imprinted = None
+        if up is not None:
+            assert lc.imprinted is not None
+            imprinted = None if bool((lc.imprinted == 1).all()) else lc.imprinted.to(dtype)
+        cast = None if up is None else up.to(dtype)
+        return InferenceMaps(weight.to(dtype), bias.to(dtype), cast, metric2, neg_metric, imprinted)
+
+    def _query_maps(self, reading: bool) -> tuple[Tensor, Tensor, Tensor | None]:
         """The maps ``_infer`` multiplies: a weight (n, C) and bias (n,) whose product with a token's input gives, per
         query head, the augmented query's tail (t columns: the bias column's 1, the read gate's g_h·x, the imprint's
         column a_h·x + c_h, zeros) and, when ``reading`` with a read adapter, its query and value down maps (2r) and
