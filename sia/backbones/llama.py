@@ -97,15 +97,38 @@ class Block(nn.Module):
         return x, h
 
 
-def copied(logits: Tensor, pointer: Tensor, tokens: Tensor, weight: Tensor, after: Tensor, previous: Tensor) -> Tensor:
+# the copy read's least pointer weight on an entry that goes on a word right after the reply gave its previous piece,
+# where the model would go on the word too: with weight w its share of the mixture is then at least w / (1 + |a|),
+# about a half for the bundled weight of 1, so a greedy reply finishes the word it began as the user wrote it
+# (experiments/LOG.md, 2026-12-04 (i))
+COMPLETION = 1.0
+
+
+def copied(
+    logits: Tensor,
+    pointer: Tensor,
+    tokens: Tensor,
+    weight: Tensor,
+    after: Tensor,
+    previous: Tensor,
+    unfinished: Tensor | None = None,
+) -> Tensor:
     """The copy read (config.imprint_copy): logits (B, L, V) -> log-probabilities of the model's distribution mixed
     with the imprinted tokens, p = (softmax(logits) + a) / (1 + |a|), a(v) the attention ``pointer`` (B, L, N) gives
     the entries whose token ``tokens`` (B, N) is v (-1: none), each times its ``weight`` (B, N). An entry that goes on
     a word is copied only right after the token before it in its span: ``after`` (B, N) that token (-1: the entry
     begins a word, copied anywhere), ``previous`` (B, L) the token each position reads (so "Magenta" is copied as
-    " Mag" then "enta", never "enta" alone). A row whose weights are all 0 keeps its logits as they are."""
-    at = (after < 0).unsqueeze(1) | (after.unsqueeze(1) == previous.unsqueeze(-1))  # (B, L, N)
-    a = pointer.float() * (at & (tokens >= 0).unsqueeze(1)) * weight.float().unsqueeze(1)  # (B, L, N)
+    " Mag" then "enta", never "enta" alone). Where ``unfinished`` (B, L) says the model itself would go on the word
+    (its likeliest token a word's inner piece), such an entry's pointer is at least COMPLETION: the word is finished as
+    imprinted ("Lub" + "umbashi", not "Lub" + "amba"), while a word the model ends ("if I remember") is left alone. A row
+    whose weights are all 0 keeps its logits as they are."""
+    kept = (tokens >= 0).unsqueeze(1)  # (B, 1, N): the entries with a token
+    going_on = (after >= 0).unsqueeze(1) & (after.unsqueeze(1) == previous.unsqueeze(-1))  # (B, L, N)
+    at = (after < 0).unsqueeze(1) | going_on
+    pointer = pointer.float()
+    if unfinished is not None:
+        pointer = torch.where(going_on & unfinished.unsqueeze(-1), pointer.clamp_min(COMPLETION), pointer)
+    a = pointer * (at & kept) * weight.float().unsqueeze(1)  # (B, L, N)
     norm = torch.log1p(a.sum(-1, keepdim=True))  # (B, L, 1): log(1 + |a|)
     mixed = F.log_softmax(logits.float(), dim=-1) - norm  # every token not held: log(p / (1 + |a|))
     # the held tokens alone: each entry's a summed over the entries holding its token, so the vocabulary is passed
@@ -491,18 +514,23 @@ class LlamaModel(IdentityModel):
             weight = torch.where(asks_a_fact(p_none), weight * (1.0 - p_none), torch.zeros_like(weight))
         return weight.to(self.wte.weight.device)
 
-    def copy_after(self, imprint: ImprintEntries) -> Tensor:
-        """The token each entry must follow to be copied (B, N): the previous entry's token where the entry goes on a
-        word within its span (its token begins with a letter or a digit: "enta" after " Mag"), -1 where it begins one
-        (a space or a mark first, or its span's first token) and for empty entries."""
+    def word_starts(self) -> Tensor:
+        """(V,) bool: which tokens begin a word (a space or a mark first, or no bytes) rather than go on one (a letter
+        or a digit first; a byte >= 0x80 reads as a letter's part); made once."""
         if self._word_starts is None:
             starts = torch.ones(self.config.vocab_size, dtype=torch.bool)
             for i in range(self.tokenizer.vocab_size):
                 head = self.tokenizer.token_bytes(i)
-                starts[i] = not head or not chr(head[0]).isalnum()  # a byte >= 0x80 reads as a letter's part
+                starts[i] = not head or not chr(head[0]).isalnum()
             self._word_starts = starts
+        return self._word_starts
+
+    def copy_after(self, imprint: ImprintEntries) -> Tensor:
+        """The token each entry must follow to be copied (B, N): the previous entry's token where the entry goes on a
+        word within its span (its token begins with a letter or a digit: "enta" after " Mag"), -1 where it begins one
+        (a space or a mark first, or its span's first token) and for empty entries."""
         token = imprint.token
-        begins = self._word_starts.to(token.device)[token.clamp_min(0)]
+        begins = self.word_starts().to(token.device)[token.clamp_min(0)]
         goes_on = F.pad(imprint.span[:, 1:] == imprint.span[:, :-1], (1, 0), value=False) & ~begins & (token >= 0)
         return torch.where(goes_on, F.pad(token[:, :-1], (1, 0), value=-1), -1)
 
@@ -647,7 +675,8 @@ class LlamaModel(IdentityModel):
             pointer = torch.cat(reads.weights, 1).mean(1)
             pointer = pointer[:, logits_from:L]  # (B, L - logits_from, N): the mean over the copy's query heads
             previous = idx[:, logits_from:L].to(follows.device)
-            logits = copied(logits, pointer, held, lam, follows, previous)
+            going_on = ~self.word_starts().to(logits.device)[logits.argmax(-1)]  # (B, L'): the model goes on a word
+            logits = copied(logits, pointer, held, lam, follows, previous, going_on)
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
 
     @torch.no_grad()

@@ -13,7 +13,7 @@ from safetensors.torch import save as st_save
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
-from sia.backbones.llama import PREFIX_READS, LlamaModel, copied
+from sia.backbones.llama import COMPLETION, PREFIX_READS, LlamaModel, copied
 from sia.checkpoint import DEFAULT_CHECKPOINT
 from sia.identity.imprint import (
     KINDS,
@@ -782,7 +782,8 @@ def test_the_imprint_shift_weakens_the_read(hf_model: LlamaForCausalLM) -> None:
 def test_the_copy_read_mixes_the_imprinted_tokens_into_the_next_token_distribution() -> None:
     """p = (softmax(logits) + a) / (1 + |a|), a(v) the pointer's weight on the entries holding token v, each times its
     own weight (a token held twice gets both; an entry without a token, none; an entry that goes on a word, only at a
-    position that reads the token before it); a row whose weights are all 0 keeps its logits bit for bit."""
+    position that reads the token before it, and there, where the model would go on the word, a pointer of at least
+    COMPLETION: the word is finished as imprinted); a row whose weights are all 0 keeps its logits bit for bit."""
     g = torch.Generator().manual_seed(0)
     B, L, V, n = 3, 3, 11, 4
     logits = torch.randn(B, L, V, generator=g)
@@ -791,20 +792,28 @@ def test_the_copy_read_mixes_the_imprinted_tokens_into_the_next_token_distributi
     after = torch.tensor([[-1, 5, -1, -1], [-1, 2, 3, -1], [-1, -1, -1, -1]])  # row 0: token 7 goes on a word after 5
     previous = torch.tensor([[5, 9, 5], [1, 1, 1], [4, 4, 4]])  # the token each position reads
     weight = torch.tensor([[3.0, 2.0, 1.0, 3.0], [0.0, 0.0, 0.0, 0.0], [1.0, 2.0, 1.0, 0.0]])
-    got = copied(logits, pointer, tokens, weight, after, previous)
+    unfinished = torch.tensor([[True, True, False], [True] * 3, [True] * 3])  # where the model would go on a word
+    got = copied(logits, pointer, tokens, weight, after, previous, unfinished)
     for row in (0, 2):
         a = torch.zeros(L, V)
         for j, t in enumerate(tokens[row].tolist()):
             for i in range(L):
-                if t >= 0 and (after[row, j] < 0 or after[row, j] == previous[row, i]):
+                if t >= 0 and after[row, j] < 0:
                     a[i, t] += weight[row, j] * pointer[row, i, j]
+                elif t >= 0 and after[row, j] == previous[row, i]:  # the word's previous piece given: at least
+                    least = COMPLETION if unfinished[row, i] else 0.0  # COMPLETION where the model goes on the word
+                    a[i, t] += weight[row, j] * max(float(pointer[row, i, j]), least)
         expected = (torch.softmax(logits[row], -1) + a) / (1.0 + a.sum(-1, keepdim=True))
         torch.testing.assert_close(got[row].exp(), expected, atol=1e-6, rtol=0)
         torch.testing.assert_close(got[row].exp().sum(-1), torch.ones(L), atol=1e-6, rtol=0)
         if row == 0:
             assert float(a[1, 7]) == 0 and float(a[0, 7]) > 0 and float(a[2, 7]) > 0  # a word's second piece: after its first
+            assert float(a[0, 7]) == 2.0 * COMPLETION  # ... and then at least COMPLETION of the pointer
+            assert int(got[row, 0].argmax()) == 7  # the word is finished as imprinted
+            assert float(a[2, 7]) == 2.0 * float(pointer[0, 2, 1]) < 2.0 * COMPLETION  # not where the model ends the word
+    assert torch.equal(copied(logits, pointer, tokens, weight, after, previous)[0, 2], got[0, 2])  # no floor unasked
     assert torch.equal(got[1], logits[1])
-    assert bool((got[0, :, 5] > torch.log_softmax(logits[0], -1)[:, 5]).all())  # the held token gains
+    assert float(got[0, 1, 5]) > float(torch.log_softmax(logits[0], -1)[1, 5])  # the held token gains (no word to finish)
     assert bool((got[2, :, 0] > torch.log_softmax(logits[2], -1)[:, 0]).all())  # token 0 too, whatever the empty entry
 
 
