@@ -675,8 +675,8 @@ class LlamaModel(IdentityModel):
             pointer = torch.cat(reads.weights, 1).mean(1)
             pointer = pointer[:, logits_from:L]  # (B, L - logits_from, N): the mean over the copy's query heads
             previous = idx[:, logits_from:L].to(follows.device)
-            going_on = ~self.word_starts().to(logits.device)[logits.argmax(-1)]  # (B, L'): the model goes on a word
-            logits = copied(logits, pointer, held, lam, follows, previous, going_on)
+            unfinished = ~self.word_starts().to(logits.device)[logits.argmax(-1)]  # (B, L'): the model goes on a word
+            logits = copied(logits, pointer, held, lam, follows, previous, unfinished)
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
 
     @torch.no_grad()

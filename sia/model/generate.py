@@ -604,7 +604,8 @@ class ReplyDecoder:
         each word past max_words - 1: the sentence closers (not an ellipsis) where the model's most likely token begins
         a new word (so no word is cut short: a letter, a digit, an apostrophe or a hyphen goes on with it) and the last
         word is not one a sentence cannot end on (``OPEN_WORDS``), the end tokens right after a closer."""
-        over = len(_WORD.findall(self.text)) - max_words + 1
+        words = _WORD.findall(self.text)
+        over = len(words) - max_words + 1
         if over <= 0 or self.pulled is None:
             return logits
         enders, ends = self.pulled
@@ -612,7 +613,7 @@ class ReplyDecoder:
             begins = self.tok.token_text(int(logits.argmax()))[:1]
             if begins.isalnum() or begins in "'’-":  # the model goes on with the word ("night" + "'s")
                 return logits
-            if self.text[-1].isalpha() and _WORD.findall(self.text[-20:])[-1].lower() in OPEN_WORDS:
+            if self.text[-1].isalpha() and words[-1].lower() in OPEN_WORDS:
                 return logits  # the sentence cannot end here ("that can be found in")
             return logits.index_add(0, enders, logits.new_full(enders.shape, END_PULL * over))
         if self.tokens and self.tokens[-1] in self.enders:
