@@ -76,8 +76,9 @@ class InferenceMaps:
     or scaling of a small tensor costs a decoding step a few microseconds per layer): the weight (n, C) and bias (n,)
     whose product with a token's input gives the augmented query's tail and the read adapter's down maps and scale
     logit, the adapter's up maps (None without them), the metric as 2M and -M (None in a layer without a trace: the
-    query's and the key's columns then need no products), and the rows' adapter gate (B, 1, 1) where some row holds
-    no imprint (None where every row does: the gate is then 1 and its product is left out)."""
+    query's and the key's columns then need no products), the rows' adapter gate (B, 1, 1) where some row holds
+    no imprint (None where every row does: the gate is then 1 and its product is left out), and the output adapter's
+    down (r, H·d) and up (C, r) maps. All in the dtype the state's small products run in (``small_products``)."""
 
     weight: Tensor
     bias: Tensor
@@ -85,6 +86,8 @@ class InferenceMaps:
     metric2: Tensor | None
     neg_metric: Tensor | None
     imprinted: Tensor | None
+    out_down: Tensor | None
+    out_up: Tensor | None
 
 
 @dataclass
@@ -114,6 +117,14 @@ class InjectedLayer:
         without gradients has made them: made once a turn, not at every decoding step. Not a field: rows selected
         from a batch or stacked into one make a new layer, which makes them anew."""
         return []
+
+
+def small_products(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype the state's small products of a decoding step run in (its query tail, read adapter and metric: a few
+    rows by a few columns): float32 on a CPU whatever the model's dtype, since there a bfloat16 product of that size
+    costs several times a float32 one and its casts (on a CPU with AMX, 18-25 against 2-5 µs a product, a cast 1 µs);
+    elsewhere the model's own."""
+    return torch.float32 if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) else dtype
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -405,15 +416,18 @@ class InjectedAttention(nn.Module):
         """``forward`` with a state and without gradients, in fewer operators (each costs a few microseconds, the
         state's share of a decoding step): one product gives every head's augmented query after its rotated (and
         metric) blocks, the read gates included, and the read adapter's down maps with its scale; the same
-        arithmetic as ``forward``'s training form, to within rounding."""
+        arithmetic as ``forward``'s training form, to within rounding. The state's small products run in
+        ``small_products``' dtype (float32 on a CPU), their results cast to the model's."""
         B, L, _ = x.shape
         H, H_kv, d = self.H, self.H_kv, self.d
         if not lc.maps:
-            lc.maps.append(self._inference_maps(lc, x.dtype))
+            lc.maps.append(self._inference_maps(lc, x.dtype, x.device))
         maps = lc.maps[0]
+        small = maps.weight.dtype
+        xs = x.to(small)  # x itself where the model's dtype is the products'
         t = self.tail
-        mixed = F.linear(x, maps.weight, maps.bias)  # (B, L, H·t [+ 2r (+ 1)])
-        tail = mixed[..., : H * t].view(B, L, H, t).transpose(1, 2)  # (B, H, L, t): 1, g·x, a·x + c, zeros
+        mixed = F.linear(xs, maps.weight, maps.bias)  # (B, L, H·t [+ 2r (+ 1)])
+        tail = mixed[..., : H * t].view(B, L, H, t).transpose(1, 2).to(x.dtype)  # (B, H, L, t): 1, g·x, a·x + c, zeros
         if unread is not None:  # the closed gate where a token does not read the imprint
             tail = tail.clone()
             tail[..., self.unread_at - self.w + t] += unread.to(x.dtype).view(B, 1, L) * CLOSED_GATE
@@ -428,7 +442,7 @@ class InjectedAttention(nn.Module):
                 scale = gate if scale is None else scale * gate
             if scale is not None:
                 down = down * scale
-            both = F.linear(down, maps.up)  # (B, L, H·d + H_kv·d)
+            both = F.linear(down, maps.up).to(x.dtype)  # (B, L, H·d + H_kv·d)
             q, v = q + both[..., : q.shape[-1]], v + both[..., q.shape[-1] :]
         q = q.view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
         k = self.k_proj(x).view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
@@ -439,37 +453,39 @@ class InjectedAttention(nn.Module):
         q_parts = [rotate(q, cos, sin) / math.sqrt(d)]
         k_rot = rotate(k, cos, sin)
         if maps.metric2 is not None and maps.neg_metric is not None:  # (B, H_kv, d, d): 2M and -M, exactly
-            u = F.normalize(q, dim=-1).reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by their kv head
-            q_parts.append((u @ maps.metric2).view(B, H, L, d))  # 2 M u (M symmetric)
-            w_k = F.normalize(k, dim=-1)  # (B, H_kv, L, d)
+            u = F.normalize(q.to(small), dim=-1).reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by kv head
+            q_parts.append((u @ maps.metric2).view(B, H, L, d).to(x.dtype))  # 2 M u (M symmetric)
+            w_k = F.normalize(k.to(small), dim=-1)  # (B, H_kv, L, d)
             k_bias = ((w_k @ maps.neg_metric) * w_k).sum(-1, keepdim=True)  # (B, H_kv, L, 1) = -w^T M w
-            k_aug = F.pad(torch.cat([k_rot, w_k, k_bias], dim=-1), (0, self.w - 2 * d - 1))
+            k_aug = F.pad(torch.cat([k_rot, w_k.to(x.dtype), k_bias.to(x.dtype)], dim=-1), (0, self.w - 2 * d - 1))
         else:
             k_aug = F.pad(k_rot, (0, self.w - d))  # the bias column is 0: no metric
         q_aug = torch.cat([*q_parts, tail], dim=-1)  # (B, H, L, w)
         y = self._attend(q_aug, k_aug, F.pad(v, (0, self.w - d)), lc, cache, layer, attn_mask, starts, reads)
         out: Tensor = self.o_proj(y)
-        if maps.up is not None:
-            o = self.imprint_read_o
-            down = F.linear(y, o.down.weight)
-            out = out + F.linear(down if scale is None else down * scale, o.up.weight)
+        if maps.out_down is not None and maps.out_up is not None:
+            down = F.linear(y.to(small), maps.out_down)
+            out = out + F.linear(down if scale is None else down * scale, maps.out_up).to(x.dtype)
         return out
 
-    def _inference_maps(self, lc: InjectedLayer, dtype: torch.dtype) -> InferenceMaps:
-        """``InferenceMaps`` of this layer for the turn ``lc`` conditions, in ``dtype``: ``_query_maps``'s products,
-        the metric's two forms (2M and -M are M's own numbers scaled exactly, so the products agree bit for bit with
-        ``forward``'s 2·(u M) and -(w M)·w), and the adapter's gate where not every row reads."""
+    def _inference_maps(self, lc: InjectedLayer, dtype: torch.dtype, device: torch.device) -> InferenceMaps:
+        """``InferenceMaps`` of this layer for the turn ``lc`` conditions, for a model computing in ``dtype`` on
+        ``device`` (the maps in ``small_products``' dtype): ``_query_maps``' products, the metric's two forms (2M and
+        -M are M's own numbers scaled exactly, so the products agree bit for bit with ``forward``'s 2·(u M) and
+        -(w M)·w), the adapter's gate where not every row reads, and the output adapter's maps."""
+        small = small_products(dtype, device)
         weight, bias, up = self._query_maps(lc.reading)
         metric2 = neg_metric = None
         if lc.metric is not None:
-            metric = lc.metric.to(dtype)
+            metric = lc.metric.to(small)
             metric2, neg_metric = 2.0 * metric, -metric
-        imprinted = None
+        imprinted = out_down = out_up = None
         if up is not None:
             assert lc.imprinted is not None
-            imprinted = None if bool((lc.imprinted == 1).all()) else lc.imprinted.to(dtype)
-        cast = None if up is None else up.to(dtype)
-        return InferenceMaps(weight.to(dtype), bias.to(dtype), cast, metric2, neg_metric, imprinted)
+            imprinted = None if bool((lc.imprinted == 1).all()) else lc.imprinted.to(small)
+            up = up.to(small)
+            out_down, out_up = self.imprint_read_o.down.weight.to(small), self.imprint_read_o.up.weight.to(small)
+        return InferenceMaps(weight.to(small), bias.to(small), up, metric2, neg_metric, imprinted, out_down, out_up)
 
     def _query_maps(self, reading: bool) -> tuple[Tensor, Tensor, Tensor | None]:
         """The maps ``_infer`` multiplies: a weight (n, C) and bias (n,) whose product with a token's input gives, per

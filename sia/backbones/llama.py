@@ -27,6 +27,7 @@ from sia.identity.imprint import KINDS, ImprintEntries
 from sia.identity.state import SelfUpdate, TurnSummary, stabilised_metric
 from sia.model.conditioning import Conditioning
 from sia.model.config import LlamaConfig
+from sia.model.generate import likeliest
 from sia.model.identity_model import IdentityModel, ModelOutput, WordsRead
 from sia.model.kv_cache import KVCache
 from sia.model.summary_sums import SummarySums
@@ -675,7 +676,7 @@ class LlamaModel(IdentityModel):
             pointer = torch.cat(reads.weights, 1).mean(1)
             pointer = pointer[:, logits_from:L]  # (B, L - logits_from, N): the mean over the copy's query heads
             previous = idx[:, logits_from:L].to(follows.device)
-            unfinished = ~self.word_starts().to(logits.device)[logits.argmax(-1)]  # (B, L'): the model goes on a word
+            unfinished = ~self.word_starts().to(logits.device)[likeliest(logits)]  # (B, L'): the model goes on a word
             logits = copied(logits, pointer, held, lam, follows, previous, unfinished)
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
 

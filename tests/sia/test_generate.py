@@ -19,6 +19,7 @@ from sia.model.generate import (
     exclaimed,
     exclamation_pairs,
     generate,
+    likeliest,
     lowered,
     nucleus,
     nucleus_reference,
@@ -601,3 +602,16 @@ def test_a_reply_begins_at_its_first_visible_character() -> None:
     blank = ReplyDecoder(SamplingParams(temperature=0.0, max_new_tokens=2), torch.device("cpu"), tok)
     assert [blank.push(t, SamplingParams(max_new_tokens=2), tok.end_ids) for t in b"  "] == ["", ""]
     assert blank.text == "" and blank.finish_reason == "length"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_likeliest_is_argmax_with_the_first_of_tied_logits(dtype: torch.dtype) -> None:
+    """``likeliest`` (greedy decoding's and the copy read's pick) gives argmax's index, the first of a tie, in every
+    row of a batch of logits and for one row's (V,) logits."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (8, 3, 1000), generator=g).to(dtype)  # many ties among the largest
+    picked = likeliest(logits)
+    assert picked.shape == (8, 3) and torch.equal(picked, logits.argmax(-1))
+    row = torch.zeros(1000, dtype=dtype)
+    row[[17, 400, 999]] = 2.0
+    assert int(likeliest(row)) == 17

@@ -132,11 +132,9 @@ def test_inference_reads_through_the_fused_maps_as_training_does_and_follows_cha
     torch.testing.assert_close(changed, logits(True), atol=1e-5, rtol=1e-5)
 
 
-def test_cached_decoding_reads_the_whole_state_as_the_training_form_does() -> None:
-    """Inference's form of the stateful attention (one product for the query's gate columns and the adapter's down
-    maps) against training's, with every part of the state at work: a trace (layer 0), a self state read through the
-    slots' per-token gate, an imprint behind the persona's prompt with its gate and adapter; a prompt, then one token
-    a step through a cache, as decoding goes."""
+def _whole_state_model() -> tuple[LlamaModel, IdentityState]:
+    """A tiny model with every part of the state at work: a trace (layer 0), a self state read through the slots'
+    per-token gate, an imprint with its gate and adapter."""
     torch.manual_seed(0)
     hf = LlamaForCausalLM(HFLlamaConfig(**HF_TINY)).eval()
     config = LlamaConfig.from_hf(HF_TINY, d_self=8, trace_layers=[0], slot_gate=True, imprint_span=16, imprint_min_shock=0.0)
@@ -155,22 +153,49 @@ def test_cached_decoding_reads_the_whole_state_as_the_training_form_does() -> No
         self_state=torch.rand(config.d_self) * 2 - 1,
         imprint=imprint_of(model, list(b"sys"), ("I am Ox",)),
     )
-    idx = torch.tensor([list(b"hello there, Ox")])
-    prompt = 11
+    return model, state
 
-    def cond() -> Any:
-        return model.condition_states([state], [3])
 
-    with torch.enable_grad():
-        whole = model(idx, cond()).logits.detach()  # the training form, all at once
+def _decoded(model: LlamaModel, state: IdentityState, idx: Tensor, prompt: int) -> tuple[Tensor, Any]:
+    """The logits of a prompt, then one token a step through a cache, as decoding goes (the persona's prompt 3
+    tokens, unread); and the turn's conditioning."""
     with torch.no_grad():
-        c = cond()
+        c = model.condition_states([state], [3])
         cache = model.new_cache(c, idx.shape[1])
         steps = [model(idx[:, :prompt], c, cache=cache).logits]
         steps += [model(idx[:, i : i + 1], c, cache=cache).logits for i in range(prompt, idx.shape[1])]
+    return torch.cat(steps, dim=1), c
+
+
+def test_cached_decoding_reads_the_whole_state_as_the_training_form_does() -> None:
+    """Inference's form of the stateful attention (one product for the query's gate columns and the adapter's down
+    maps) against training's, with every part of the state at work, the imprint behind the persona's prompt."""
+    model, state = _whole_state_model()
+    idx = torch.tensor([list(b"hello there, Ox")])
+    with torch.enable_grad():
+        whole = model(idx, model.condition_states([state], [3])).logits.detach()  # the training form, all at once
+    steps, c = _decoded(model, state, idx, 11)
     assert all(layer.maps for layer in c.layers)  # decoding took inference's form
     assert c.layers[0].metric is not None and c.layers[0].metric.abs().max() > 0
-    torch.testing.assert_close(torch.cat(steps, dim=1), whole, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(steps, whole, atol=1e-4, rtol=1e-4)
+
+
+def test_a_bfloat16_step_on_the_cpu_runs_the_states_small_products_in_float32() -> None:
+    """A bfloat16 model decoding on a CPU: the state's maps for the turn are kept in float32 (there a bfloat16
+    product of a few rows costs several times a float32 one and its casts), the logits are bfloat16, and they are
+    the float32 model's to bfloat16's rounding."""
+    model, state = _whole_state_model()
+    idx = torch.tensor([list(b"hello there, Ox")])
+    reference, _ = _decoded(model, state, idx, 11)
+    steps, c = _decoded(model.to(torch.bfloat16), state, idx, 11)
+    maps = [m for layer in c.layers for m in layer.maps]
+    assert maps and all(m.weight.dtype == torch.float32 for m in maps)
+    assert maps[0].metric2 is not None and maps[0].metric2.dtype == torch.float32
+    assert maps[0].up is not None and maps[0].out_up is not None and maps[0].out_up.dtype == torch.float32
+    assert steps.dtype == torch.bfloat16
+    scale = reference.abs().max()
+    assert (steps.float() - reference).abs().max() < 0.05 * scale
+    assert (steps.float().argmax(-1) == reference.argmax(-1)).float().mean() > 0.9
 
 
 def test_examples_state_the_asked_fact_among_distractors() -> None:
