@@ -295,9 +295,9 @@ def test_the_service_on_a_gpu_decodes_there_and_keeps_state_on_the_cpu(settings:
 
 
 def test_the_served_model_packs_its_matrices_unless_told_not_to(settings: Settings, tmp_path: Any) -> None:
-    """SIA_PACKED_WEIGHTS (default float32): a float32 backbone on a CPU is served with its matrices packed, in
-    float32, in bfloat16 (float32 where the CPU cannot pack bfloat16), or (auto) in bfloat16 where the CPU multiplies
-    it natively; off, or in bfloat16 weights, not.
+    """SIA_PACKED_WEIGHTS (default auto): a float32 backbone on a CPU is served with its matrices packed, in
+    float32, in bfloat16 (float32 where the CPU cannot pack bfloat16), or (auto, the default) in bfloat16 where the
+    CPU multiplies it natively, else float32; off, or in bfloat16 weights, not.
     The setting's earlier true / false still read as float32 / off; anything else is refused."""
     from server.runtime.services import served_model
     from sia.backbones.packed_linear import bfloat16_packing_available, bfloat16_products_fast, packing_available
@@ -309,7 +309,7 @@ def test_the_served_model_packs_its_matrices_unless_told_not_to(settings: Settin
     bfloat16 = torch.bfloat16 if bfloat16_packing_available() else torch.float32
     auto = bfloat16 if bfloat16_products_fast() else torch.float32
     cases: list[tuple[dict[str, Any], torch.dtype | None]] = [
-        ({}, torch.float32),
+        ({}, auto),
         ({"packed_weights": "auto"}, auto),
         ({"packed_weights": "float32"}, torch.float32),
         ({"packed_weights": "bfloat16"}, bfloat16),
