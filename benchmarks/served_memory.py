@@ -94,6 +94,15 @@ QUESTIONS = {
 }
 
 
+def packed_dtype(model: object) -> str | None:
+    """The dtype of the served model's packed matrix copies (SIA_PACKED_WEIGHTS), None where none were made."""
+    blocks = getattr(model, "blocks", None)
+    up = blocks[0].mlp.up_proj if blocks else None
+    if up is None or getattr(up, "packed", None) is None:
+        return None
+    return str(up.packed_dtype).removeprefix("torch.")
+
+
 def mentions(reply: str, value: str) -> bool:
     return re.search(rf"\b{re.escape(value)}\b", reply, flags=re.IGNORECASE) is not None
 
@@ -235,6 +244,7 @@ def main() -> None:
         "sampling": args.sampling,
         "recall_temperature": args.recall_temperature,  # None: the persona's
         "read_shift": getattr(model, "read_shift", None),  # as served: SIA_READ_SHIFT where set, else the checkpoint's
+        "packed_weights": packed_dtype(model),  # as served: what SIA_PACKED_WEIGHTS chose on this CPU
         "right": right,
         "stranger_right": stranger,
         "right_by_kind": by_kind(rows, "right"),

@@ -63,7 +63,8 @@ def run_turns(services: Services, args: argparse.Namespace) -> dict[str, Any]:
     share, model_s, real, ttft = [], [], [], []
     for i in range(1 + args.turns):
         message = f"Tell me something about day {i} of the voyage."
-        sampling = Sampling(max_tokens=args.tokens, seed=i)
+        # the persona's sentence limit off: every reply runs to exactly --tokens tokens, whatever it samples
+        sampling = Sampling(max_tokens=args.tokens, seed=i, max_sentences=0)
         timed, n = phased_turn(services, "phased", message, sampling)
         first, total, m = streamed_turn(services, "real", message, sampling)
         if n != args.tokens or m != args.tokens:

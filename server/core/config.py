@@ -97,8 +97,8 @@ class Settings(BaseSettings):
         " float32 (or true): products of three rows or more (batched decoding, prefill) run faster (eight rows 1.6x),"
         " for about 510 MB more for SmolLM2-135M. bfloat16: every projection multiplies a bfloat16 copy (about 320 MB"
         " more), rounded as under bfloat16 autocast, and batched rows compute exactly as alone: decoding reads half the"
-        " bytes. auto (the default): bfloat16 where this CPU multiplies bfloat16 natively (timed at start-up; there one"
-        " row decodes about twice as fast, recall and reply perplexity as float32's), else float32. off (or"
+        " bytes. auto (the default): bfloat16 where this CPU multiplies bfloat16 natively (timed at start-up; there it"
+        " decodes a little faster than float32, with recall and reply perplexity as float32's), else float32. off (or"
         " false): no copy",
     )
     read_shift: float | None = Field(

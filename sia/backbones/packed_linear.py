@@ -19,6 +19,7 @@ __all__ = [
     "Linear",
     "bfloat16_packing_available",
     "bfloat16_products_fast",
+    "few_rows_transposed",
     "packing_available",
 ]
 
@@ -68,12 +69,29 @@ def bfloat16_products_fast() -> bool:
     return times[torch.bfloat16] <= 1.2 * times[torch.float32]
 
 
-class Linear(nn.Linear):
-    """``nn.Linear`` (no bias) with two faster paths for float32 inference on a CPU (no gradients):
+@functools.cache
+def few_rows_transposed() -> bool:
+    """Whether this CPU multiplies a few float32 rows by a weight faster as (W xᵀ)ᵀ than as x Wᵀ (timed once, two rows
+    by a 75 MB matrix, so the weight streams from memory as a decoding step's do). CPUs differ by a factor of two to
+    four either way: on a 2-core AMD EPYC every matrix of a SmolLM2 step took 22 ms as (W xᵀ)ᵀ against 52 ms; on a
+    2-core Xeon with AMX the head's product took 7.8 ms that way against 2.6 ms (experiments/LOG.md, 2026-12-04 (j))."""
+    w, pair = torch.randn(32768, 576), torch.randn(2, 576)
+    best = {True: float("inf"), False: float("inf")}
+    for _ in range(3):
+        for transposed in (True, False):
+            start = time.perf_counter()
+            torch.mm(w, pair.t()) if transposed else torch.mm(pair, w.t())
+            best[transposed] = min(best[transposed], time.perf_counter() - start)
+    return best[True] < best[False]
 
-    * at most SMALL_PRODUCT_ROWS rows compute (W xᵀ)ᵀ instead of x Wᵀ, one row doubled to two: the BLAS kernels for
-      a few rows are far slower in the x Wᵀ orientation, and slowest of all for one row (every matrix of one
-      SmolLM2 decode step on the 2-core machine: 52 ms for one row, 22 ms this way; docs/performance.md);
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (no bias) with faster paths for float32 inference on a CPU (no gradients):
+
+    * at most SMALL_PRODUCT_ROWS rows, one row doubled to two (both kernels multiply a single row in another, slower
+      or differently rounded way), computed as (W xᵀ)ᵀ or as x Wᵀ, whichever this CPU runs faster
+      (``few_rows_transposed``, timed once: the BLAS kernels for a few rows are two to four times slower in one
+      orientation, and which one depends on the CPU; docs/performance.md);
     * after ``pack()``, from PACKED_MIN_ROWS rows on (batched decoding, prefill), oneDNN's product with a copy of W
       in its own blocked layout: eight rows 1.6x and sixteen 1.8x faster again, and a row's result does not depend
       on how many rows are multiplied with it. The copy costs W's size in memory, so packing is asked for, not
@@ -129,7 +147,8 @@ class Linear(nn.Linear):
                 pair.to(self.packed_dtype).contiguous(), self.packed, None, "none", [], ""
             )[:rows].to(x.dtype)
         elif rows <= SMALL_PRODUCT_ROWS:
-            out = torch.mm(w, pair.t()).t()[:rows].contiguous()  # (rows, out)
+            # (rows, out) either way
+            out = torch.mm(w, pair.t()).t()[:rows].contiguous() if few_rows_transposed() else torch.mm(pair, w.t())[:rows]
         else:
             return super().forward(x)
         if self.bias is not None:  # the products above multiply only; a bias is added as nn.Linear adds it

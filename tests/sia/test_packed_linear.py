@@ -7,11 +7,19 @@ import pytest
 import torch
 
 
+@pytest.mark.parametrize("transposed", [True, False])
 @pytest.mark.parametrize("rows", [1, 3, 40])
-def test_the_small_product_form_computes_what_nn_linear_computes(rows: int) -> None:
-    """``Linear``: few rows in float32 inference on a CPU run as (W xᵀ)ᵀ (one row doubled); the result is
-    nn.Linear's to rounding, in shape and values, and with gradients on it is nn.Linear exactly."""
+def test_the_small_product_form_computes_what_nn_linear_computes(
+    rows: int, transposed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Linear``: few rows in float32 inference on a CPU run as (W xᵀ)ᵀ or as x Wᵀ, whichever the CPU runs faster
+    (one row doubled); in either form the result is nn.Linear's to rounding, in shape and values, and with gradients
+    on it is nn.Linear exactly."""
+    from sia.backbones import packed_linear
     from sia.backbones.packed_linear import Linear
+
+    assert isinstance(packed_linear.few_rows_transposed(), bool)  # timed once, on this CPU
+    monkeypatch.setattr(packed_linear, "few_rows_transposed", lambda: transposed)
 
     g = torch.Generator().manual_seed(rows)
     layer = Linear(24, 40, bias=False)
