@@ -517,12 +517,13 @@ class LlamaModel(IdentityModel):
 
     def word_starts(self) -> Tensor:
         """(V,) bool: which tokens begin a word (a space or a mark first, or no bytes) rather than go on one (a letter
-        or a digit first; a byte >= 0x80 reads as a letter's part); made once."""
+        or a digit first; a byte >= 0x80, a piece of a character beyond ASCII, reads as a letter's part: the second
+        byte of "ź" goes on "Łód" as "d" does); made once."""
         if self._word_starts is None:
             starts = torch.ones(self.config.vocab_size, dtype=torch.bool)
             for i in range(self.tokenizer.vocab_size):
                 head = self.tokenizer.token_bytes(i)
-                starts[i] = not head or not chr(head[0]).isalnum()
+                starts[i] = not head or (head[0] < 0x80 and not chr(head[0]).isalnum())
             self._word_starts = starts
         return self._word_starts
 

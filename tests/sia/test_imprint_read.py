@@ -180,6 +180,18 @@ def test_cached_decoding_reads_the_whole_state_as_the_training_form_does() -> No
     torch.testing.assert_close(steps, whole, atol=1e-4, rtol=1e-4)
 
 
+def test_a_word_goes_on_through_every_byte_beyond_ascii() -> None:
+    """word_starts (the copy read's test of whether a token begins a word): a space or a mark begins one, a letter or a
+    digit goes on it, and so does every byte >= 0x80, whatever character Latin-1 would make of it (0xBA, the second
+    byte of "ź", is "º", a letter; 0xAC, of "Ŭ", is "¬", a mark; 0x80-0x9F are control characters)."""
+    model, _ = _whole_state_model()
+    starts = model.word_starts()
+    assert all(bool(starts[b]) for b in b" .,!?-'\n")
+    assert not any(bool(starts[b]) for b in b"aZ09")
+    assert not any(bool(starts[b]) for b in range(0x80, 0x100))
+    assert not bool(starts["ź".encode()[1]]) and not bool(starts["Ŭ".encode()[1]])
+
+
 def test_a_bfloat16_step_on_the_cpu_runs_the_states_small_products_in_float32() -> None:
     """A bfloat16 model decoding on a CPU: the state's maps for the turn are kept in float32 (there a bfloat16
     product of a few rows costs several times a float32 one and its casts), the logits are bfloat16, and they are
