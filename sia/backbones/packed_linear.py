@@ -74,7 +74,7 @@ def few_rows_transposed() -> bool:
     """Whether this CPU multiplies a few float32 rows by a weight faster as (W xᵀ)ᵀ than as x Wᵀ (timed once, two rows
     by a 75 MB matrix, so the weight streams from memory as a decoding step's do). CPUs differ by a factor of two to
     four either way: on a 2-core AMD EPYC every matrix of a SmolLM2 step took 22 ms as (W xᵀ)ᵀ against 52 ms; on a
-    2-core Xeon with AMX the head's product took 7.8 ms that way against 2.6 ms (experiments/LOG.md, 2026-12-04 (j))."""
+    2-core Xeon with AMX the head's product took 7.8 ms that way against 2.6 ms (experiments/LOG.md, 2026-12-04 (k))."""
     w, pair = torch.randn(32768, 576), torch.randn(2, 576)
     best = {True: float("inf"), False: float("inf")}
     for _ in range(3):
