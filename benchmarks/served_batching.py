@@ -15,7 +15,9 @@ service's default settings except:
 * **batched-1thread** (only with ``--servers``): the batched server with ``SIA_BATCH_THREADS=1``: its steps
   and a lone turn's prefill on one torch thread (the default uses every core while no prefill runs beside them);
 * **unbatched-bf16**, **batched-bf16** (only with ``--servers``): the two servers with
-  ``SIA_PACKED_WEIGHTS=bfloat16``, every projection multiplied with a packed bfloat16 copy of its matrix.
+  ``SIA_PACKED_WEIGHTS=bfloat16``, every projection multiplied with a packed bfloat16 copy of its matrix;
+* **batched-float32** (only with ``--servers``): the batched server with ``SIA_PACKED_WEIGHTS=float32``, the default
+  before ``auto`` (which picks bfloat16 copies on a CPU that multiplies bfloat16 natively).
 
 ``--torch-threads`` and ``--dtype`` (default: the service's defaults) are given to both. After one untimed warm-up turn, for each
 N in ``--users``: N client threads, each with its own user id (an identity of its own) and its own connection,
@@ -83,6 +85,7 @@ SERVERS = {
     "batched-1thread": {"SIA_BATCH_THREADS": "1"},  # the batched server decoding on one thread, as before
     "unbatched-bf16": {"SIA_MAX_BATCH": "0", "SIA_PACKED_WEIGHTS": "bfloat16"},  # the two with bfloat16 copies of
     "batched-bf16": {"SIA_PACKED_WEIGHTS": "bfloat16"},  # the matrices: every projection's product in bfloat16
+    "batched-float32": {"SIA_PACKED_WEIGHTS": "float32"},  # float32 copies, whatever SIA_PACKED_WEIGHTS=auto picks
 }
 
 
