@@ -17,7 +17,12 @@ from server.runtime.personas import Personas
 from server.runtime.turns import TurnRunner
 from server.store import Store
 from sia.backbones.llama import LlamaModel
-from sia.backbones.packed_linear import NO_BFLOAT16_PACKING, bfloat16_packing_available, bfloat16_products_fast
+from sia.backbones.packed_linear import (
+    NO_BFLOAT16_PACKING,
+    bfloat16_packing_available,
+    bfloat16_products_fast,
+    few_rows_transposed,
+)
 from sia.checkpoint import load_model
 from sia.model.config import STATE_DTYPES
 from sia.model.identity_model import IdentityModel
@@ -53,6 +58,11 @@ def served_model(settings: Settings, model: IdentityModel | None = None, checkpo
             packing = "float32"
         size = loaded.pack_weights(STATE_DTYPES[packing])
         log.info("packed the backbone's matrices (%s) for faster products: %.0f MB", packing, size / 2**20)
+    if device.type == "cpu" and dtype == "float32" and not loaded.exact_rows:
+        # float32 products of a few rows multiply in the orientation this CPU runs faster: timed here, at start-up,
+        # rather than in the first turn's first step (bfloat16 copies, exact_rows, multiply every row with the copy)
+        transposed = few_rows_transposed()
+        log.info("few-row products as %s", "(W x^T)^T" if transposed else "x W^T")
     return loaded
 
 
