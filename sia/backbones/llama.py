@@ -529,8 +529,9 @@ class LlamaModel(IdentityModel):
 
     def copy_after(self, imprint: ImprintEntries) -> Tensor:
         """The token each entry must follow to be copied (B, N): the previous entry's token where the entry goes on a
-        word within its span (its token begins with a letter or a digit: "enta" after " Mag"), -1 where it begins one
-        (a space or a mark first, or its span's first token) and for empty entries."""
+        word within its span (``word_starts``: its token begins with a letter, a digit or a byte beyond ASCII: "enta"
+        after " Mag"), -1 where it begins one (a space or a mark first, or its span's first token) and for empty
+        entries."""
         token = imprint.token
         begins = self.word_starts().to(token.device)[token.clamp_min(0)]
         goes_on = F.pad(imprint.span[:, 1:] == imprint.span[:, :-1], (1, 0), value=False) & ~begins & (token >= 0)
