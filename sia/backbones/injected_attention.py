@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sia.backbones.packed_linear import Linear
+from sia.backbones.packed_linear import Linear, cast
 from sia.backbones.slot_maps import LowRank, slot_map
 from sia.model.attention import attend
 from sia.model.config import LlamaConfig
@@ -424,10 +424,10 @@ class InjectedAttention(nn.Module):
             lc.maps.append(self._inference_maps(lc, x.dtype, x.device))
         maps = lc.maps[0]
         small = maps.weight.dtype
-        xs = x.to(small)  # x itself where the model's dtype is the products'
+        xs = cast(x, small)
         t = self.tail
         mixed = F.linear(xs, maps.weight, maps.bias)  # (B, L, H·t [+ 2r (+ 1)])
-        tail = mixed[..., : H * t].view(B, L, H, t).transpose(1, 2).to(x.dtype)  # (B, H, L, t): 1, g·x, a·x + c, zeros
+        tail = cast(mixed[..., : H * t].view(B, L, H, t).transpose(1, 2), x.dtype)  # (B, H, L, t): 1, g·x, a·x + c, zeros
         if unread is not None:  # the closed gate where a token does not read the imprint
             tail = tail.clone()
             tail[..., self.unread_at - self.w + t] += unread.to(x.dtype).view(B, 1, L) * CLOSED_GATE
@@ -442,7 +442,7 @@ class InjectedAttention(nn.Module):
                 scale = gate if scale is None else scale * gate
             if scale is not None:
                 down = down * scale
-            both = F.linear(down, maps.up).to(x.dtype)  # (B, L, H·d + H_kv·d)
+            both = cast(F.linear(down, maps.up), x.dtype)  # (B, L, H·d + H_kv·d)
             q, v = q + both[..., : q.shape[-1]], v + both[..., q.shape[-1] :]
         q = q.view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
         k = self.k_proj(x).view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
@@ -453,19 +453,19 @@ class InjectedAttention(nn.Module):
         q_parts = [rotate(q, cos, sin) / math.sqrt(d)]
         k_rot = rotate(k, cos, sin)
         if maps.metric2 is not None and maps.neg_metric is not None:  # (B, H_kv, d, d): 2M and -M, exactly
-            u = F.normalize(q.to(small), dim=-1).reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by kv head
-            q_parts.append((u @ maps.metric2).view(B, H, L, d).to(x.dtype))  # 2 M u (M symmetric)
-            w_k = F.normalize(k.to(small), dim=-1)  # (B, H_kv, L, d)
+            u = F.normalize(cast(q, small), dim=-1).reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by kv head
+            q_parts.append(cast((u @ maps.metric2).view(B, H, L, d), x.dtype))  # 2 M u (M symmetric)
+            w_k = F.normalize(cast(k, small), dim=-1)  # (B, H_kv, L, d)
             k_bias = ((w_k @ maps.neg_metric) * w_k).sum(-1, keepdim=True)  # (B, H_kv, L, 1) = -w^T M w
-            k_aug = F.pad(torch.cat([k_rot, w_k.to(x.dtype), k_bias.to(x.dtype)], dim=-1), (0, self.w - 2 * d - 1))
+            k_aug = F.pad(torch.cat([k_rot, cast(w_k, x.dtype), cast(k_bias, x.dtype)], dim=-1), (0, self.w - 2 * d - 1))
         else:
             k_aug = F.pad(k_rot, (0, self.w - d))  # the bias column is 0: no metric
         q_aug = torch.cat([*q_parts, tail], dim=-1)  # (B, H, L, w)
         y = self._attend(q_aug, k_aug, F.pad(v, (0, self.w - d)), lc, cache, layer, attn_mask, starts, reads)
         out: Tensor = self.o_proj(y)
         if maps.out_down is not None and maps.out_up is not None:
-            down = F.linear(y.to(small), maps.out_down)
-            out = out + F.linear(down if scale is None else down * scale, maps.out_up).to(x.dtype)
+            down = F.linear(cast(y, small), maps.out_down)
+            out = out + cast(F.linear(down if scale is None else down * scale, maps.out_up), x.dtype)
         return out
 
     def _inference_maps(self, lc: InjectedLayer, dtype: torch.dtype, device: torch.device) -> InferenceMaps:

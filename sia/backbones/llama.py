@@ -21,7 +21,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sia.backbones.injected_attention import CLOSED_GATE, EntryReads, InjectedAttention, InjectedLayer, row_starts
-from sia.backbones.packed_linear import NO_BFLOAT16_PACKING, PACKED_DTYPES, Linear, bfloat16_packing_available, packing_available
+from sia.backbones.packed_linear import (
+    NO_BFLOAT16_PACKING,
+    PACKED_DTYPES,
+    Linear,
+    bfloat16_packing_available,
+    cast,
+    packing_available,
+)
 from sia.backbones.slot_maps import LowRank, init_slot_map
 from sia.identity.imprint import KINDS, ImprintEntries
 from sia.identity.state import SelfUpdate, TurnSummary, stabilised_metric
@@ -54,9 +61,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        h = x.float()
+        h = cast(x, torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return self.weight * cast(h, x.dtype)
 
 
 class SwiGLU(nn.Module):
