@@ -2,7 +2,7 @@
 
 Run: ``python -m benchmarks.reply_quality --part tune|heldout [--personas sia bolt] [--limit N] [--greedy]
 [--repetition-penalty R] [--no-repeat-ngram N] [--temperature T] [--max-tokens N] [--lowercase on|off] [--max-sentences N]
-[--exclaim on|off] [--address TEXT]
+[--exclaim on|off] [--address TEXT] [--speaker NAME]
 [--prompts FILE] [--out PATH] [--merge]``
 (``--prompts``: a JSON object of persona -> system prompt tried in place of the persona's, for tuning).
 
@@ -12,8 +12,8 @@ Every question of ``benchmarks/data/easy_questions/<part>.jsonl`` is asked once 
 batched row decodes as it would alone). Two decodings: the persona's default sampling (``sia.personas``: temperature
 0.4, top-p 0.9, 128 tokens; every row's generator seeded with 0, so a run is reproducible) and greedy (temperature
 0); with ``--greedy`` only greedy, with ``--sampled`` only the persona's. ``--repetition-penalty``,
-``--no-repeat-ngram``, ``--temperature``, ``--max-tokens``, ``--lowercase``, ``--max-sentences``, ``--exclaim`` and
-``--address`` override the persona's defaults.
+``--no-repeat-ngram``, ``--temperature``, ``--max-tokens``, ``--lowercase``, ``--max-sentences``, ``--exclaim``,
+``--address`` and ``--speaker`` override the persona's defaults.
 
 Reported per persona and decoding (``benchmarks.reply_metrics`` defines each): answered rate, loop rate,
 wrong-language rate, mean length in words, style rate, and the answered rate per question kind. The JSON (``--out``,
@@ -68,6 +68,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--lowercase", choices=("on", "off"), default=None, help="override the persona's lowercase decoding")
     p.add_argument("--exclaim", choices=("on", "off"), default=None, help="override the persona's exclamation rule")
     p.add_argument("--address", default=None, help='override the persona\'s form of address ("": off)')
+    p.add_argument("--speaker", default=None, help='override the name a reply never opens by calling out ("": off)')
     p.add_argument("--max-sentences", type=int, default=None, help="override the persona's sentence limit (0: off)")
     p.add_argument("--max-words", type=int, default=None, help="override the persona's soft word limit (0: off)")
     p.add_argument(
@@ -203,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         overrides["exclaim"] = args.exclaim == "on"
     if args.address is not None:
         overrides["address"] = args.address
+    if args.speaker is not None:
+        overrides["speaker"] = args.speaker
     if args.logit_bias is not None:
         overrides["logit_bias"] = logit_bias_pairs(args.logit_bias)
     if args.logit_bias_once is not None:

@@ -199,6 +199,7 @@ def persona_sampling(model: IdentityModel, name: str) -> SamplingParams:
         logit_bias=logit_bias_pairs(d.get("logit_bias", {})),
         logit_bias_once=d.get("logit_bias_once") is True,
         recall_temperature=None if d.get("recall_temperature") is None else float(str(d["recall_temperature"])),
+        speaker=name,
     )
 
 

@@ -143,6 +143,7 @@ class Personas:
             exclaim=persona.exclaim,
             address=persona.address,
             recall_temperature=persona.recall_temperature,
+            speaker=persona.name,
         )
         params = sampling.over(defaults)
         for token, _ in params.logit_bias:  # a request's ids, checked before the identity is used

@@ -62,10 +62,11 @@ __all__ = [
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 300  # tokens a logit_bias may name (OpenAI's limit)
 MAX_ADDRESS = 40  # characters of a form of address
+MAX_SPEAKER = 64  # characters of a persona's name
 _WORD = re.compile(r"[^\W\d_]+")  # a run of letters
-LANGUAGE_RETRIES = 5  # first tokens a reply may lose to its first word's language before its first word is let be
+FIRST_WORD_RETRIES = 5  # first tokens a reply may lose to its first word (another language, the speaker's name) then it is let be
 FIRST_WORD_TOKENS = 6  # tokens a reply's first word is waited for at most: then the letters so far are judged
-TAKEN_BACK_COLUMNS = LANGUAGE_RETRIES * FIRST_WORD_TOKENS  # cache columns the replies taken back may leave behind
+TAKEN_BACK_COLUMNS = FIRST_WORD_RETRIES * FIRST_WORD_TOKENS  # cache columns the replies taken back may leave behind
 END_PULL = 2.0  # nats a reply's end gains for each word past ``max_words`` - 1
 
 
@@ -108,9 +109,13 @@ class SamplingParams:
     recall_temperature: float | None = None
     # the user's message this replies to ("": none; a turn sets it, sia.identity.turn). A reply to an English message
     # keeps to English: its first word is read once whole (``sia.model.language``), and when it is another language's
-    # the reply is taken back and begun again without its first token, at most LANGUAGE_RETRIES times. And the reply
+    # the reply is taken back and begun again without its first token, at most FIRST_WORD_RETRIES times. And the reply
     # never gives a name the user gave as their own as its speaker's ("I'm Rafael": ``sia.model.naming``)
     reply_to: str = ""
+    # the persona's own name ("": none; a persona's turn sets it). A reply never opens by calling its speaker by name:
+    # a first word that is this name followed by a comma ("Sia, I'm glad you're here", where the small backbone echoes
+    # its prompt's "You are Sia, ...") is taken back as a foreign first word is, and begun again without its first token
+    speaker: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -130,6 +135,8 @@ class SamplingParams:
             raise ValueError(f"address must hold a word (it is written until the reply says it); got {self.address!r}")
         if not isinstance(self.reply_to, str):
             raise ValueError(f"reply_to must be the user's message (a string); got {type(self.reply_to).__name__}")
+        if not isinstance(self.speaker, str) or len(self.speaker) > MAX_SPEAKER or not self.speaker.isprintable():
+            raise ValueError(f"speaker must be a name of at most {MAX_SPEAKER} printable characters; got {self.speaker!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -255,6 +262,7 @@ class Sampling:
             exclaim=defaults.exclaim if self.exclaim is None else self.exclaim,
             address=defaults.address if self.address is None else self.address,
             recall_temperature=defaults.recall_temperature if self.recall_temperature is None else self.recall_temperature,
+            speaker=defaults.speaker,
         )
 
 
@@ -538,10 +546,10 @@ class ReplyDecoder:
     text begins at its first character that is not white space (a reply whose first token is " Lisbon" reads
     "Lisbon"); the tokens are the model's, as sampled.
 
-    With ``reply_to`` an English message, the reply's first word is held back until it is whole; when it is
-    another language's (``sia.model.language.foreign_opening``), the reply is taken back: ``taken_back`` then counts
-    its tokens the model has already read, which the caller forgets before the row samples its first token again,
-    that token now banned (``reply_events``)."""
+    With ``reply_to`` an English message or a ``speaker``, the reply's first word is held back until it is whole; when
+    it is another language's (``sia.model.language.foreign_opening``) or the speaker's name before a comma, the reply is
+    taken back: ``taken_back`` then counts its tokens the model has already read, which the caller forgets before the
+    row samples its first token again, that token now banned (``reply_events``)."""
 
     def __init__(self, params: SamplingParams, device: torch.device, tok: Tokenizer) -> None:
         self.tok = tok
@@ -556,6 +564,7 @@ class ReplyDecoder:
         if params.max_words:
             enders, ends = (torch.tensor(sorted(ids), dtype=torch.long, device=device) for ids in (self.enders, tok.end_ids))
             self.pulled = (enders, ends)
+        self.speaker = params.speaker.lower()  # the persona's name: never the reply's first word before a comma
         # the words the user wrote (a reply may echo them), when the reply keeps to the message's English; else None
         self.user_words = message_words(params.reply_to) if params.reply_to and english(params.reply_to) else None
         # the tokens that begin a name the user gave as their own: never right after "I'm" (``sia.model.naming``)
@@ -581,7 +590,8 @@ class ReplyDecoder:
         self.finish_reason: str | None = None
         self.queued: list[int] = []  # tokens written before the model's next one (the address's rest, then its pick)
         self.held: list[StreamEvent] = []  # events of the first word, until it is judged
-        self.judging = self.user_words is not None and len(self.banned_first) < LANGUAGE_RETRIES
+        judged = self.user_words is not None or bool(self.speaker)
+        self.judging = judged and len(self.banned_first) < FIRST_WORD_RETRIES
 
     def sample(self, logits: Tensor, params: SamplingParams) -> int:
         """The row's next token from its (V,) logits: with ``exclaim``, a full stop right after a word is an exclamation
@@ -666,21 +676,28 @@ class ReplyDecoder:
         return delta
 
     def _judged(self) -> bool:
-        """Whether the first word can be judged now; if it can and it is another language's, the reply is taken back
-        (``taken_back``, and the reply begins again empty)."""
+        """Whether the first word can be judged now; if it can and it is another language's, or the speaker's name
+        calling out before a comma ("Sia, I'm glad"), the reply is taken back (``taken_back``, and the reply begins
+        again empty)."""
         found = _WORD.search(self.text)
         whole = found is not None and found.end() < len(self.text)
         if not (whole or self.finish_reason or len(self.tokens) >= FIRST_WORD_TOKENS):
             return False
         self.judging = False
-        assert self.user_words is not None
-        if foreign_opening("" if found is None else found.group(), self.user_words):
+        word = "" if found is None else found.group()
+        foreign = self.user_words is not None and foreign_opening(word, self.user_words)
+        if foreign or self._calls_speaker():
             self.banned_first.append(self.tokens[0])
             read = len(self.tokens) - 1  # every token but the newest went through the model
             self._begin()
             self.taken_back = read
             return False
         return True
+
+    def _calls_speaker(self) -> bool:
+        """Whether the reply opens with the speaker's name and a comma: "Sia, ..." ("Sia is ..." and "Sia." stay)."""
+        n = len(self.speaker)
+        return bool(n) and self.text[:n].lower() == self.speaker and self.text[n : n + 1] == ","
 
     def release(self, event: StreamEvent) -> list[StreamEvent]:
         """The events to deliver now that ``event`` is this row's newest: none while the first word is judged, the

@@ -1,6 +1,6 @@
 """A reply keeps to its user's English (sia.model.language, ReplyDecoder): the first word of a reply is judged once
 whole, and a reply that opens in another language is taken back and begun again without its first token. And it never
-gives the user's name as its speaker's (sia.model.naming)."""
+gives the user's name as its speaker's (sia.model.naming), nor calls out its speaker's own name ("Sia, ...")."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sia.model.generate as generate_module
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, reply_params
 from sia.model.generate import (
-    LANGUAGE_RETRIES,
+    FIRST_WORD_RETRIES,
     Generation,
     ReplyDecoder,
     SamplingParams,
@@ -59,11 +59,11 @@ NONE = torch.tensor([], dtype=torch.long)
 
 
 def scripted(
-    first: str, replies: dict[str, str], message: str, steps: int = 40
+    first: str, replies: dict[str, str], message: str, steps: int = 40, speaker: str = "", lowercase: bool = False
 ) -> tuple[ReplyDecoder, list[StreamEvent], list[int]]:
     """A greedy row whose model prefers the first characters in ``first``'s order, then spells the reply that begins
     with the character it opened with; the events it delivers and the restarts it asked for."""
-    params = SamplingParams(max_new_tokens=steps, temperature=0.0, reply_to=message)
+    params = SamplingParams(max_new_tokens=steps, temperature=0.0, reply_to=message, speaker=speaker, lowercase=lowercase)
     opening = torch.full((TOK.vocab_size,), -10.0)
     for rank, c in enumerate(first):
         opening[ord(c)] = 10.0 - rank
@@ -112,16 +112,43 @@ def test_the_users_own_words_a_message_not_in_english_and_the_last_retry_are_let
     assert scripted("LN", REPLIES, "Hi! I'm Pilar, la reina.")[0].text == "La Ana!"  # the user said it first
     row, _, restarts = scripted("ELN", REPLIES, "Olá, eu sou a Ana e moro em Lisboa")
     assert row.text == "Eu sou a Ana." and restarts == []  # the user does not write English: nothing is judged
-    assert len(FOREIGN_FIRST) > LANGUAGE_RETRIES
+    assert len(FOREIGN_FIRST) > FIRST_WORD_RETRIES
     row, _, restarts = scripted(FOREIGN_FIRST + "N", REPLIES, "Hi, I'm Ana.")
-    assert len(restarts) == LANGUAGE_RETRIES  # so many tries, then the reply is the model's
-    assert row.text == REPLIES[FOREIGN_FIRST[LANGUAGE_RETRIES]]
+    assert len(restarts) == FIRST_WORD_RETRIES  # so many tries, then the reply is the model's
+    assert row.text == REPLIES[FOREIGN_FIRST[FIRST_WORD_RETRIES]]
     row, _, restarts = scripted("ELN", REPLIES, "")
     assert row.text == "Eu sou a Ana." and restarts == []  # off
 
 
+CALLED = {"S": "Sia, I am glad you asked.", "N": "Nice."}
+
+
+def test_a_reply_that_calls_out_its_speakers_name_is_taken_back_and_begun_again() -> None:
+    """ "Sia, I am glad" (the backbone echoing its prompt's "You are Sia, ...") is begun again without its first token,
+    whatever the message's language and in a lowercase persona; the name in a sentence, alone, or as a longer word's
+    beginning is let be; without a speaker nothing is judged."""
+    for message in ("What is 6 plus 7?", "Olá, quanto é 6 mais 7?", ""):
+        row, events, restarts = scripted("SN", CALLED, message, speaker="Sia")
+        assert row.text == "Nice." and row.banned_first == [ord("S")] and restarts == [3], message
+        assert "".join(e.text for e in events) == "Nice."  # the name was never shown
+    assert scripted("SN", CALLED, "hi", speaker="sia", lowercase=True)[0].text == "nice."
+    for reply in ("Sia is glad you asked.", "Sia.", "Siam is far, Ana."):
+        row, _, restarts = scripted("SN", {**CALLED, "S": reply}, "What is 6 plus 7?", speaker="Sia")
+        assert row.text == reply and restarts == []
+    row, _, restarts = scripted("SN", CALLED, "What is 6 plus 7?")
+    assert row.text == CALLED["S"] and restarts == []  # no speaker: off
+    row, _, restarts = scripted("SN", CALLED, "What is 6 plus 7?", speaker="Bolt")
+    assert row.text == CALLED["S"] and restarts == []  # another persona's name
+
+
+@pytest.mark.parametrize("speaker", ["x" * 65, "Sia\n", 3])
+def test_a_speaker_must_be_a_short_printable_name(speaker: object) -> None:
+    with pytest.raises(ValueError, match="speaker"):
+        SamplingParams(speaker=speaker)  # type: ignore[arg-type]
+
+
 def test_a_reply_taken_back_leaves_no_trace_in_the_reply_or_the_turns_sums(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every first word judged foreign: each guarded row is taken back LANGUAGE_RETRIES times. The greedy one ends with
+    """Every first word judged foreign: each guarded row is taken back FIRST_WORD_RETRIES times. The greedy one ends with
     the tokens, text and summary sums of the row decoded alone with those first tokens banned from the start (the
     tokens taken back hidden and uncounted), cached or not; the sampled one decodes the same cached or not (its draws
     go on from where the taken-back reply left them); an unguarded row beside them is untouched; each row's events are
@@ -157,7 +184,7 @@ def test_a_reply_taken_back_leaves_no_trace_in_the_reply_or_the_turns_sums(monke
         decoding = stream(model, prompts, model.condition_states(states), params, use_cache=use_cache)
         events = list(decoding)
         got = decoding.result
-        assert [len(row.banned_first) for row in rows] == [LANGUAGE_RETRIES, 0, LANGUAGE_RETRIES]
+        assert [len(row.banned_first) for row in rows] == [FIRST_WORD_RETRIES, 0, FIRST_WORD_RETRIES]
         for b, gen in enumerate(got):
             assert [e.token for e in events if e.row == b] == gen.tokens
             assert "".join(e.text for e in events if e.row == b) == gen.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -14,7 +15,7 @@ from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, run_turn
 from sia.learn.imprint_read import message_tokens
 from sia.model.generate import SamplingParams
-from sia.personas import outdated_defaults, persona_defaults, persona_sampling, word_bias
+from sia.personas import outdated_defaults, persona_defaults, persona_prompt, persona_sampling, word_bias
 
 
 def test_the_bundled_checkpoint_matches_transformers_and_knows_paris(smollm2_cache: Path, smollm2_dir: Path) -> None:
@@ -75,3 +76,19 @@ def test_marlow_addresses_the_user_without_the_bias_of_earlier_releases(smollm2_
     assert outdated_defaults(model, "marlow", before) == {"logit_bias": {}, "logit_bias_once": False, "address": ", sir"}
     chosen = {**before, "logit_bias": {"17": 1.0}}
     assert outdated_defaults(model, "marlow", chosen) == {"address": ", sir"}  # "once" goes only with the default's bias
+
+
+def test_sia_does_not_open_by_calling_out_its_own_name(smollm2_cache: Path) -> None:
+    """The bundled backbone, reading sia's prompt ("You are Sia, ..."), opens some greedy replies "Sia, a wonderful
+    friend." instead of answering; sia's decoding takes such a reply back and begins it again without that first token,
+    and the reply that comes then does not open with the name."""
+    model = load_model(DEFAULT_CHECKPOINT, cache_dir=smollm2_cache)
+    tok = model.tokenizer
+    context = tuple(tok.system_prompt(persona_prompt(model, "sia")))
+    sia = replace(persona_sampling(model, "sia"), temperature=0.0, max_new_tokens=12)
+    assert sia.speaker == "sia" and persona_sampling(model, "bolt").speaker == "bolt"
+    for message in ("What is 7 times 2?", "What is 8 times 3?", "Any tips for sleeping better?"):
+        request = TurnRequest(IdentityState.fresh(model.config), message, Dynamics.from_config(model.config), context)
+        assert run_turn(model, request, replace(sia, speaker="")).reply.startswith("Sia,")  # the rule has work to do
+        reply = run_turn(model, request, sia).reply
+        assert not reply.lower().startswith("sia") and reply.strip(), reply

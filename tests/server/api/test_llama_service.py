@@ -420,6 +420,30 @@ def test_pip_exclaims_and_marlow_addresses_the_user_unless_a_request_says_otherw
         assert say("sia", "h", max_sentences=0, address=", friend")[: first_stop(sia) + 9] == sia[: first_stop(sia)] + ", friend."
 
 
+def test_a_persona_never_opens_its_reply_by_calling_out_its_own_name(settings: Settings, tmp_path: Path) -> None:
+    """A tiny model whose head says "S", "i", "a", "," and "S" again under a request's penalties (each token said
+    loses 4): its free reply opens "Sia,", which the persona sia takes back and begins without its first token, on
+    either route, while bolt, whose name it is not, keeps it."""
+    liked, texts = _tiny_with_texts(tmp_path)
+    vocab = liked.lm_head.weight.shape[0]
+    head = torch.full((vocab,), -30.0)
+    for rank, text in enumerate(("S", "i", "a", ",")):
+        head[[i for i, t in texts.items() if t == text]] = 20.0 - rank
+    liked.lm_head.weight = torch.nn.Parameter(torch.zeros_like(liked.lm_head.weight))
+    liked.lm_head.bias = torch.nn.Parameter(head)
+    free = {"frequency_penalty": 2.0, "presence_penalty": 2.0, "repetition_penalty": 1.0, "no_repeat_ngram": 0}
+    free |= {"lowercase": False, "max_sentences": 0, "max_words": 0}
+    migrate.upgrade(settings)
+    with TestClient(create_app(settings, model=liked)) as c:
+        say = partial(_greeted, c, max_tokens=8, **free)
+        assert say("bolt", "a").startswith("Sia,")  # the rule has work to do, and only for its own name
+        reply = say("sia", "b")
+        assert reply and not reply.startswith("Sia"), reply
+        body = {"model": "sia", "user": "c", "messages": [{"role": "user", "content": "Hello there."}], "temperature": 0}
+        out = ok(c.post("/v1/chat/completions", json={**body, "max_tokens": 8, **free}))
+        assert out["choices"][0]["message"]["content"] == reply
+
+
 def test_a_word_limit_ends_the_reply_soon_after_it_unless_a_request_lifts_it(settings: Settings, tmp_path: Path) -> None:
     """The tiny model, made to say words (each token a space and a word) far above full stops and its end token: a
     request's word limit of three ends the reply with a full stop at a word's end within a few words of it (not
