@@ -78,7 +78,9 @@ class InferenceMaps:
     logit, the adapter's up maps (None without them), the metric as 2M and -M (None in a layer without a trace: the
     query's and the key's columns then need no products), the rows' adapter gate (B, 1, 1) where some row holds
     no imprint (None where every row does: the gate is then 1 and its product is left out), and the output adapter's
-    down (r, H·d) and up (C, r) maps. All in the dtype the state's small products run in (``small_products``)."""
+    down (r, H·d) and up (C, r) maps; with the imprint's gate, both up maps doubled (the adapter's scale is
+    2·sigmoid: the sigmoid is taken at each step, the 2 here once). All in the dtype the state's small products run in
+    (``small_products``)."""
 
     weight: Tensor
     bias: Tensor
@@ -437,8 +439,8 @@ class InjectedAttention(nn.Module):
             r2 = 2 * self.read_rank
             down = mixed[..., H * t : H * t + r2]  # (B, L, 2r)
             scale = maps.imprinted  # (B, 1, 1) where some row holds nothing, or per token (B, L, 1): 2·sigmoid(a_H·x + c_H)
-            if self.imprint_gated:
-                gate = torch.sigmoid(mixed[..., H * t + r2 :]).mul_(2.0)
+            if self.imprint_gated:  # the gate's factor 2 is in the up maps (``_inference_maps``)
+                gate = torch.sigmoid(mixed[..., H * t + r2 :])
                 scale = gate if scale is None else scale * gate
             if scale is not None:
                 down = down * scale
@@ -483,8 +485,10 @@ class InjectedAttention(nn.Module):
         if up is not None:
             assert lc.imprinted is not None
             imprinted = None if bool((lc.imprinted == 1).all()) else lc.imprinted.to(small)
-            up = up.to(small)
             out_down, out_up = self.imprint_read_o.down.weight.to(small), self.imprint_read_o.up.weight.to(small)
+            if self.imprint_gated:  # the scale 2·sigmoid(a_H·x + c_H): its 2 taken once here, exactly (a power of two)
+                up, out_up = 2.0 * up, 2.0 * out_up
+            up = up.to(small)
         return InferenceMaps(weight.to(small), bias.to(small), up, metric2, neg_metric, imprinted, out_down, out_up)
 
     def _query_maps(self, reading: bool) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -61,6 +61,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        """weight · x / sqrt(mean(x²) + eps), the statistics in float32, as the pretrained models compute it. A float32
+        x goes through torch's fused form, the same operations in the same order (bit for bit the same, tested) in one
+        call instead of seven: a decoding step normalises 61 times."""
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = cast(x, torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * cast(h, x.dtype)

@@ -11,7 +11,7 @@ from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
 from sia.backbones.injected_attention import InjectedLayer, injected_attention_reference
-from sia.backbones.llama import LlamaModel
+from sia.backbones.llama import LlamaModel, RMSNorm
 from sia.backbones.slot_maps import LowRank, init_slot_map
 from sia.identity.state import Dynamics, IdentityState, state_to_bytes
 from sia.identity.turn import TurnRequest, run_turn
@@ -503,3 +503,18 @@ def test_the_read_shift_lowers_every_slot_logit_and_a_fresh_identity_still_reads
     with pytest.raises(ValueError, match="finite"):
         model.set_read_shift(float("nan"))
     assert model.read_shift == -3.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_is_the_pretrained_models_formula_bit_for_bit(dtype: torch.dtype) -> None:
+    """The fused float32 form and the written-out one (bfloat16) give exactly weight · x / sqrt(mean(x²) + eps) with
+    the statistics in float32, as transformers' LLaMA computes it: for one row, many rows and large values."""
+    torch.manual_seed(3)
+    norm = RMSNorm(48, 1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(48))
+    for shape, scale in (((1, 1, 48), 1.0), ((8, 5, 48), 1.0), ((3, 48), 300.0)):
+        x = (torch.randn(shape) * scale).to(dtype)
+        h = x.float()
+        expected = norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+        assert torch.equal(norm(x), expected)
