@@ -381,15 +381,21 @@ class InjectedAttention(nn.Module):
         """The attention weights (B, h, L, N) the queries q (B, H, L, w) of the query heads ``heads`` (None: all H)
         give the imprint's N entries among all the keys k (B, H_kv, Lk, w) they see (the slots and entries first,
         ``prefix`` columns, then the tokens, causal; ``attn_mask`` or ``starts`` as ``_attend`` takes them); float32.
-        Written out, not fused: the kernel does not return its weights."""
+        Written out, not fused: the kernel does not return its weights. A decoding step's one query takes every head's
+        logits, one product per key/value head, and then the heads asked for: gathering each asked head's keys copies
+        them, which cost it 1.5-3x as much; over a prompt's many queries the asked heads alone cost less
+        (experiments/LOG.md, 2026-12-04 (q))."""
         B, H, L, _ = q.shape
         Lk = k.shape[2]
-        if heads is None:
-            logits = q.float().reshape(B, self.H_kv, H // self.H_kv * L, -1) @ k.float().transpose(-1, -2)  # (B, H_kv, G·L, Lk)
+        qf, kf = cast(q, torch.float32), cast(k, torch.float32)
+        if heads is None or L == 1:
+            logits = qf.reshape(B, self.H_kv, H // self.H_kv * L, -1) @ kf.transpose(-1, -2)  # (B, H_kv, G·L, Lk)
             logits = logits.view(B, H, L, Lk)
+            if heads is not None:
+                logits = logits.index_select(1, torch.tensor(heads, device=q.device))  # (B, h, L, Lk)
         else:  # only the heads asked for, each against its key/value head
             kv = [h // (H // self.H_kv) for h in heads]
-            logits = q[:, heads].float() @ k[:, kv].float().transpose(-1, -2)  # (B, h, L, Lk)
+            logits = qf[:, heads] @ kf[:, kv].transpose(-1, -2)  # (B, h, L, Lk)
         if L == 1 and attn_mask is None and starts is None:  # a decoding step's one query sees every key
             return torch.softmax(logits, dim=-1)[..., self.S : self.S + N]
         at = torch.arange(Lk, device=q.device)
