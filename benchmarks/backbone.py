@@ -82,7 +82,7 @@ from benchmarks.turn import PHASES
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
 from sia.backbones.weights import bundled_gguf, read_hf, resolve_base
-from sia.checkpoint import load_model
+from sia.checkpoint import BASE_FILE, BaseRef, load_model
 from sia.identity.state import Dynamics, IdentityState, state_to_bytes
 from sia.identity.turn import TurnRequest, run_turn
 from sia.model.generate import SamplingParams, stream
@@ -146,6 +146,13 @@ def memory_mib() -> dict[str, float]:
     return out
 
 
+def checkpoint_base(checkpoint: Path | None, cache: Path) -> Path:
+    """The HF directory of a SIA checkpoint's base weights (default: the bundled GGUF's conversion, under ``cache``)."""
+    if checkpoint is None:
+        return resolve_base(bundled_gguf(), cache)
+    return resolve_base(BaseRef.read(checkpoint / BASE_FILE).locate(checkpoint), cache)
+
+
 def dot_twin(model: LlamaModel, hf_dir: Path) -> LlamaModel:
     """The same backbone weights with attention="dot": no state, no self slot."""
     _, tensors = read_hf(hf_dir)
@@ -154,15 +161,15 @@ def dot_twin(model: LlamaModel, hf_dir: Path) -> LlamaModel:
     return twin.eval()
 
 
-def load_hf(hf_dir: Path) -> Any:
+def load_hf(hf_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Any:
     """transformers' LlamaForCausalLM (typed Any: its annotations do not check under mypy strict). transformers is
     imported here, not at the top, so that the SIA load probe's process never imports it."""
     from transformers import LlamaForCausalLM, logging
 
     logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # no generation-config notices in the table
     logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    model: Any = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    return model.eval()
+    model: Any = LlamaForCausalLM.from_pretrained(hf_dir, dtype=dtype)
+    return model.to(device).eval()
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -214,12 +221,14 @@ def hf_decode(hf: Any, prompts: list[list[int]], pad_id: int, n: int) -> Decode:
             self.times: list[float] = []
 
         def put(self, value: Tensor) -> None:
+            if value.is_cuda:  # the step's token is there when the clock reads
+                torch.cuda.synchronize(value.device)
             self.times.append(time.perf_counter())
 
         def end(self) -> None:
             pass
 
-    ids, mask = left_pad(prompts, pad_id)
+    ids, mask = (t.to(hf.device) for t in left_pad(prompts, pad_id))
     clock = Clock()
     t0 = time.perf_counter()
     with torch.inference_mode():

@@ -1,11 +1,13 @@
 """The imprint's read cost per decoded token: the bundled SmolLM2 model decoding with a full imprint against the same
 weights without state.
 
-Run: ``python -m benchmarks.imprint_read [--quick] [--threads 2] [--tokens 32] [--repeats 7] [--out PATH]``.
+Run: ``python -m benchmarks.imprint_read [--quick] [--threads 2] [--tokens 32] [--repeats 7] [--rows 1 8]
+[--device cuda] [--checkpoint DIR] [--out PATH]``.
 
 Decoders, one set of weights (the bundled GGUF dequantised into a temporary cache), greedy, ``--tokens`` new tokens
 per row (the end tokens banned, ``benchmarks.fixed_length.endless``), the chat prompts of ``benchmarks.backbone``
-(batch 1, and 8 different prompts left-padded into one batch), CPU float32:
+(batch 1, and 8 different prompts left-padded into one batch; ``--rows`` other widths, the prompts repeated), on the
+CPU in float32 unless ``--device`` and ``--dtype`` say otherwise (the full imprint is written on the CPU first):
 
 * ``dot``: the same code with ``attention="dot"``: no state, no slots, no imprint (the stateless model);
 * ``fresh``: the shipped checkpoint with a fresh identity (the base model's logits; the slots and the N entries are
@@ -41,12 +43,11 @@ from typing import Any
 
 import torch
 
-from benchmarks.backbone import MESSAGES, SYSTEM, Decode, dot_twin, median_ms, sia_decode, timed_rounds
+from benchmarks.backbone import MESSAGES, SYSTEM, Decode, checkpoint_base, dot_twin, median_ms, sia_decode, timed_rounds
 from benchmarks.fixed_length import endless
 from benchmarks.machine import machine_info
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.backbones.llama import LlamaModel
-from sia.backbones.weights import bundled_gguf, resolve_base
 from sia.checkpoint import load_model
 from sia.identity.imprint import Imprint
 from sia.identity.state import IdentityState
@@ -121,6 +122,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=15, help="timed rounds (each calls every decoder once)")
     p.add_argument("--checkpoint", type=Path, default=None, help="default: the bundled one")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both models cast to it")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8], help="batch widths")
+    p.add_argument("--device", default="cpu", help="the torch device both models decode on (e.g. cuda)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="a bfloat16 run goes under the file's 'bfloat16' key")
     args = p.parse_args(argv)
     if args.quick:
@@ -135,16 +138,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     result: dict[str, Any] = {"machine": info}
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "models"
-        hf_dir = resolve_base(bundled_gguf(), cache)
+        hf_dir = checkpoint_base(args.checkpoint, cache)
         model, twin, fresh, held, prompts = decoders(args.checkpoint, cache, hf_dir)
         imprint = held.imprint
         assert imprint is not None
         for m in (model, twin):
+            m.to(args.device)
             m.to(getattr(torch, args.dtype))
         result["decode"] = {}
-        for rows in (1, 8):
+        for rows in args.rows:
             sys.stdout.write(f"decoding, {rows} rows...\n")
-            batch = prompts[:rows]
+            batch = [prompts[i % len(prompts)] for i in range(rows)]
             calls: dict[str, Callable[[], Decode]] = {
                 "dot": partial(sia_decode, twin, batch, [fresh] * rows, args.tokens),
                 "fresh": partial(sia_decode, model, batch, [fresh] * rows, args.tokens),
@@ -164,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "imprint_copy": model.config.imprint_copy,
         "imprint_copy_heads": model.config.imprint_copy_heads,
         "dtype": args.dtype,
+        "device": args.device,
     }
     result["target"] = {"imprint_over_dot": TARGET}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -34,5 +34,6 @@ def machine_info(threads: int) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": threads,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
     }

@@ -1,7 +1,8 @@
 """Benchmark continuous batching through HTTP: concurrent users streaming turns from a real ``sia serve``.
 
 Run: ``python -m benchmarks.served_batching [--users 1 2 4 8 16] [--turns 3] [--max-tokens 32] [--dtype bfloat16]
-[--servers unbatched batched batched-unpacked batched-1thread unbatched-bf16 batched-bf16] [--out PATH]``.
+[--servers unbatched batched batched-unpacked batched-1thread unbatched-bf16 batched-bf16] [--device cuda]
+[--max-batch 64] [--checkpoint DIR] [--out PATH]``.
 
 Two servers are started one after the other, each with the bundled model on a fresh SQLite file and the
 service's default settings except:
@@ -19,19 +20,21 @@ service's default settings except:
 * **batched-float32** (only with ``--servers``): the batched server with ``SIA_PACKED_WEIGHTS=float32``, the default
   before ``auto`` (which picks bfloat16 copies on a CPU that multiplies bfloat16 natively).
 
-``--torch-threads`` and ``--dtype`` (default: the service's defaults) are given to both. After one untimed warm-up turn, for each
-N in ``--users``: N client threads, each with its own user id (an identity of its own) and its own connection,
-send ``--turns`` streamed turns back to back (``POST /v1/personas/sia/chat``, ``stream: true``, greedy,
-``max_tokens`` = ``--max-tokens``), all starting at once. Measured per N: aggregate generated tokens per second
-(every token of every reply, over the time from the first request to the last ``done``), p50 / p95 time to first
-token (request sent to the first ``token`` event, over all turns), errors (any non-200 status, an ``error`` event
-or a transport error; target: none), and the server's peak resident memory (``VmRSS`` of the process, sampled
-every 20 ms). Then 8 users sharing 2 identities (4 per identity: turns of one identity are serial). The ratio
-batched / unbatched of the aggregate tokens/s and of the p95 time to first token against the same server's
-N = 1 (solo) figure is reported per row.
+``--torch-threads``, ``--dtype``, ``--device`` and ``--checkpoint`` (default: the service's defaults: the CPU, the
+bundled checkpoint) are given to both, ``--max-batch`` (default: the service's 16) to the batched ones. After one
+untimed warm-up turn, for each N in ``--users``: N client threads, each with its own user id (an identity of its own)
+and its own connection, send ``--turns`` streamed turns back to back (``POST /v1/personas/sia/chat``, ``stream:
+true``, greedy, ``max_tokens`` = ``--max-tokens``), all starting at once. Measured per N: aggregate generated tokens
+per second (every token of every reply, over the time from the first request to the last ``done``), p50 / p95 time to
+first token (request sent to the first ``token`` event, over all turns), errors (any non-200 status, an ``error``
+event or a transport error; target: none), and the server's peak resident memory (``VmRSS`` of the process, sampled
+every 20 ms). Then 8 users sharing 2 identities (4 per identity: turns of one identity are serial). The ratio batched
+/ unbatched of the aggregate tokens/s and of the p95 time to first token against the same server's N = 1 (solo)
+figure is reported per row.
 
 Then, in this process with the servers stopped, the reference the served figures answer to: transformers'
-``generate`` of the same users' turns on the same weights (the bundled GGUF dequantised, float32, every core),
+``generate`` of the same users' turns on the same weights (the checkpoint's base, float32 on every core of the CPU,
+bfloat16 on a GPU unless ``--dtype float32``),
 each turn one left-padded batch of the N users' chat prompts (the persona's system prompt and that turn's message
 through the checkpoint's chat template; the served turns may also carry a recent window, so these prompts are if
 anything shorter), greedy, exactly ``--max-tokens`` new tokens a row; its tokens/s over the sum of the turns'
@@ -56,13 +59,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
 
-from benchmarks.backbone import hf_decode, load_hf
+from benchmarks.backbone import checkpoint_base, hf_decode, load_hf
 from benchmarks.machine import machine_info
 from server.core.config import Settings
 from server.launcher import free_port, server_process
 from sia.backbones.chat_tokenizer import ChatTokenizer
-from sia.backbones.weights import bundled_gguf, resolve_base
 from sia.checkpoint import load_model
 from sia.personas import PERSONAS
 
@@ -97,8 +100,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--shared", type=int, nargs=2, default=[8, 2], metavar=("USERS", "IDENTITIES"))
     p.add_argument("--torch-threads", type=int, default=defaults["torch_threads"].default)
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=defaults["dtype"].default)
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=defaults["dtype"].default)
     p.add_argument("--servers", nargs="+", choices=sorted(SERVERS), default=["unbatched", "batched"])
+    p.add_argument("--device", default=defaults["device"].default, help="SIA_DEVICE of the servers and the reference's")
+    p.add_argument("--max-batch", type=int, default=defaults["max_batch"].default, help="SIA_MAX_BATCH of batched servers")
+    p.add_argument("--checkpoint", type=Path, default=None, help="SIA_CHECKPOINT (default: the bundled one)")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' batched generate of the same turns")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p.parse_args(argv)
@@ -219,6 +225,9 @@ def run_server(server: str, tmp: Path, args: argparse.Namespace) -> list[dict[st
         "SIA_TORCH_THREADS": str(args.torch_threads),
         "SIA_DTYPE": args.dtype,
         "SIA_LOG_LEVEL": "WARNING",
+        "SIA_DEVICE": args.device,
+        "SIA_MAX_BATCH": str(args.max_batch),
+        **({"SIA_CHECKPOINT": str(args.checkpoint.resolve())} if args.checkpoint else {}),
         **SERVERS[server],
     }
     rows = []
@@ -236,6 +245,19 @@ def run_server(server: str, tmp: Path, args: argparse.Namespace) -> list[dict[st
     return rows
 
 
+def reference_device(device: str) -> str:
+    """The device SIA_DEVICE names, as the service resolves it (auto: the first GPU where torch sees one)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def reference_dtype(args: argparse.Namespace) -> torch.dtype:
+    """The reference's weights as the service's SIA_DTYPE takes them: auto is bfloat16 on a GPU, float32 on the CPU."""
+    gpu = reference_device(args.device).startswith("cuda")
+    return torch.bfloat16 if args.dtype == "bfloat16" or (args.dtype == "auto" and gpu) else torch.float32
+
+
 def hf_reference(users: Sequence[int], args: argparse.Namespace) -> list[dict[str, Any]]:
     """transformers' ``generate`` of N users' turns, for each N in ``users``: per turn one batch of the N chat prompts
     (each user's message of that turn, as ``load`` sends them), ``--max-tokens`` new tokens a row; tokens/s over the
@@ -243,11 +265,11 @@ def hf_reference(users: Sequence[int], args: argparse.Namespace) -> list[dict[st
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "models"
-        hf_dir = resolve_base(bundled_gguf(), cache)
-        tok = load_model(None, cache_dir=cache).tokenizer
+        hf_dir = checkpoint_base(args.checkpoint, cache)
+        tok = load_model(args.checkpoint, cache_dir=cache).tokenizer
         assert isinstance(tok, ChatTokenizer)
         system = tok.system_prompt(PERSONAS[PERSONA].system_prompt)
-        hf = load_hf(hf_dir)
+        hf = load_hf(hf_dir, reference_device(args.device), reference_dtype(args))
         hf_decode(hf, [tok.turn_prompt(MESSAGES[0], system)[0]], tok.pad_id, args.max_tokens)  # warm-up
         for n in users:
             seconds, tokens = 0.0, 0
@@ -322,6 +344,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "decoding": "greedy",
         "torch_threads": args.torch_threads,
         "dtype": args.dtype,
+        "device": args.device,
+        "max_batch": args.max_batch,
+        "checkpoint": str(args.checkpoint) if args.checkpoint else "bundled",
+        "reference_dtype": str(reference_dtype(args)).removeprefix("torch."),
         "servers": {name: SERVERS[name] for name in args.servers},
         "defaults": {k: Settings.model_fields[k].default for k in ("max_batch", "max_concurrent_turns", "batch_wait_ms")},
     }

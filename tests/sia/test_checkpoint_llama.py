@@ -257,3 +257,34 @@ def test_an_exported_read_shift_is_the_checkpoints_own_and_a_run_over_it_keeps_i
         assert main([*argv, "--read-shift", bad]) == 2
     with pytest.raises(ValueError, match="read_shift"):
         replace(model.config, read_shift=True)
+
+
+def test_a_random_base_of_a_checkpoints_shapes_carries_the_same_identity(
+    make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path
+) -> None:
+    """benchmarks.random_base: the base's config and tokenizer, weights drawn afresh (N(0, 0.02²), norms 1, the same
+    for the same seed), and a checkpoint over it that loads with the checkpoint's identity parameters unchanged."""
+    from benchmarks.random_base import write_random_base
+
+    tiny = make_tiny_gguf()
+    cache = tmp_path / "models"
+    model, ref = trained_like(tiny, cache)
+    ckpt = save_llama_checkpoint(model, tmp_path / "ckpt", ref)
+    converted = cache_entry(cache, file_sha256(tiny.path))  # config.json and the tokenizer's files, and weights not read
+    out = write_random_base(converted, tmp_path / "random", ckpt, seed=3)
+    loaded = load_model(out, cache_dir=cache)
+    assert isinstance(loaded, LlamaModel) and loaded.config == model.config
+    for name, tensor in model.identity_state_dict().items():
+        assert torch.equal(loaded.identity_state_dict()[name], tensor.to(loaded.identity_state_dict()[name].dtype)), name
+    q = loaded.blocks[1].attn.q_proj.weight.detach()
+    assert not torch.equal(q, model.blocks[1].attn.q_proj.weight.detach())
+    assert 0.015 < float(q.std()) < 0.025 and abs(float(q.mean())) < 0.005
+    norm = loaded.blocks[0].attn_norm.weight.detach()
+    assert torch.equal(norm, torch.ones_like(norm))
+    assert loaded.tokenizer.encode("hello there") == model.tokenizer.encode("hello there")
+    again = write_random_base(converted, tmp_path / "again", ckpt, seed=3)
+    assert json.loads((again / BASE_FILE).read_text())["sha256"] == json.loads((out / BASE_FILE).read_text())["sha256"]
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_text((converted / "config.json").read_text())
+    with pytest.raises(ValueError, match="tokenizer"):
+        write_random_base(tmp_path / "bare", tmp_path / "none", ckpt)
