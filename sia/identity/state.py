@@ -145,15 +145,18 @@ def stabilised_metric(trace: Tensor, config: AnyConfig) -> Tensor:
     c (1 + rho) |q - k|^2. Injected (o = 0): M = 0 for a zero trace, eigenvalues in c·rho·(-1, 1).
     """
     d = trace.shape[-1]
-    trace = trace.float()
+    device = trace.device
+    # A GPU decomposes a batch of small float64 matrices one at a time (0.1 s for a SmolLM2 identity's 30 on an
+    # H200); the CPU's LAPACK takes milliseconds. The metric is computed there and handed back.
+    trace = trace.float().cpu()
     sym = 0.5 * (trace + trace.transpose(-1, -2))  # (..., d, d)
     eigvals, eigvecs = torch.linalg.eigh(sym.double())  # (..., d), (..., d, d)
     squashed = torch.tanh(eigvals / config.metric_temperature)  # (..., d), in (-1, 1)
     deform = (eigvecs * squashed.unsqueeze(-2)) @ eigvecs.transpose(-1, -2)  # U diag(.) U^T
-    eye = torch.eye(d, dtype=torch.float64, device=trace.device)
+    eye = torch.eye(d, dtype=torch.float64)
     metric = config.metric_base * (config.metric_offset * eye + config.metric_max_deform * deform)
     symmetric: Tensor = 0.5 * (metric + metric.transpose(-1, -2))
-    return symmetric.to(trace.dtype)
+    return symmetric.to(device, torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------------------
