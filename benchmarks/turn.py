@@ -18,7 +18,8 @@ identities that were created beforehand:
   - ``shock``: conditioning on the state (``condition_states``) and the prompt's prefill forward pass, which
     gives the prompt NLL and the first token (``stream`` up to its first event), plus the standardised shock;
   - ``generation``: the remaining decoding steps (first event to the finished ``Generation``);
-  - ``update``: ``summarize`` the turn statistics + ``sia.identity.state.advance``;
+  - ``update``: ``summarize`` the turn statistics + ``sia.identity.turn.advance_on_model`` (``advance`` where the
+    model computes);
   - ``persist``: ``encode`` (serialise) + ``store.commit`` (state, turn record, history row; one transaction);
 
 * a **real turn**: ``services.turns.turn(...)`` on the other identity, timed as a whole, as a check that the phases
@@ -56,7 +57,8 @@ from server.runtime.services import Services
 from server.store import Store
 from sia.checkpoint import NATIVE_CHECKPOINT, load_checkpoint
 from sia.identity.shock import standardised_shock
-from sia.identity.state import advance, state_from_bytes
+from sia.identity.state import state_from_bytes
+from sia.identity.turn import advance_on_model
 from sia.model.generate import Sampling, stream
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import ByteTokenizer
@@ -107,7 +109,7 @@ def phased_turn(services: Services, user: str, message: str, sampling: Sampling)
         shock = standardised_shock(nll, state.shock, config)
         t4 = time.perf_counter()
         summary = model.summarize(SummarySums.cat([generation.stats])).row(0)
-        new_state = advance(state, summary, shock=shock, nll=nll, g=model.self_update, dynamics=dynamics)
+        new_state = advance_on_model(model, state, summary, shock=shock, nll=nll, dynamics=dynamics)
     t5 = time.perf_counter()
     turn = NewTurn(
         reply=generation.text,

@@ -29,6 +29,7 @@ __all__ = [
     "TurnReply",
     "TurnRequest",
     "TurnResult",
+    "advance_on_model",
     "conclude_turns",
     "reply_params",
     "run_turn",
@@ -125,7 +126,7 @@ def conclude_turns(
         a, b = prompt.scored
         nll = float(gen.prompt_nll[a:b].mean())
         shock = standardised_shock(nll, req.state.shock, model.config)
-        new_state = _advanced(model, req.state, summaries.row(row), shock=shock, nll=nll, dynamics=req.dynamics)
+        new_state = advance_on_model(model, req.state, summaries.row(row), shock=shock, nll=nll, dynamics=req.dynamics)
         if model.config.imprint_tokens:
             imprint = imprint_message(model, tok, req, prompt, gen.prompt_nll) if imprint is None else imprint
             new_state = replace(new_state, imprint=imprint)
@@ -143,7 +144,7 @@ def conclude_turns(
     return results
 
 
-def _advanced(
+def advance_on_model(
     model: IdentityModel, state: IdentityState, summary: TurnSummary, *, shock: float, nll: float, dynamics: Dynamics
 ) -> IdentityState:
     """``advance`` computed where the model is (its self update's weights are there), the new state on the CPU, where
