@@ -41,3 +41,20 @@ def test_each_row_is_set_against_the_unbatched_server_its_solo_turn_and_transfor
     generate = [t for t in targets if "transformers" in t.what]
     assert len(generate) == 1 and not generate[0].met and generate[0].measured == "0.78x"
     assert "transformers' `generate`" not in text  # no reference figures recorded: no sentence about them
+
+
+def test_a_gpu_run_is_held_to_the_gpus_targets_without_an_unbatched_server() -> None:
+    from benchmarks.report import served_batching_gpu
+
+    rows = [row("batched", 1, 1, 10.0, 100.0, 120.0), row("batched", 8, 8, 60.0, 300.0, 150.0)]
+    rows.append(row("batched", 64, 64, 250.0, 900.0, 1000.0))
+    compare(rows, [{"users": 8, "turns": 24, "tokens": 768, "seconds": 3.0, "tokens_per_s": 256.0}])
+    setup = {"turns_per_user": 3, "max_tokens": 32, "weights": "random, of the base's shapes"}
+    text, targets = served_batching_gpu({"rows": rows, "setup": setup, "hf_generate": []})
+    verdicts = {t.what: (t.measured, t.met) for t in targets}
+    assert verdicts == {
+        "on a GPU, served: tokens/s at 64 users >= 20x one user's": ("25.0x", True),
+        "on a GPU, served: TTFT p95 at 8 users <= 2x solo": ("1.50x", True),
+        "on a GPU, served: tokens/s at 8 users >= 1.0x transformers' batched generate": ("0.23x", False),
+    }
+    assert text.startswith("Weights: random, of the base's shapes.") and "| batched | 64 / 64 | 250.0 | – |" in text
