@@ -1,7 +1,8 @@
 #!/bin/bash
 # The GPU checks of one lease, in one command: the service's CUDA test, then speed on the GPU (served over HTTP at
-# 1/8/32/64 users against transformers' generate, a served turn's phases, the imprint's read cost per step), each
-# stage under its own time limit so that one stage's failure leaves the others' results.
+# 1/8/32/64 users against transformers' generate, the imprint's read cost per step, a served turn's phases and a
+# profile of one turn with the host's waits on the GPU counted), each stage under its own time limit so that one
+# stage's failure leaves the others' results.
 #
 #   bash experiments/gpu/check.sh OUTDIR            # on the GPU machine: .gpu/ carried (wheels, the base's config
 #                                                   # and tokenizer files in .gpu/like), the image's python3
@@ -41,7 +42,7 @@ SERVERS=${SERVERS:-batched}  # the unbatched server at 64 users costs minutes of
 if [ -n "$QUICK" ]; then
     USERS="1 2"; TURNS=1; TOKENS=8; ROWS="1 2"; REPEATS=2; PHASE_TURNS=2
 else
-    USERS="1 8 32 64"; TURNS=3; TOKENS=32; ROWS="1 8 32"; REPEATS=3; PHASE_TURNS=8
+    USERS="1 8 32 64"; TURNS=3; TOKENS=32; ROWS="1 8 32"; REPEATS=3; PHASE_TURNS=4
 fi
 
 log "the service's CUDA test"
@@ -61,8 +62,7 @@ DTYPE=bfloat16; [ "$DEVICE" = cpu ] && DTYPE=float32
 timeout 130 $PY -m benchmarks.imprint_read --device "$DEVICE" --dtype $DTYPE --threads 4 --checkpoint $CKPT \
     --rows $ROWS --tokens $TOKENS --repeats $REPEATS --out "$OUTDIR/imprint_read.json" 2>&1 | tail -16
 log "a served turn's phases"
-timeout 40 $PY -m experiments.gpu.served_phases --device "$DEVICE" --checkpoint $CKPT --turns $PHASE_TURNS \
-    --tokens $TOKENS --out "$OUTDIR/served_phases.json" > /dev/null 2>&1
-tail -c 400 "$OUTDIR/served_phases.json" 2>/dev/null
+timeout 90 $PY -m experiments.gpu.served_phases --device "$DEVICE" --checkpoint $CKPT --turns $PHASE_TURNS \
+    --tokens $TOKENS --out "$OUTDIR/served_phases.json" --profile "$OUTDIR/turn_profile.txt" 2>&1 | tail -30
 
 log done
