@@ -65,8 +65,10 @@ from benchmarks.backbone import checkpoint_base, hf_decode, load_hf
 from benchmarks.machine import machine_info
 from server.core.config import Settings
 from server.launcher import free_port, server_process
+from server.runtime.services import serving_device, serving_dtype
 from sia.backbones.chat_tokenizer import ChatTokenizer
 from sia.checkpoint import load_model
+from sia.model.config import STATE_DTYPES
 from sia.personas import PERSONAS
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "served_batching.json"
@@ -245,17 +247,9 @@ def run_server(server: str, tmp: Path, args: argparse.Namespace) -> list[dict[st
     return rows
 
 
-def reference_device(device: str) -> str:
-    """The device SIA_DEVICE names, as the service resolves it (auto: the first GPU where torch sees one)."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
 def reference_dtype(args: argparse.Namespace) -> torch.dtype:
-    """The reference's weights as the service's SIA_DTYPE takes them: auto is bfloat16 on a GPU, float32 on the CPU."""
-    gpu = reference_device(args.device).startswith("cuda")
-    return torch.bfloat16 if args.dtype == "bfloat16" or (args.dtype == "auto" and gpu) else torch.float32
+    """The reference's weights in the dtype the servers decode in (``SIA_DTYPE`` on ``SIA_DEVICE``)."""
+    return STATE_DTYPES[serving_dtype(args.dtype, serving_device(args.device))]
 
 
 def hf_reference(users: Sequence[int], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -269,7 +263,7 @@ def hf_reference(users: Sequence[int], args: argparse.Namespace) -> list[dict[st
         tok = load_model(args.checkpoint, cache_dir=cache).tokenizer
         assert isinstance(tok, ChatTokenizer)
         system = tok.system_prompt(PERSONAS[PERSONA].system_prompt)
-        hf = load_hf(hf_dir, reference_device(args.device), reference_dtype(args))
+        hf = load_hf(hf_dir, str(serving_device(args.device)), reference_dtype(args))
         hf_decode(hf, [tok.turn_prompt(MESSAGES[0], system)[0]], tok.pad_id, args.max_tokens)  # warm-up
         for n in users:
             seconds, tokens = 0.0, 0

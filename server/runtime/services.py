@@ -27,7 +27,7 @@ from sia.checkpoint import load_model
 from sia.model.config import STATE_DTYPES
 from sia.model.identity_model import IdentityModel
 
-__all__ = ["Services", "served_model", "serving_device"]
+__all__ = ["Services", "served_model", "serving_device", "serving_dtype"]
 
 log = logging.getLogger("sia.runtime")
 
@@ -43,7 +43,7 @@ def served_model(settings: Settings, model: IdentityModel | None = None, checkpo
         if not isinstance(loaded, LlamaModel):
             raise ValueError("SIA_READ_SHIFT applies to a pretrained backbone's adapter; the native model has none")
         loaded.set_read_shift(settings.read_shift)
-    dtype = settings.dtype if settings.dtype != "auto" else "float32" if device.type == "cpu" else "bfloat16"
+    dtype = serving_dtype(settings.dtype, device)
     if device.type != "cpu":
         loaded.to(device)
         log.info("serving on %s (%s)", device, torch.cuda.get_device_name(device))
@@ -64,6 +64,13 @@ def served_model(settings: Settings, model: IdentityModel | None = None, checkpo
         transposed = few_rows_transposed()
         log.info("few-row products as %s", "(W x^T)^T" if transposed else "x W^T")
     return loaded
+
+
+def serving_dtype(setting: str, device: torch.device) -> str:
+    """The dtype ``SIA_DTYPE`` names on ``device``: auto is bfloat16 on a GPU, float32 on the CPU."""
+    if setting != "auto":
+        return setting
+    return "float32" if device.type == "cpu" else "bfloat16"
 
 
 def serving_device(setting: str) -> torch.device:
