@@ -13,6 +13,9 @@ why this is exact, is in docs/attention.md. The reference below is the seed form
 
 from __future__ import annotations
 
+import functools
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -21,6 +24,7 @@ __all__ = [
     "attend",
     "augment_keys",
     "augment_queries",
+    "folds_query_heads",
     "key_bias",
     "trace_tensor_attention",
     "trace_tensor_attention_reference",
@@ -97,7 +101,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, attn_mask: Tensor |
     already has to encode causality if given together with ``causal``.
     """
     Lq, Lk = q.shape[2], k.shape[2]
-    if enable_gqa and Lq == 1 and q.dtype != torch.float32 and q.device.type == "cpu":
+    if enable_gqa and Lq == 1 and q.device.type == "cpu" and folds_query_heads(q.dtype):
         return _folded(q, k, v, attn_mask)
     if attn_mask is not None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=1.0, enable_gqa=enable_gqa)
@@ -115,10 +119,31 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, attn_mask: Tensor |
     return out[:, :, Lk - Lq :]
 
 
+@functools.cache
+def folds_query_heads(dtype: torch.dtype) -> bool:
+    """Whether a CPU runs a decoding step's grouped attention in ``dtype`` faster with each key/value head's query heads
+    folded into its queries (``_folded``) than with ``enable_gqa``. In bfloat16 (and float16) always: measured 2-6x
+    faster so on a 2-core AMD EPYC, and alike on a 2-core Xeon with AMX. In float32 CPUs differ (the AMD EPYC 1.3x
+    slower folded, the Xeon 2-3x faster), so it is timed once a process, best of three, at a decoding step's shapes:
+    eight rows, 9 query heads on 3 key/value heads, the stateless model's keys 64 wide and a full state's 72 and 136
+    wide (experiments/LOG.md, 2026-12-01 (f), 2026-12-04 (s))."""
+    if dtype != torch.float32:
+        return True
+    shapes = [(torch.randn(8, 9, 1, w), torch.randn(8, 3, n, w)) for w, n in ((64, 110), (72, 176), (136, 176))]
+    best = {True: float("inf"), False: float("inf")}
+    for _ in range(3):
+        for folded in (True, False):
+            start = time.perf_counter()
+            for q, k in shapes:
+                _folded(q, k, k, None) if folded else F.scaled_dot_product_attention(q, k, k, scale=1.0, enable_gqa=True)
+            best[folded] = min(best[folded], time.perf_counter() - start)
+    return best[True] < best[False]
+
+
 def _folded(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
     """One query per head, H heads sharing H_kv key/value heads: each key/value head's H / H_kv query heads taken as
-    that head's queries, so the kernel runs without ``enable_gqa``: the same attention, measured 2-6x faster so on a
-    CPU in bfloat16 (``benchmarks.backbone``'s causes), slower in float32."""
+    that head's queries, so the kernel runs without ``enable_gqa``: the same attention, in fewer, larger blocks
+    (``folds_query_heads`` says whether that is faster on this CPU)."""
     B, H, _, w = q.shape
     H_kv = k.shape[1]
     if attn_mask is not None and attn_mask.shape[1] != 1:  # a mask per query head: grouped as the queries are

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from sia.model import attention
 from sia.model.attention import attend, augment_keys, augment_queries, trace_tensor_attention, trace_tensor_attention_reference
 
 SHAPES = [(5, 5), (3, 9), (1, 7), (8, 8)]
@@ -155,26 +156,35 @@ def test_uniform_self_bias_is_a_no_op_but_the_self_slot_is_not() -> None:
     torch.testing.assert_close(fast, ref, atol=1e-10, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("folds", [True, False])
 @pytest.mark.parametrize("mask", [None, "rows", "heads"])
-def test_a_bfloat16_decoding_step_folds_query_heads_into_the_same_grouped_attention(mask: str | None) -> None:
-    """One query per head in bfloat16 (a decoding step): ``attend`` groups each key/value head's query heads as its
-    queries instead of calling the kernel with ``enable_gqa``; the result is grouped-query attention computed in float64
-    from the same inputs, to bfloat16's rounding, with a mask per row or per query head."""
+def test_a_decoding_step_folds_query_heads_where_this_cpu_is_faster_so_into_the_same_grouped_attention(
+    mask: str | None, folds: bool, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One query per head (a decoding step): where ``folds_query_heads`` says so for the dtype, ``attend`` groups each
+    key/value head's query heads as its queries instead of calling the kernel with ``enable_gqa``; either way the result
+    is grouped-query attention computed in float64 from the same inputs, to the dtype's rounding, with a mask per row
+    or per query head."""
+    assert isinstance(attention.folds_query_heads(dtype), bool)  # timed once, on this CPU
+    monkeypatch.setattr(attention, "folds_query_heads", lambda _dtype: folds)
     g = torch.Generator().manual_seed(3)
     B, H, H_kv, Lk, w = 3, 6, 2, 9, 8
-    q, k, v = (torch.randn(B, h, n, w, generator=g).to(torch.bfloat16) for h, n in ((H, 1), (H_kv, Lk), (H_kv, Lk)))
+    q, k, v = (torch.randn(B, h, n, w, generator=g).to(dtype) for h, n in ((H, 1), (H_kv, Lk), (H_kv, Lk)))
     visible = torch.rand(B, H if mask == "heads" else 1, 1, Lk, generator=g) > 0.3
     visible[..., 0] = True
     attn_mask = None if mask is None else visible
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         out = attend(q, k, v, causal=True, attn_mask=attn_mask, enable_gqa=True)
-    assert out.shape == (B, H, 1, w) and out.dtype == torch.bfloat16
+    assert out.shape == (B, H, 1, w) and out.dtype == dtype
     kernel = [e.input_shapes[0] for e in prof.events() if e.name == "aten::scaled_dot_product_attention"]
-    assert kernel == [[B, H_kv, H // H_kv, w]]  # the kernel saw each key/value head's query heads as its queries
+    # folded, the kernel saw each key/value head's query heads as its queries
+    assert kernel == [[B, H_kv, H // H_kv, w] if folds else [B, H, 1, w]]
     group = H // H_kv
     wide_k, wide_v = (x.double().repeat_interleave(group, dim=1) for x in (k, v))  # every query head its own keys
     ref = F.scaled_dot_product_attention(q.double(), wide_k, wide_v, attn_mask=attn_mask, scale=1.0)
-    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
     if mask is not None:  # the mask mattered
         assert (F.scaled_dot_product_attention(q.double(), wide_k, wide_v, scale=1.0) - ref).abs().max() > 0.1
 
