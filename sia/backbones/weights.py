@@ -301,7 +301,12 @@ def resolve_base(source: str | Path, cache_dir: str | Path, *, sha256: str | Non
         if target.is_dir():  # written by an atomic rename, so present means complete
             logger.debug("using the cached conversion %s of %s", target, source)
             return target
-        return gguf_to_hf(source, target)
+        try:
+            return gguf_to_hf(source, target)
+        except ValueError:
+            if target.is_dir():  # another process's conversion landed since the check above: it is complete
+                return target
+            raise
     if source.is_dir() and _is_hf_dir(source):
         return source
     raise ValueError(

@@ -173,6 +173,26 @@ def test_resolve_base_converts_a_gguf_once_into_a_directory_named_by_its_sha256(
     assert resolve_base(first, tmp_path / "elsewhere") == first  # an HF directory is used where it is
 
 
+def test_resolve_base_uses_a_conversion_another_process_finished_after_it_looked(
+    make_tiny_gguf: MakeGGUF, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes resolving the same GGUF at once (parallel training runs sharing a cache): the one whose
+    conversion finds the directory already written uses it instead of failing."""
+    tiny = make_tiny_gguf()
+    target = weights.cache_entry(tmp_path / "cache", file_sha256(tiny.path))
+
+    def late(path: str | Path, out_dir: str | Path) -> Path:
+        gguf_to_hf(path, out_dir)  # the other process's conversion lands first
+        return gguf_to_hf(path, out_dir)  # this one's then finds the directory there
+
+    monkeypatch.setattr(weights, "gguf_to_hf", late)
+    assert resolve_base(tiny.path, tmp_path / "cache") == target
+    assert (target / "model.safetensors").is_file()
+    monkeypatch.setattr(weights, "gguf_to_hf", lambda path, out_dir: gguf_to_hf(tmp_path / "missing.gguf", out_dir))
+    with pytest.raises(ValueError, match="does not exist"):  # any other failure still fails
+        resolve_base(tiny.path, tmp_path / "other")
+
+
 def test_read_hf_reads_sharded_directories(make_tiny_gguf: MakeGGUF, tmp_path: Path) -> None:
     single = gguf_to_hf(make_tiny_gguf().path, tmp_path / "hf")
     config, tensors = read_hf(single)
