@@ -24,6 +24,7 @@ from sia.backbones.packed_linear import (
     few_rows_transposed,
 )
 from sia.checkpoint import load_model
+from sia.model.attention import folds_query_heads
 from sia.model.config import STATE_DTYPES
 from sia.model.identity_model import IdentityModel
 
@@ -63,6 +64,11 @@ def served_model(settings: Settings, model: IdentityModel | None = None, checkpo
         # rather than in the first turn's first step (bfloat16 copies, exact_rows, multiply every row with the copy)
         transposed = few_rows_transposed()
         log.info("few-row products as %s", "(W x^T)^T" if transposed else "x W^T")
+    if device.type == "cpu" and dtype == "float32":
+        # so is the way a float32 decoding step calls the attention kernel (its activations are float32 whatever
+        # copies the matrices have)
+        folded = folds_query_heads(torch.float32)
+        log.info("decoding steps' attention with query heads %s", "folded" if folded else "grouped")
     return loaded
 
 
