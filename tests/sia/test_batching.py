@@ -135,6 +135,8 @@ def test_with_bfloat16_packed_weights_a_batched_row_is_bit_for_bit_the_row_alone
             steps += [e.logprob for e in one.step()]
         alone.append(steps)
         expected.append(one.take(handle))
+        plain = solo(model, p, s, q)  # generate: a cache of its own, nothing before the row's first token
+        assert plain.tokens == expected[-1].tokens and torch.equal(plain.stats.hidden, expected[-1].stats.hidden)
     logprobs: dict[int, list[float]] = {}
     batch, handles, _, _ = decode_joining(model, identity, together, logprobs)
     for i, want in enumerate(expected):
