@@ -10,8 +10,9 @@ Every question of ``benchmarks/data/easy_questions/<part>.jsonl`` is asked once 
 (so the base model reading the persona's system prompt), exactly as the service builds a turn
 (``sia.identity.turn.stream_turns`` with the persona's prompt as context), in batches of ``--batch`` questions (a
 batched row decodes as it would alone). Two decodings: the persona's default sampling (``sia.personas``: temperature
-0.4, top-p 0.9, 128 tokens; every row's generator seeded with 0, so a run is reproducible) and greedy (temperature
-0); with ``--greedy`` only greedy, with ``--sampled`` only the persona's. ``--repetition-penalty``,
+0.4, top-p 0.9, 128 tokens; every row's generator seeded with ``--seed``, 0 by default, so a run is reproducible and
+another seed is another draw of every reply) and greedy (temperature 0); with ``--greedy`` only greedy, with
+``--sampled`` only the persona's. ``--repetition-penalty``,
 ``--no-repeat-ngram``, ``--temperature``, ``--max-tokens``, ``--lowercase``, ``--max-sentences``, ``--exclaim``,
 ``--address`` and ``--speaker`` override the persona's defaults.
 
@@ -80,6 +81,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--prompts", type=Path, default=None, help="a JSON object of persona -> system prompt tried in place of the persona's"
     )
+    p.add_argument("--seed", type=int, default=0, help="every sampled row's generator seed (another draw of each reply)")
     p.add_argument("--batch", type=int, default=8, help="questions decoded together")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
@@ -105,15 +107,16 @@ def ask(
     params: SamplingParams,
     batch: int,
     prompt: str | None = None,
+    seed: int = 0,
 ) -> list[dict[str, Any]]:
     """Each question asked of a fresh identity of ``persona`` (its system prompt, or ``prompt`` in its place): its reply
-    and token ids. Sampled rows draw from generators seeded alike (seed 0): every row's draw is its own, whichever rows
-    share its batch."""
+    and token ids. Sampled rows draw from generators seeded alike (``seed``): every row's draw is its own, whichever
+    rows share its batch."""
     tok = model.tokenizer
     context = tuple(tok.system_prompt(persona_prompt(model, persona) if prompt is None else prompt))
     fresh = IdentityState.fresh(model.config)
     dynamics = Dynamics.from_config(model.config)
-    params = params if params.greedy else replace(params, seed=0)
+    params = params if params.greedy else replace(params, seed=seed)
     replies: list[dict[str, Any]] = []
     for start in range(0, len(questions), batch):
         chunk = questions[start : start + batch]
@@ -218,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "part": args.part,
         "questions": len(questions),
         "limit": args.limit,
+        "seed": args.seed,
         "checkpoint": str(args.checkpoint),
         "overrides": overrides,
         "prompts": {p: prompts.get(p, persona_prompt(model, p)) for p in personas},
@@ -232,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         results[persona] = {}
         for mode, params in modes.items():
             log.info("%s, %s: %d questions", persona, mode, len(questions))
-            replies = ask(model, persona, questions, params, args.batch, prompts.get(persona))
+            replies = ask(model, persona, questions, params, args.batch, prompts.get(persona), args.seed)
             results[persona][mode] = score(persona, questions, replies)
             setup["decodings"].setdefault(persona, {})[mode] = {
                 k: v for k, v in asdict(params).items() if k not in ("seed", "stop", "top_logprobs")
