@@ -361,8 +361,7 @@ class InjectedAttention(nn.Module):
         if starts is None:
             y = attend(q_aug, k_aug, v_aug, causal=True, attn_mask=attn_mask, enable_gqa=self.H_kv != self.H)  # (B, H, L, w)
         else:
-            prefix = cache.prefix if cache is not None else 0
-            y = self._attend_rows(q_aug, k_aug, v_aug, starts, prefix, cache is not None and cache.mirrored)
+            y = self._attend_rows(q_aug, k_aug, v_aug, starts, cache.prefix if cache is not None else 0)
         if reads is not None and lc is not None:
             prefix = cache.prefix if cache is not None else lc.slot_key.shape[2]
             N = lc.slot_key.shape[2] - self.S
@@ -544,22 +543,19 @@ class InjectedAttention(nn.Module):
             self._fused = (key, (down, bias, up))
         return self._fused[1]
 
-    def _attend_rows(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int], prefix: int, mirrored: bool) -> Tensor:
-        """Each row alone: its queries that are not padding against the prefix and its own key columns. ``mirrored``
-        (``KVCache.mirrored``): the prefix's columns are also just before each row's first column, so a row's keys
-        are one view of the batch's, the same numbers in the same order; otherwise they are concatenated."""
+    def _attend_rows(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int], prefix: int) -> Tensor:
+        """Each row alone: its queries that are not padding against the prefix and its own key columns."""
         B, H, Lq, w = q.shape
         Lk = k.shape[2]
         y = q.new_zeros(B, H, Lq, w)
         for b, start in enumerate(starts):
+            keys, values = k[b : b + 1], v[b : b + 1]
+            if start > prefix:
+                keys = torch.cat([keys[:, :, :prefix], keys[:, :, start:]], dim=2)
+                values = torch.cat([values[:, :, :prefix], values[:, :, start:]], dim=2)
             n = min(Lq, Lk - start)  # the queries at the row's own columns (padding queries stay zero)
             if n == 0:
                 continue
-            if mirrored or start == prefix:
-                keys, values = k[b : b + 1, :, start - prefix :], v[b : b + 1, :, start - prefix :]
-            else:
-                keys = torch.cat([k[b : b + 1, :, :prefix], k[b : b + 1, :, start:]], dim=2)
-                values = torch.cat([v[b : b + 1, :, :prefix], v[b : b + 1, :, start:]], dim=2)
             y[b : b + 1, :, Lq - n :] = attend(q[b : b + 1, :, Lq - n :], keys, values, causal=True, enable_gqa=self.H_kv != H)
         return y
 
