@@ -12,9 +12,8 @@ Every question of ``benchmarks/data/easy_questions/<part>.jsonl`` is asked once 
 batched row decodes as it would alone). Two decodings: the persona's default sampling (``sia.personas``: temperature
 0.4, top-p 0.9, 128 tokens; every row's generator seeded with ``--seed``, 0 by default, so a run is reproducible and
 another seed is another draw of every reply) and greedy (temperature 0); with ``--greedy`` only greedy, with
-``--sampled`` only the persona's. ``--repetition-penalty``,
-``--no-repeat-ngram``, ``--temperature``, ``--max-tokens``, ``--lowercase``, ``--max-sentences``, ``--exclaim``,
-``--address`` and ``--speaker`` override the persona's defaults.
+``--sampled`` only the persona's. ``--repetition-penalty``, ``--no-repeat-ngram``, ``--temperature``, ``--max-tokens``,
+``--lowercase``, ``--max-sentences``, ``--exclaim``, ``--address`` and ``--speaker`` override the persona's defaults.
 
 Reported per persona and decoding (``benchmarks.reply_metrics`` defines each): answered rate, loop rate,
 wrong-language rate, mean length in words, style rate, and the answered rate per question kind. The JSON (``--out``,
@@ -258,6 +257,8 @@ def merged(earlier: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     same = ("part", "questions", "limit", "checkpoint", "overrides")
     if any(earlier["setup"].get(k) != run["setup"].get(k) for k in same):
         raise SystemExit(f"--merge: {', '.join(same)} must match the earlier run's")
+    if earlier["setup"].get("seed", 0) != run["setup"].get("seed", 0):  # a report from before --seed drew with 0
+        raise SystemExit("--merge: the sampled replies' seed must match the earlier run's")
     out = {**earlier, "machine": run["machine"], "results": {**earlier["results"], **run["results"]}}
     setup = dict(earlier["setup"])
     decodings = earlier["setup"].get("decodings", {})

@@ -129,3 +129,6 @@ def test_a_merged_report_replaces_the_personas_run_and_keeps_the_others() -> Non
     assert out["setup"]["runs"] == {"bolt": {"machine": {"cpu": "b"}, "seconds": 3.0}}
     with pytest.raises(SystemExit, match="must match"):
         merged(earlier, {**run, "setup": {**run["setup"], "part": "tune"}})
+    assert merged(earlier, {**run, "setup": {**run["setup"], "seed": 0}})["results"] == out["results"]  # before --seed: 0
+    with pytest.raises(SystemExit, match="seed must match"):  # figures of another draw under this file's seed
+        merged(earlier, {**run, "setup": {**run["setup"], "seed": 1}})
