@@ -10,9 +10,12 @@ import torch
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
+import sia.backbones.llama as llama_module
 import sia.model.generate as generate_module
+from sia.backbones.injected_attention import RowViews, row_views
 from sia.backbones.llama import LlamaModel
 from sia.backbones.packed_linear import NO_BFLOAT16_PACKING, bfloat16_packing_available, packing_available
+from sia.identity.imprint import Imprint, SpanChoice, imprint_spans
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, conclude_turns, run_turn, turn_prompt
 from sia.model.batching import DecodeBatch
@@ -109,25 +112,28 @@ def test_rows_joining_at_different_steps_decode_as_they_would_alone(build: objec
         assert float(got.stats.count) == float(want.stats.count)
 
 
-@pytest.mark.parametrize("together", [False, True], ids=["prefilled-alone", "prefilled-together"])
-def test_with_bfloat16_packed_weights_a_batched_row_is_bit_for_bit_the_row_alone(together: bool) -> None:
-    """``pack_weights(torch.bfloat16)``: every product is row-independent, the slots are computed row by row, padded
-    rows attend one by one and a padded group is prefilled row by row, so a batched row's log-probabilities, prompt
-    NLL, turn statistics and the summary its turn writes the state from are exactly (not nearly) the ones it computes
-    alone; without that, bfloat16's coarser rounding turns the batch's different summation orders into other tokens."""
+def wider_bfloat16(**overrides: object) -> LlamaModel:
+    """A model big enough for the kernels' summation orders to differ with the rows, its weights packed in bfloat16
+    (``exact_rows``)."""
     if not packing_available():
         pytest.skip("this torch build has no oneDNN to pack weights with")
     torch.manual_seed(0)
-    wider = dict(HF_TINY, hidden_size=256, intermediate_size=768, head_dim=64, num_hidden_layers=2)  # big enough for
-    hf = LlamaForCausalLM(HFLlamaConfig(**wider)).eval()  # the kernels' summation orders to differ with the rows
-    config = LlamaConfig.from_hf(wider, d_self=32, trace_layers=[0, 1], memory_tokens=2, self_slots=2)
+    wider = dict(HF_TINY, hidden_size=256, intermediate_size=768, head_dim=64, num_hidden_layers=2)
+    hf = LlamaForCausalLM(HFLlamaConfig(**wider)).eval()
+    config = LlamaConfig.from_hf(wider, d_self=32, trace_layers=[0, 1], memory_tokens=2, self_slots=2, **overrides)
     model = LlamaModel(config, ByteTokenizer()).eval()
     model.load_base(hf.state_dict())
     model = packed(open_read(model), torch.bfloat16)
     assert model.exact_rows
-    identity = states(model, len(PROMPTS))
+    return model
+
+
+def assert_bit_for_bit(model: LlamaModel, identity: list[IdentityState], together: bool, params: list[SamplingParams]) -> None:
+    """Each of PROMPTS decoded with ``params`` joining one batch (``decode_joining``) is exactly the row alone, in a
+    DecodeBatch of its own and through ``generate``: tokens, every step's log-probability, prompt NLL, the turn
+    statistics and the summary its turn writes the state from."""
     expected, alone = [], []
-    for p, s, q in zip(PROMPTS, identity, PARAMS, strict=True):
+    for p, s, q in zip(PROMPTS, identity, params, strict=True):
         one = DecodeBatch(model)
         handle = one.join(p, model.condition_states([s]), q)
         steps: list[float] = []
@@ -138,7 +144,7 @@ def test_with_bfloat16_packed_weights_a_batched_row_is_bit_for_bit_the_row_alone
         plain = solo(model, p, s, q)  # generate: a cache of its own, nothing before the row's first token
         assert plain.tokens == expected[-1].tokens and torch.equal(plain.stats.hidden, expected[-1].stats.hidden)
     logprobs: dict[int, list[float]] = {}
-    batch, handles, _, _ = decode_joining(model, identity, together, logprobs)
+    batch, handles, _, _ = decode_joining(model, identity, together, logprobs, params)
     for i, want in enumerate(expected):
         got = batch.take(handles[i])
         assert got.tokens == want.tokens and logprobs[handles[i]] == alone[i], i
@@ -147,6 +153,77 @@ def test_with_bfloat16_packed_weights_a_batched_row_is_bit_for_bit_the_row_alone
             assert value is None or torch.equal(value, getattr(want.stats, name)), (i, name)
         a, b = model.summarize(got.stats), model.summarize(want.stats)
         assert all(torch.equal(x, y) for x, y in zip(vars(a).values(), vars(b).values(), strict=True) if x is not None)
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["prefilled-alone", "prefilled-together"])
+def test_with_bfloat16_packed_weights_a_batched_row_is_bit_for_bit_the_row_alone(together: bool) -> None:
+    """``pack_weights(torch.bfloat16)``: every product is row-independent, the slots are computed row by row, padded
+    rows attend one by one and a padded group is prefilled row by row, so a batched row's log-probabilities, prompt
+    NLL, turn statistics and the summary its turn writes the state from are exactly (not nearly) the ones it computes
+    alone; without that, bfloat16's coarser rounding turns the batch's different summation orders into other tokens."""
+    model = wider_bfloat16()
+    assert_bit_for_bit(model, states(model, len(PROMPTS)), together, PARAMS)
+
+
+def counting_row_views(monkeypatch: pytest.MonkeyPatch) -> list[RowViews | None]:
+    """Every ``row_views`` the model's forwards take from now on, in order."""
+    seen: list[RowViews | None] = []
+
+    def counted(attn_mask: torch.Tensor, prefix: int) -> RowViews | None:
+        seen.append(row_views(attn_mask, prefix))
+        return seen[-1]
+
+    monkeypatch.setattr(llama_module, "row_views", counted)
+    return seen
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["prefilled-alone", "prefilled-together"])
+def test_with_bfloat16_packed_weights_a_row_whose_reply_is_taken_back_is_bit_for_bit_the_row_alone(
+    together: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply taken back leaves its tokens read hidden in its row: that row attends alone through its own mask, the
+    one its solo run attends with, and the rows beside it still attend alone without one; every padded forward takes
+    the rows one by one, and each row is exactly what it is alone."""
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: True)
+    seen = counting_row_views(monkeypatch)
+    model = wider_bfloat16()
+    params = [replace(p, max_new_tokens=10) for p in PARAMS]
+    for i in (0, 1):
+        params[i] = replace(params[i], reply_to="Hi! I'm Ana Kowalski from Lisbon.")
+    assert_bit_for_bit(model, states(model, len(PROMPTS)), together, params)
+    assert seen and all(rows is not None for rows in seen)  # never the batch's padding mask
+    holed = [rows for rows in seen if rows is not None and any(m is not None for m in rows.masks)]
+    assert any(len(rows.starts) > 1 for rows in holed)  # a taken-back row attended beside others
+
+
+def test_with_bfloat16_packed_weights_a_row_copying_from_its_imprint_is_bit_for_bit_the_row_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The copy read's weights on the imprint's entries are computed row by row too, over each row's own keys (a reply
+    taken back included): a batched row that copies is exactly the row alone."""
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: True)
+    model = wider_bfloat16(imprint_tokens=24, imprint_span=16, imprint_min_shock=0.0, imprint_copy=4.0, imprint_copy_layers=[1])
+    identity = []
+    for i, (state, words) in enumerate(
+        zip(states(model, len(PROMPTS)), ["Ana Kowalski", "Lisbon", "a nurse", "green"], strict=True)
+    ):
+        ids = model.tokenizer.encode(words)
+        read = model.read_words(torch.tensor([ids]))
+        imprint = imprint_spans(
+            Imprint.empty(model.config),
+            read.keys,
+            read.values,
+            [SpanChoice(0, len(ids), 5.0, i)],
+            turn=0,
+            tokens=torch.tensor(ids),
+        )
+        identity.append(replace(state, imprint=imprint))
+    params = [replace(p, max_new_tokens=10) for p in PARAMS]
+    params[0] = replace(params[0], reply_to="Hi! I'm Ana Kowalski from Lisbon.")
+    plain = solo(model, PROMPTS[1], identity[1], params[1])
+    uncopied = solo(model, PROMPTS[1], replace(identity[1], imprint=Imprint.empty(model.config)), params[1])
+    assert plain.tokens != uncopied.tokens  # the imprint is really read
+    assert_bit_for_bit(model, identity, True, params)
 
 
 @pytest.mark.parametrize("build", [lambda: packed(llama(2, 2)), lambda: packed(llama(2, 2), torch.bfloat16), native])

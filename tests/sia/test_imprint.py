@@ -902,20 +902,18 @@ def test_the_copy_read_points_with_the_named_query_heads_only(hf_model: LlamaFor
 
 def test_entry_weights_of_named_heads_are_those_heads_of_every_head_s(hf_model: LlamaForCausalLM) -> None:
     """The copy read's entries' weights of its named query heads: over a prompt computed for those heads only, each the
-    same as that head's among every head's, causal, with a mask or row by row; at a decoding step (one query) taken
+    same as that head's among every head's, causal or with a mask; at a decoding step (one query) taken
     from every head's, exactly."""
     attn = _copying(hf_model).blocks[1].attn
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, attn.H, 3, attn.w, generator=g), torch.randn(2, attn.H_kv, 9, attn.w, generator=g)
     mask = torch.ones(2, 1, 3, 9, dtype=torch.bool)
     mask[1, ..., 4:6] = False
-    for m, starts in ((None, None), (mask, None), (None, [4, 6])):
-        every = attn.entry_weights(q, k, 3, 4, m, starts)
-        torch.testing.assert_close(attn.entry_weights(q, k, 3, 4, m, starts, [3, 0, 2]), every[:, [3, 0, 2]])
-        step = attn.entry_weights(q[:, :, -1:], k, 3, 4, None if m is None else m[:, :, -1:], starts, [3, 0, 2])
-        assert torch.equal(
-            step, attn.entry_weights(q[:, :, -1:], k, 3, 4, None if m is None else m[:, :, -1:], starts)[:, [3, 0, 2]]
-        )
+    for m in (None, mask):
+        every = attn.entry_weights(q, k, 3, m)
+        torch.testing.assert_close(attn.entry_weights(q, k, 3, m, [3, 0, 2]), every[:, [3, 0, 2]])
+        step = attn.entry_weights(q[:, :, -1:], k, 3, None if m is None else m[:, :, -1:], [3, 0, 2])
+        assert torch.equal(step, attn.entry_weights(q[:, :, -1:], k, 3, None if m is None else m[:, :, -1:])[:, [3, 0, 2]])
         torch.testing.assert_close(step, every[:, [3, 0, 2], -1:])
 
 
