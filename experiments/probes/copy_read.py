@@ -59,10 +59,10 @@ def _attend(
     cache: Any,
     layer: int,
     attn_mask: Tensor | None,
-    rows: injected_attention.RowViews | None,
+    starts: list[int] | None,
     reads: injected_attention.EntryReads | None = None,
 ) -> Tensor:
-    y = _original_attend(self, q_aug, k_aug, v_aug, lc, cache, layer, attn_mask, rows, reads)
+    y = _original_attend(self, q_aug, k_aug, v_aug, lc, cache, layer, attn_mask, starts, reads)
     if not _REC["on"] or lc is None or cache is None:
         return y
     B, H, Lq, _ = q_aug.shape
@@ -75,12 +75,9 @@ def _attend(
     visible = torch.ones(B, Lk, dtype=torch.bool)
     if attn_mask is not None:
         visible = attn_mask[:, 0, -1].bool()
-    elif rows is not None:  # a row that hides some of its own columns: its own mask over them
+    elif starts is not None:
         at = torch.arange(Lk)
-        visible = torch.stack([(at < cache.prefix) | (at >= s) for s in rows.starts])
-        for b, mask in enumerate(rows.masks):
-            if mask is not None:
-                visible[b, visible[b].clone()] = mask[0, 0, -1]
+        visible = torch.stack([(at < cache.prefix) | (at >= s) for s in starts])
     logits = logits.masked_fill(~visible[:, None, :], float("-inf"))
     weights = torch.softmax(logits, dim=-1)
     S = self.S

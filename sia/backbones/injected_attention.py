@@ -48,10 +48,9 @@ __all__ = [
     "EntryReads",
     "InjectedAttention",
     "InjectedLayer",
-    "RowViews",
     "injected_attention_reference",
     "rotate",
-    "row_views",
+    "row_starts",
 ]
 
 CLOSED_GATE = -1e4  # the slot's logit for a zero self state: exp(-1e4 - max) is exactly 0 in float32 and bfloat16
@@ -257,13 +256,13 @@ class InjectedAttention(nn.Module):
         cache: KVCache | None,
         layer: int,
         attn_mask: Tensor | None,
-        rows: RowViews | None = None,
+        starts: list[int] | None = None,
         capture: list[tuple[Tensor, Tensor]] | None = None,
         unread: Tensor | None = None,
         reads: EntryReads | None = None,
     ) -> Tensor:
-        """``rows``: instead of ``attn_mask``, each row's own view of the keys (``row_views``): every row then attends
-        alone, as it would unbatched, bit for bit. ``capture``: a list that
+        """``starts``: instead of ``attn_mask``, each row's keys as the prefix and the columns from its start on
+        (``row_starts``): every row then attends alone, as it would unbatched, bit for bit. ``capture``: a list that
         receives this layer's pre-rotation keys and values (B, H_kv, L, d), what an imprint keeps. ``unread`` (B, L):
         the tokens that do not read the imprint (the persona's prompt). ``reads``: receives the attention weights of the
         query heads it names for this layer on the imprint's entries (B, h, L, N) (the copy read's pointer)."""
@@ -272,7 +271,7 @@ class InjectedAttention(nn.Module):
         cos, sin = rope
         reading = lc is not None and lc.reading
         if lc is not None and not torch.is_grad_enabled():
-            return self._infer(x, lc, rope, cache, layer, attn_mask, rows, capture, unread, reads)
+            return self._infer(x, lc, rope, cache, layer, attn_mask, starts, capture, unread, reads)
         gate = None  # (B, L, H + 1): the imprint's read gate, where some row's entries are filled (else they are closed:
         # their weights are exactly 0 whatever the gate adds)
         q, v = self.q_proj(x), self.v_proj(x)
@@ -332,7 +331,7 @@ class InjectedAttention(nn.Module):
             q_aug = F.pad(torch.cat(q_parts, dim=-1), (0, w - sum(p.shape[-1] for p in q_parts)))  # (B, H, L, w)
             k_aug = F.pad(torch.cat(k_parts, dim=-1), (0, w - sum(p.shape[-1] for p in k_parts)))  # (B, H_kv, L, w)
             v_aug = F.pad(v, (0, w - d))
-        y = self._attend(q_aug, k_aug, v_aug, lc, cache, layer, attn_mask, rows, reads)
+        y = self._attend(q_aug, k_aug, v_aug, lc, cache, layer, attn_mask, starts, reads)
         out: Tensor = self.o_proj(y)
         if reading and self.read_rank:
             out = out + adapted * self.imprint_read_o(y)
@@ -347,7 +346,7 @@ class InjectedAttention(nn.Module):
         cache: KVCache | None,
         layer: int,
         attn_mask: Tensor | None,
-        rows: RowViews | None,
+        starts: list[int] | None,
         reads: EntryReads | None = None,
     ) -> Tensor:
         """The augmented queries (B, H, L, w) against the state's keys, the cache's and these (B, H_kv, L, w): the
@@ -359,24 +358,23 @@ class InjectedAttention(nn.Module):
                 v_aug = torch.cat([lc.slot_value.to(v_aug.dtype), v_aug], dim=2)
         else:
             k_aug, v_aug = cache.extend(layer, k_aug, v_aug)  # (B, H_kv, slot+cached+L, w)
-        prefix = cache.prefix if cache is not None else 0  # the columns before the tokens that ``rows`` counts
-        if rows is None:
+        prefix = cache.prefix if cache is not None else 0  # the columns before the tokens that ``starts`` counts
+        if starts is None:
             y = attend(q_aug, k_aug, v_aug, causal=True, attn_mask=attn_mask, enable_gqa=self.H_kv != self.H)  # (B, H, L, w)
         else:
-            y = self._attend_rows(q_aug, k_aug, v_aug, rows, prefix)
+            y = self._attend_rows(q_aug, k_aug, v_aug, starts, prefix)
         if reads is not None and lc is not None:
             N = lc.slot_key.shape[2] - self.S
             heads = reads.heads.get(layer)
-            if rows is None:
+            if starts is None:
                 weights = self.entry_weights(q_aug, k_aug, N, attn_mask, heads)
-            else:  # each row's as it computes them alone: over its own keys, with its own mask
+            else:  # each row's as it computes them alone, over its own keys
                 weights = q_aug.new_zeros(B, self.H if heads is None else len(heads), L, N, dtype=torch.float32)
-                for b, start in enumerate(rows.starts):
-                    n = min(L, k_aug.shape[2] - start)
+                for b, start in enumerate(starts):
+                    n = min(L, k_aug.shape[2] - start)  # the row's queries that are not padding
                     if n:
-                        keys = rows.view(k_aug, b, prefix)
-                        q_b = q_aug[b : b + 1, :, L - n :]
-                        weights[b : b + 1, :, L - n :] = self.entry_weights(q_b, keys, N, rows.mask(b, n), heads)
+                        keys = own_columns(k_aug, b, start, prefix)
+                        weights[b : b + 1, :, L - n :] = self.entry_weights(q_aug[b : b + 1, :, L - n :], keys, N, None, heads)
             reads.weights.append(weights)
         return y[..., : self.d].transpose(1, 2).reshape(B, L, self.H * self.d)
 
@@ -423,7 +421,7 @@ class InjectedAttention(nn.Module):
         cache: KVCache | None,
         layer: int,
         attn_mask: Tensor | None,
-        rows: RowViews | None,
+        starts: list[int] | None,
         capture: list[tuple[Tensor, Tensor]] | None,
         unread: Tensor | None,
         reads: EntryReads | None = None,
@@ -476,7 +474,7 @@ class InjectedAttention(nn.Module):
         else:
             k_aug = F.pad(k_rot, (0, self.w - d))  # the bias column is 0: no metric
         q_aug = torch.cat([*q_parts, tail], dim=-1)  # (B, H, L, w)
-        y = self._attend(q_aug, k_aug, F.pad(v, (0, self.w - d)), lc, cache, layer, attn_mask, rows, reads)
+        y = self._attend(q_aug, k_aug, F.pad(v, (0, self.w - d)), lc, cache, layer, attn_mask, starts, reads)
         out: Tensor = self.o_proj(y)
         if maps.out_down is not None and maps.out_up is not None:
             down = F.linear(cast(y, small), maps.out_down)
@@ -550,48 +548,32 @@ class InjectedAttention(nn.Module):
             self._fused = (key, (down, bias, up))
         return self._fused[1]
 
-    def _attend_rows(self, q: Tensor, k: Tensor, v: Tensor, rows: RowViews, prefix: int) -> Tensor:
-        """Each row alone: its queries that are not padding against the prefix and its own key columns, causal or
-        through its own mask."""
+    def _attend_rows(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int], prefix: int) -> Tensor:
+        """Each row alone: its queries that are not padding against the prefix and its own key columns."""
         B, H, Lq, w = q.shape
         Lk = k.shape[2]
         y = q.new_zeros(B, H, Lq, w)
-        for b, start in enumerate(rows.starts):
+        for b, start in enumerate(starts):
             n = min(Lq, Lk - start)  # the queries at the row's own columns (padding queries stay zero)
             if n == 0:
                 continue
-            keys, values = rows.view(k, b, prefix), rows.view(v, b, prefix)
-            y[b : b + 1, :, Lq - n :] = attend(
-                q[b : b + 1, :, Lq - n :], keys, values, causal=True, attn_mask=rows.mask(b, n), enable_gqa=self.H_kv != H
-            )
+            keys, values = own_columns(k, b, start, prefix), own_columns(v, b, start, prefix)
+            y[b : b + 1, :, Lq - n :] = attend(q[b : b + 1, :, Lq - n :], keys, values, causal=True, enable_gqa=self.H_kv != H)
         return y
 
 
-@dataclass(frozen=True)
-class RowViews:
-    """The rows of a left-padded batch, each to attend alone as it would unbatched (``row_views``): where each row's
-    own key columns start after the prefix (a row fed padding while it leaves starts at the end: nothing of it is
-    computed), and the mask (1, 1, Lq, prefix + own columns) of a row that hides some of its own columns (a reply taken
-    back, whose solo run attends through the same mask), None for a row that sees all of them (causal)."""
-
-    starts: list[int]
-    masks: list[Tensor | None]
-
-    def view(self, t: Tensor, b: int, prefix: int) -> Tensor:
-        """Row b's keys (or values) of t (B, H_kv, Lk, w): the prefix, then its own columns."""
-        start, row = self.starts[b], t[b : b + 1]
-        return row if start == prefix else torch.cat([row[:, :, :prefix], row[:, :, start:]], dim=2)
-
-    def mask(self, b: int, n: int) -> Tensor | None:
-        """Row b's mask for its newest n queries, or None (causal)."""
-        mask = self.masks[b]
-        return None if mask is None else mask[:, :, mask.shape[2] - n :]
+def own_columns(t: Tensor, b: int, start: int, prefix: int) -> Tensor:
+    """Row b's keys (or values) of t (B, H_kv, Lk, w) as it holds them alone: the prefix, then its columns from
+    ``start`` on (``row_starts``)."""
+    row = t[b : b + 1]
+    return row if start == prefix else torch.cat([row[:, :, :prefix], row[:, :, start:]], dim=2)
 
 
-def row_views(attn_mask: Tensor, prefix: int) -> RowViews | None:
-    """Each row's own view of the keys, if ``attn_mask`` (B, 1, Lq, Lk) is what ``padded_inputs`` makes (the prefix
-    and the row's own columns visible, causal, perhaps with some of its own hidden): the rows can then attend one by
-    one; None for a mask that shows a query a key its causal view does not hold."""
+def row_starts(attn_mask: Tensor, prefix: int) -> list[int] | None:
+    """Where each left-padded row's own key columns start, if ``attn_mask`` (B, 1, Lq, Lk) is what ``padded_inputs``
+    makes (the prefix and one run of columns to the end visible, causal): the rows can then attend one by one;
+    None for any other mask. A row whose last column is hidden (a row fed padding while it leaves) starts at Lk:
+    nothing of it is computed."""
     visible = attn_mask[:, 0, -1]  # (B, Lk): the last query sees every key of its row
     Lq, Lk = attn_mask.shape[2], attn_mask.shape[3]
     live = visible[:, -1]  # (B,)
@@ -599,14 +581,9 @@ def row_views(attn_mask: Tensor, prefix: int) -> RowViews | None:
     at = torch.arange(Lk, device=attn_mask.device)
     own = (at < prefix) | (at >= first[:, None])  # (B, Lk)
     causal = torch.ones(Lq, Lk, dtype=torch.bool, device=attn_mask.device).tril(diagonal=Lk - Lq)
-    full = causal & own[:, None, :]  # (B, Lq, Lk): what a row that hides none of its columns sees
-    shown = attn_mask[live, 0]  # a row that leaves computes nothing
-    if bool((shown & ~full[live]).any()):
+    if not torch.equal(attn_mask[live, 0], (causal & own[:, None, :])[live]):
         return None
-    holed = torch.zeros_like(live)
-    holed[live] = (shown != full[live]).flatten(1).any(1)
-    masks = [attn_mask[b : b + 1, :, :, own[b]] if hole else None for b, hole in enumerate(holed.tolist())]
-    return RowViews([int(f) for f in first.tolist()], masks)
+    return [int(f) for f in first.tolist()]
 
 
 def injected_attention_reference(

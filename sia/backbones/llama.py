@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sia.backbones.injected_attention import CLOSED_GATE, EntryReads, InjectedAttention, InjectedLayer, RowViews, row_views
+from sia.backbones.injected_attention import CLOSED_GATE, EntryReads, InjectedAttention, InjectedLayer, row_starts
 from sia.backbones.packed_linear import (
     NO_BFLOAT16_PACKING,
     PACKED_DTYPES,
@@ -99,13 +99,13 @@ class Block(nn.Module):
         cache: KVCache | None,
         layer: int,
         attn_mask: Tensor | None,
-        rows: RowViews | None = None,
+        starts: list[int] | None = None,
         capture: list[tuple[Tensor, Tensor]] | None = None,
         unread: Tensor | None = None,
         reads: EntryReads | None = None,
     ) -> tuple[Tensor, Tensor]:
         h = self.attn_norm(x)  # (B, L, C), also the input the turn summary reads
-        x = x + self.attn(h, lc, rope, cache, layer, attn_mask, rows, capture, unread, reads)
+        x = x + self.attn(h, lc, rope, cache, layer, attn_mask, starts, capture, unread, reads)
         x = x + self.mlp(self.mlp_norm(x))
         return x, h
 
@@ -181,7 +181,7 @@ def _untrained_ask(head: nn.Linear) -> None:
 class LlamaModel(IdentityModel):
     """A pretrained LLaMA-family backbone whose attention one identity state per batch row deforms."""
 
-    # exact_rows (IdentityModel) is set by pack_weights(bfloat16): padded rows then attend one by one (``row_views``)
+    # exact_rows (IdentityModel) is set by pack_weights(bfloat16): padded rows then attend one by one (``row_starts``)
     # and the slots are conditioned row by row, so that with its row-independent products a batched row computes bit
     # for bit what it does alone
 
@@ -656,9 +656,9 @@ class LlamaModel(IdentityModel):
             positions = torch.cat([positions, after], dim=1)
             weight = F.pad(weight, (0, 0, 0, K))  # memory tokens never count towards the summary
         rope = self.rope(positions)
-        rows = None
+        starts = None
         if self.exact_rows and attn_mask is not None:
-            rows = row_views(attn_mask, cache.prefix if cache is not None else 0)
+            starts = row_starts(attn_mask, cache.prefix if cache is not None else 0)
         first = cond.layers[0]
         reads_from = first.reads_from if isinstance(first, InjectedLayer) else None
         unread = None if reads_from is None else positions < reads_from.view(-1, 1)  # (B, L + K)
@@ -673,8 +673,8 @@ class LlamaModel(IdentityModel):
         for i, (block, lc) in enumerate(zip(self.blocks, cond.layers, strict=True)):
             assert lc is None or isinstance(lc, InjectedLayer)
             copies = copying is not None and lc is not None and lc.copy_weight is not None
-            mask = None if rows is not None else attn_mask
-            x, h = block(x, lc, rope, cache, i, mask, rows, None, unread, reads if copies else None)
+            mask = None if starts is not None else attn_mask
+            x, h = block(x, lc, rope, cache, i, mask, starts, None, unread, reads if copies else None)
             if i in self.trace_layers:
                 layer_inputs.append((h.float() * weight).sum(dim=1))  # (B, C)
         if cache is not None:

@@ -10,7 +10,8 @@ Layout. The batch's KV cache is one tensor per layer, (B, H_kv, prefix + columns
 token columns shared by all rows. A row's tokens sit right-aligned at the newest columns it has lived through;
 columns before its first token are masked for it (``valid``), and its positions count its own tokens only, so a
 gap is invisible to it. A joining row longer than the batch widens every row to the left; columns no row uses
-any more are dropped.
+any more are dropped. A reply taken back forgets what it read: its row's earlier columns move over those tokens, so a
+row's tokens are always one run of columns ending at the newest.
 
 Notation: B rows, P prefix keys (the self slots), N token columns, V vocabulary, K memory tokens.
 """
@@ -344,10 +345,14 @@ class DecodeBatch:
         return events
 
     def _restart(self, b: int, n: int) -> Tensor:
-        """Row b's reply begins again (``reply_events``): its n tokens read are hidden; the logits of its first token."""
+        """Row b's reply begins again (``reply_events``): it forgets its n tokens read (``KVCache.forget_newest``); the
+        logits of its first token."""
         m = self.members[b]
         if n:
-            self.valid[b, -n:] = False
+            assert self.cache is not None
+            first = self.prefix + int(self.valid[b, self.prefix :].int().argmax())  # its first token's column
+            self.cache.forget_newest(b, n, first)
+            self.valid[b, first : first + n] = False
         m.stats = m.prompt_stats
         return m.first
 

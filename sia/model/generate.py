@@ -66,7 +66,7 @@ MAX_SPEAKER = 64  # characters of a persona's name
 _WORD = re.compile(r"[^\W\d_]+")  # a run of letters
 FIRST_WORD_RETRIES = 5  # first tokens a reply may lose to its first word (another language, the speaker's name) then it is let be
 FIRST_WORD_TOKENS = 6  # tokens a reply's first word is waited for at most: then the letters so far are judged
-TAKEN_BACK_COLUMNS = FIRST_WORD_RETRIES * FIRST_WORD_TOKENS  # cache columns the replies taken back may leave behind
+TAKEN_BACK_COLUMNS = FIRST_WORD_RETRIES * FIRST_WORD_TOKENS  # cache columns the replies taken back may take in a batch
 END_PULL = 2.0  # nats a reply's end gains for each word past ``max_words`` - 1
 
 
@@ -850,7 +850,7 @@ def _decode(
 
     each = row_params(each, cond.recalls)  # a row that recalls the user's facts: at the recall temperature
     rows = [ReplyDecoder(p, device, tok) for p in each]
-    guarded = any(row.judging for row in rows)  # a reply may be taken back: its columns stay, hidden
+    guarded = any(row.judging for row in rows)  # a reply may be taken back: its steps still take the batch's columns
     prefix = torch.ones(B, model.prefix_len, dtype=torch.bool, device=device)  # the self slot, if any
     key_valid = torch.cat([prefix, valid], dim=1)  # (B, prefix + L)
     room = max(p.max_new_tokens for p in each) + n_memory + (TAKEN_BACK_COLUMNS if guarded else 0)
@@ -863,13 +863,29 @@ def _decode(
     seq, seq_count = idx, counted
 
     def restart(b: int, n: int) -> Tensor:
-        """Row b's reply begins again: its n tokens read are hidden and uncounted; the logits of its first token."""
-        nonlocal stats, padded
-        if n:
-            key_valid[b, -n:] = False
-            if cache is None:  # the reference reads the whole sequence every step: its count too
-                seq_count[b, -n:] = False
-        stats, padded = stats.with_row(b, prompt_stats.row(b)), True
+        """Row b's reply begins again: it forgets its n tokens read (alone, they are dropped; beside other rows, its
+        earlier columns move over them: ``KVCache.forget_newest``); the logits of its first token."""
+        nonlocal stats, padded, key_valid, seq, seq_count
+        stats = stats.with_row(b, prompt_stats.row(b))
+        if not n:
+            return first[b]
+        if B == 1:
+            key_valid = key_valid[:, :-n]
+            if cache is not None:
+                cache.length -= n
+            else:  # the reference reads the whole sequence every step
+                seq, seq_count = seq[:, :-n], seq_count[:, :-n]
+            return first[b]
+        P = model.prefix_len
+        at = int(key_valid[b, P:].int().argmax())  # its first token's column after the prefix
+        key_valid[b, P + at : P + at + n] = False
+        if cache is not None:
+            cache.forget_newest(b, n, P + at)
+        else:
+            for t, blank in ((seq, tok.pad_id), (seq_count, False)):
+                t[b, at + n :] = t[b, at : t.shape[1] - n].clone()
+                t[b, at : at + n] = blank
+        padded = True
         return first[b]
 
     while True:

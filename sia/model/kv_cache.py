@@ -56,6 +56,15 @@ class KVCache:
     def advance(self, n: int) -> None:
         self.length += n
 
+    def forget_newest(self, row: int, n: int, first: int) -> None:
+        """Row ``row`` forgets its n newest columns (a reply taken back): its columns from ``first`` (its first token's)
+        move n to the right, over them, and the n they leave hold zeros, as unused columns do. Its tokens stay one run
+        of columns ending at the newest, so it still attends alone as left-padded rows do (``row_starts``)."""
+        for store in (self.keys, self.values):
+            for t in store:
+                t[row, :, first + n : self.length] = t[row, :, first : self.length - n].clone()
+                t[row, :, first : first + n] = 0
+
     @classmethod
     def continuing(cls, keys: Sequence[Tensor], values: Sequence[Tensor], room: int) -> KVCache:
         """A cache without self slots holding per layer the keys and values (B, H, P, w) of P tokens already read (a

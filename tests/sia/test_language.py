@@ -150,7 +150,7 @@ def test_a_speaker_must_be_a_short_printable_name(speaker: object) -> None:
 def test_a_reply_taken_back_leaves_no_trace_in_the_reply_or_the_turns_sums(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every first word judged foreign: each guarded row is taken back FIRST_WORD_RETRIES times. The greedy one ends with
     the tokens, text and summary sums of the row decoded alone with those first tokens banned from the start (the
-    tokens taken back hidden and uncounted), cached or not; the sampled one decodes the same cached or not (its draws
+    tokens taken back forgotten), cached or not; the sampled one decodes the same cached or not (its draws
     go on from where the taken-back reply left them); an unguarded row beside them is untouched; each row's events are
     its reply's."""
     torch.manual_seed(1)
