@@ -362,7 +362,7 @@ class InjectedAttention(nn.Module):
         if starts is None:
             y = attend(q_aug, k_aug, v_aug, causal=True, attn_mask=attn_mask, enable_gqa=self.H_kv != self.H)  # (B, H, L, w)
         else:
-            y = self._attend_rows(q_aug, k_aug, v_aug, starts, prefix)
+            y = self._attend_rows(q_aug, k_aug, v_aug, starts, prefix, cache is not None and cache.mirrored)
         if reads is not None and lc is not None:
             N = lc.slot_key.shape[2] - self.S
             heads = reads.heads.get(layer)
@@ -373,7 +373,7 @@ class InjectedAttention(nn.Module):
                 for b, start in enumerate(starts):
                     n = min(L, k_aug.shape[2] - start)  # the row's queries that are not padding
                     if n:
-                        keys = own_columns(k_aug, b, start, prefix)
+                        keys = own_columns(k_aug, b, start, prefix, cache is not None and cache.mirrored)
                         weights[b : b + 1, :, L - n :] = self.entry_weights(q_aug[b : b + 1, :, L - n :], keys, N, None, heads)
             reads.weights.append(weights)
         return y[..., : self.d].transpose(1, 2).reshape(B, L, self.H * self.d)
@@ -548,7 +548,7 @@ class InjectedAttention(nn.Module):
             self._fused = (key, (down, bias, up))
         return self._fused[1]
 
-    def _attend_rows(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int], prefix: int) -> Tensor:
+    def _attend_rows(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int], prefix: int, mirrored: bool) -> Tensor:
         """Each row alone: its queries that are not padding against the prefix and its own key columns."""
         B, H, Lq, w = q.shape
         Lk = k.shape[2]
@@ -557,16 +557,18 @@ class InjectedAttention(nn.Module):
             n = min(Lq, Lk - start)  # the queries at the row's own columns (padding queries stay zero)
             if n == 0:
                 continue
-            keys, values = own_columns(k, b, start, prefix), own_columns(v, b, start, prefix)
+            keys, values = own_columns(k, b, start, prefix, mirrored), own_columns(v, b, start, prefix, mirrored)
             y[b : b + 1, :, Lq - n :] = attend(q[b : b + 1, :, Lq - n :], keys, values, causal=True, enable_gqa=self.H_kv != H)
         return y
 
 
-def own_columns(t: Tensor, b: int, start: int, prefix: int) -> Tensor:
+def own_columns(t: Tensor, b: int, start: int, prefix: int, mirrored: bool = False) -> Tensor:
     """Row b's keys (or values) of t (B, H_kv, Lk, w) as it holds them alone: the prefix, then its columns from
-    ``start`` on (``row_starts``)."""
+    ``start`` on (``row_starts``); one view where the prefix is mirrored just before them (``KVCache.mirrored``)."""
     row = t[b : b + 1]
-    return row if start == prefix else torch.cat([row[:, :, :prefix], row[:, :, start:]], dim=2)
+    if mirrored or start == prefix:
+        return row[:, :, start - prefix :]
+    return torch.cat([row[:, :, :prefix], row[:, :, start:]], dim=2)
 
 
 def row_starts(attn_mask: Tensor, prefix: int) -> list[int] | None:

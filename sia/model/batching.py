@@ -11,7 +11,9 @@ token columns shared by all rows. A row's tokens sit right-aligned at the newest
 columns before its first token are masked for it (``valid``), and its positions count its own tokens only, so a
 gap is invisible to it. A joining row longer than the batch widens every row to the left; columns no row uses
 any more are dropped. A reply taken back forgets what it read: its row's earlier columns move over those tokens, so a
-row's tokens are always one run of columns ending at the newest.
+row's tokens are always one run of columns ending at the newest. Where rows attend one by one (``exact_rows``), each
+row also keeps a copy of its self slots in the P columns just before its first token (``KVCache.mirrored``), so that
+its keys are one view of the batch's.
 
 Notation: B rows, P prefix keys (the self slots), N token columns, V vocabulary, K memory tokens.
 """
@@ -268,10 +270,12 @@ class DecodeBatch:
             self.cache.prefix, self.cache.length, self.cache.capacity = P, P, P
             self.cache.keys = [t.new_zeros((0, t.shape[1], P, t.shape[3])) for t in pre.cache.keys]
             self.cache.values = [t.new_zeros((0, t.shape[1], P, t.shape[3])) for t in pre.cache.values]
+            self.cache.mirrored = self.model.exact_rows and P > 0
+        M = P if self.cache.mirrored else 0  # columns before a row's first token that hold its slots again
         columns = self.cache.length - P
-        if columns < L:  # widen every row to the left
-            self._shift(L - columns)
-            columns = L
+        if columns < L + M:  # widen every row to the left
+            self._shift(L + M - columns)
+            columns = L + M
         self._reserve(columns + 1 + self.n_memory)
         first = P + columns - L  # where the group's L token columns start in the batch
         lengths = torch.tensor(pre.lengths, device=device)
@@ -283,6 +287,9 @@ class DecodeBatch:
                 group[:, :, :P] = own[layer][:, :, :P]
                 group[:, :, first : P + columns] = own[layer][:, :, P : P + L]
                 group.mul_(own_columns[:, None, :, None])  # a padded prompt's padding columns hold zeros, as unused ones
+                if M:
+                    for b, n in enumerate(pre.lengths):
+                        group[b, :, P + columns - n - M : P + columns - n] = group[b, :, :P]
                 store[layer] = torch.cat([t, group], dim=0)
         self.valid = torch.cat([self.valid, own_columns[:, : P + columns]], dim=0)
         self.cond = pre.cond if self.cond is None else cat_conditioning([self.cond, pre.cond])
@@ -351,7 +358,7 @@ class DecodeBatch:
         if n:
             assert self.cache is not None
             first = self.prefix + int(self.valid[b, self.prefix :].int().argmax())  # its first token's column
-            self.cache.forget_newest(b, n, first)
+            self.cache.forget_newest(b, n, first - (self.prefix if self.cache.mirrored else 0))  # its slots' mirror too
             self.valid[b, first : first + n] = False
         m.stats = m.prompt_stats
         return m.first
@@ -449,6 +456,8 @@ class DecodeBatch:
         P, used = self.prefix, self.cache.length
         tokens_valid = self.valid[:, P:used].any(dim=0)
         first = int(tokens_valid.float().argmax()) if bool(tokens_valid.any()) else used - P  # leading unused columns
+        if self.cache.mirrored:  # the first row's mirrored slots stay
+            first = max(first - P, 0)
         for store in (self.cache.keys, self.cache.values):
             for layer, t in enumerate(store):
                 kept = t[index]

@@ -19,7 +19,11 @@ class KVCache:
     """Keys and values per layer, preallocated; with a stateful variant position 0 holds the self slot.
 
     ``widths`` gives each layer's kernel width (one int: the same for all); ``dtype`` defaults to the self state's.
+    ``mirrored``: every row's self slots are also copied into the columns just before its first token (a batch of
+    left-padded rows that attend one by one keeps them so, ``DecodeBatch``): a row's keys are then one view.
     """
+
+    mirrored = False
 
     def __init__(
         self, cond: Conditioning, max_tokens: int, *, n_head: int, width: int | Sequence[int], dtype: torch.dtype | None = None
@@ -87,6 +91,7 @@ class KVCache:
         once, then continued several ways)."""
         new = object.__new__(KVCache)
         new.prefix, new.capacity, new.length = self.prefix, self.capacity, self.length
+        new.mirrored = self.mirrored
         new.keys = [k[rows] for k in self.keys]
         new.values = [v[rows] for v in self.values]
         return new
