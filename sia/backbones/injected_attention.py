@@ -566,7 +566,7 @@ def own_columns(t: Tensor, b: int, start: int, prefix: int, mirrored: bool = Fal
     """Row b's keys (or values) of t (B, H_kv, Lk, w) as it holds them alone: the prefix, then its columns from
     ``start`` on (``row_starts``); one view where the prefix is mirrored just before them (``KVCache.mirrored``)."""
     row = t[b : b + 1]
-    if mirrored or start == prefix:
+    if mirrored or start == prefix or prefix == 0:
         return row[:, :, start - prefix :]
     return torch.cat([row[:, :, :prefix], row[:, :, start:]], dim=2)
 

@@ -857,6 +857,10 @@ def _decode(
     cache = model.new_cache(cond, L + room) if use_cache else None
     logits, stats, _ = run(idx, key_valid, counted, cache, logits_from=logits_from)  # (B, L - logits_from, V)
     nll = prompt_nll(logits, idx, lengths, starts, logits_from)  # (B, L-1)
+    P = model.prefix_len
+    if cache is not None and padded and P and model.exact_rows:  # rows attend one by one: each row's keys one view
+        cache.mirror([P + L - n for n in lengths])
+        key_valid = torch.cat([key_valid[:, :P], key_valid.new_zeros(B, P), key_valid[:, P:]], dim=1)
     last = logits[:, -1]  # (B, V)
     # what a reply begun again starts from (a copy: a view of the prompt's logits would keep them all alive)
     first, prompt_stats = last.clone(), stats
@@ -876,11 +880,10 @@ def _decode(
             else:  # the reference reads the whole sequence every step
                 seq, seq_count = seq[:, :-n], seq_count[:, :-n]
             return first[b]
-        P = model.prefix_len
         at = int(key_valid[b, P:].int().argmax())  # its first token's column after the prefix
         key_valid[b, P + at : P + at + n] = False
         if cache is not None:
-            cache.forget_newest(b, n, P + at)
+            cache.forget_newest(b, n, P + at - (P if cache.mirrored else 0))  # its slots' mirror too
         else:
             for t, blank in ((seq, tok.pad_id), (seq_count, False)):
                 t[b, at + n :] = t[b, at : t.shape[1] - n].clone()

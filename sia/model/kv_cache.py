@@ -60,6 +60,21 @@ class KVCache:
     def advance(self, n: int) -> None:
         self.length += n
 
+    def mirror(self, firsts: Sequence[int]) -> None:
+        """Make this cache ``mirrored``: P columns inserted after the self slots (P more of capacity, so that the rows
+        that begin right after the slots have room), then every row's slots copied into the P columns just before its
+        first token; ``firsts`` (B,): each row's first token's column before the insertion."""
+        P = self.prefix
+        for store in (self.keys, self.values):
+            for layer, t in enumerate(store):
+                grown = t.new_zeros((*t.shape[:2], t.shape[2] + P, t.shape[3]))
+                grown[:, :, :P] = t[:, :, :P]
+                grown[:, :, 2 * P : self.length + P] = t[:, :, P : self.length]
+                for b, first in enumerate(firsts):
+                    grown[b, :, first : first + P] = t[b, :, :P]
+                store[layer] = grown
+        self.capacity, self.length, self.mirrored = self.capacity + P, self.length + P, True
+
     def forget_newest(self, row: int, n: int, first: int) -> None:
         """Row ``row`` forgets its n newest columns (a reply taken back): its columns from ``first`` (its first token's)
         move n to the right, over them, and the n they leave hold zeros, as unused columns do. Its tokens stay one run

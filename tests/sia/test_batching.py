@@ -22,6 +22,7 @@ from sia.model.batching import DecodeBatch
 from sia.model.config import LlamaConfig
 from sia.model.generate import Generation, SamplingParams, generate
 from sia.model.identity_model import IdentityModel
+from sia.model.kv_cache import KVCache
 from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
 from tests.conftest import tiny_config
@@ -192,6 +193,37 @@ def test_with_bfloat16_packed_weights_a_row_whose_reply_is_taken_back_is_bit_for
         params[i] = replace(params[i], reply_to="Hi! I'm Ana Kowalski from Lisbon.")
     assert_bit_for_bit(model, states(model, len(PROMPTS)), together, params)
     assert len(seen) > 10 and all(starts is not None for starts in seen)  # never the batch's padding mask
+
+
+def test_with_bfloat16_packed_weights_generate_of_several_rows_is_each_row_alone_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``generate`` of left-padded rows with ``exact_rows``: after the prefill each row's self slots are mirrored just
+    before its first token (``KVCache.mirror``), so each row's keys are one view; every row, two of them taken back,
+    is its solo run bit for bit (tokens, prompt NLL, the turn's sums)."""
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: True)
+    mirrored: list[list[int]] = []
+    mirror = KVCache.mirror
+
+    def counted(cache: KVCache, firsts: list[int]) -> None:
+        mirrored.append(list(firsts))
+        mirror(cache, firsts)
+
+    monkeypatch.setattr(KVCache, "mirror", counted)
+    model = wider_bfloat16()
+    identity = states(model, len(PROMPTS))
+    params = [replace(p, max_new_tokens=10) for p in PARAMS]
+    for i in (0, 1):
+        params[i] = replace(params[i], reply_to="Hi! I'm Ana Kowalski from Lisbon.")
+    alone = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, params, strict=True)]
+    assert mirrored == []  # a row alone has nothing to mirror
+    together = generate(model, PROMPTS, model.condition_states(identity), params)
+    P, L = model.prefix_len, max(map(len, PROMPTS))
+    assert mirrored == [[P + L - len(p) for p in PROMPTS]]
+    for want, got in zip(alone, together, strict=True):
+        assert got.tokens == want.tokens and torch.equal(got.prompt_nll, want.prompt_nll)
+        for name, value in vars(got.stats).items():
+            assert value is None or torch.equal(value, getattr(want.stats, name)), name
 
 
 def test_with_bfloat16_packed_weights_a_row_copying_from_its_imprint_is_bit_for_bit_the_row_alone(
