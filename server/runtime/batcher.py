@@ -3,8 +3,9 @@
 A turn whose identity is held is submitted with its request and decoding parameters. A second thread, the
 prefiller, computes its conditioning and prefills it (with the turns that were waiting with it, in one padded
 forward) while the batch goes on stepping; the batcher thread joins it to the running batch between two steps. Every
-step decodes one token for every row in one forward (a joining turn's imprint is written right after its prefill, on the
-prefiller's thread: the write needs the prompt only); a row that stops is concluded (shock, summary, new state: the
+step decodes one token for every row in one forward (a joining turn's imprint is written after its prefill, on the
+prefiller's thread, once the turn has joined: the write needs the prompt only, so the turn's first token does not wait
+for it, only its conclusion does); a row that stops is concluded (shock, summary, new state: the
 TurnResult it would reach alone) and leaves. What a turn sees, in order, through its ``deliver`` callback: its
 StreamEvents (``row`` 0), then its TurnResult, or an exception instead of the rest. Storing the result is the
 caller's: the identity's lease and transaction stay with the turn, as without batching.
@@ -73,7 +74,7 @@ class SubmittedTurn:
     deliver: Delivery
     cancelled: bool = False
     row: int | None = None  # its handle in the DecodeBatch once it joined
-    imprint: Imprint | None = None  # its identity's new imprint, written right after its prefill (None: none kept)
+    writing: Future[Imprint] | None = None  # its identity's new imprint, written after its prefill (None: none kept)
 
 
 def available_cores() -> int:
@@ -205,13 +206,13 @@ class Batcher:
                     batch.cancel(turn.row)
                     del rows[turn.row]
             if len(joining) > 1 and len(joining) >= len(rows):  # more to prefill than to decode: half each
-                ahead = prefiller.submit(self._prefill, batch, joining[: len(joining) // 2])
-                mine = self._prefill(batch, joining[len(joining) // 2 :])
+                ahead = prefiller.submit(self._prefill, batch, joining[: len(joining) // 2], prefiller)
+                mine = self._prefill(batch, joining[len(joining) // 2 :], prefiller)
                 self._admit(batch, ahead.result() + mine, rows)
             elif joining and not rows and prefilling is None:  # nothing decodes: prefilled on every thread
-                self._admit(batch, _on(wide, self._prefill, batch, joining), rows)
+                self._admit(batch, _on(wide, self._prefill, batch, joining, prefiller), rows)
             elif joining:  # beside the steps, which then run on this thread alone
-                prefilling = prefiller.submit(self._prefill, batch, joining)
+                prefilling = prefiller.submit(self._prefill, batch, joining, prefiller)
             if prefilling is not None and (prefilling.done() or not rows):  # nothing to step: wait for it
                 self._admit(batch, prefilling.result(), rows)
                 prefilling = None
@@ -252,15 +253,20 @@ class Batcher:
         for rid in [r for r in rows if r in batch.done]:
             turn = rows.pop(rid)
             generation = batch.take(rid)
-            if not turn.cancelled:
-                concluded = conclude_turns(
-                    self.model, [turn.request], [turn.prompt], [generation], self.tokenizer, [turn.imprint]
-                )
-                turn.deliver(concluded[0])
+            if turn.cancelled:
+                continue
+            try:
+                imprint = None if turn.writing is None else turn.writing.result()  # written long before, as a rule
+            except Exception as exc:  # the write failed: this turn fails alone, the batch goes on
+                turn.deliver(exc)
+                continue
+            concluded = conclude_turns(self.model, [turn.request], [turn.prompt], [generation], self.tokenizer, [imprint])
+            turn.deliver(concluded[0])
 
-    def _prefill(self, batch: DecodeBatch, joining: list[SubmittedTurn]) -> list[Prefill]:
+    def _prefill(self, batch: DecodeBatch, joining: list[SubmittedTurn], writer: ThreadPoolExecutor) -> list[Prefill]:
         """On the prefill thread, while the batch steps: the joining turns prefilled together, in one padded forward;
-        if that fails, one by one, so that only a turn that fails alone gets its error (the batch goes on)."""
+        if that fails, one by one, so that only a turn that fails alone gets its error (the batch goes on). Each turn's
+        imprint write is handed to ``writer`` (the prefiller: after this prefill, while the turns already decode)."""
         groups = [joining] if len(joining) > 1 else [[turn] for turn in joining]
         done: list[Prefill] = []
         while groups:
@@ -273,10 +279,9 @@ class Batcher:
                 prompts, counted = [t.prompt.tokens for t in group], [t.prompt.counted for t in group]
                 scored = [t.prompt.scored[0] for t in group]  # the message's NLL on: no logits for the persona's prompt
                 prefilled = batch.prefill(prompts, cond, [t.params for t in group], counted, scored)
-                if self.model.config.imprint_tokens:  # the write needs the prefill only: here, not on the steps' thread
+                if self.model.config.imprint_tokens:  # the write needs the prefill only: not on the steps' thread
                     for b, turn in enumerate(group):
-                        nll = prefilled.row_nll(b)
-                        turn.imprint = imprint_message(self.model, self.tokenizer, turn.request, turn.prompt, nll)
+                        turn.writing = writer.submit(self._write, turn, prefilled.row_nll(b))
                 done.append((group, prefilled))
             except Exception as exc:
                 if len(group) == 1:
@@ -284,6 +289,11 @@ class Batcher:
                 else:
                     groups.extend([turn] for turn in group)
         return done
+
+    def _write(self, turn: SubmittedTurn, nll: torch.Tensor) -> Imprint:
+        """The turn's new imprint from its message's NLL under its prefill (``imprint_message``)."""
+        with torch.no_grad():
+            return imprint_message(self.model, self.tokenizer, turn.request, turn.prompt, nll)
 
     def _admit(self, batch: DecodeBatch, prefilled: list[Prefill], rows: dict[int, SubmittedTurn]) -> None:
         """Between two steps: the prefilled turns join the batch (one that was cancelled meanwhile leaves at once)

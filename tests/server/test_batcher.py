@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import server.runtime.batcher as batcher_module
 import sia.model.generate as generate_module
 from server.errors import OverloadedError
 from server.observability import Metrics
@@ -371,6 +372,61 @@ def test_turns_of_a_model_with_an_imprint_write_it_as_they_would_alone() -> None
         for name in ("span", "token", "turn", "offset", "kind", "keys", "values"):
             assert torch.equal(getattr(g.state.imprint, name), getattr(a.state.imprint, name)), name
         torch.testing.assert_close(g.state.imprint.score, a.state.imprint.score)
+
+
+def test_a_turns_first_token_does_not_wait_for_its_imprint_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write runs after the turn has joined the batch: a write that waits for the turn's first token is let go by
+    it (a write before the first token would wait for ever), and the turn still ends with the imprint it writes alone
+    and the result it reaches alone."""
+    model = llama(2, 2)
+    assert isinstance(model, LlamaModel)
+    model.add_imprint(24, 4)
+    model.config = replace(model.config, imprint_min_shock=0.0)
+    (request,) = requests_for(model, 1)
+    alone = run_turn(model, request, PARAMS[0])
+    first_token, waited = threading.Event(), []
+    write = batcher_module.imprint_message
+
+    def after_the_first_token(*args: object) -> object:
+        waited.append(first_token.wait(timeout=WAIT))
+        return write(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batcher_module, "imprint_message", after_the_first_token)
+    for b in batcher_of(model):
+        reader = Reader()
+        reader.turn = b.submit(request, PARAMS[0], reader.deliver)
+        reader.next_event()
+        first_token.set()
+        got = reader.result()
+    assert waited == [True]
+    assert_same_turn(got, alone)
+    assert got.state.imprint is not None and alone.state.imprint is not None
+    assert torch.equal(got.state.imprint.keys, alone.state.imprint.keys) and got.state.imprint.used > 0
+
+
+def test_a_failing_imprint_write_fails_its_turn_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that raises: its turn gets the error after its streamed tokens, the turn beside it ends as alone."""
+    model = llama(2, 2)
+    assert isinstance(model, LlamaModel)
+    model.add_imprint(24, 4)
+    model.config = replace(model.config, imprint_min_shock=0.0)
+    requests = requests_for(model, 2)
+    alone = run_turn(model, requests[1], PARAMS[1])
+    write = batcher_module.imprint_message
+
+    def failing_for_the_first(m: object, tok: object, request: TurnRequest, *rest: object) -> object:
+        if request is requests[0]:
+            raise RuntimeError("the write failed")
+        return write(m, tok, request, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batcher_module, "imprint_message", failing_for_the_first)
+    for b in batcher_of(model):
+        readers = [Reader() for _ in requests]
+        for reader, request, params in zip(readers, requests, PARAMS[:2], strict=True):
+            reader.turn = b.submit(request, params, reader.deliver)
+        with pytest.raises(RuntimeError, match="the write failed"):
+            readers[0].result()
+        assert_same_turn(readers[1].result(), alone)
 
 
 def test_turns_in_the_batcher_keep_to_their_messages_language_as_they_do_alone(monkeypatch: pytest.MonkeyPatch) -> None:
