@@ -359,10 +359,11 @@ class InjectedAttention(nn.Module):
         else:
             k_aug, v_aug = cache.extend(layer, k_aug, v_aug)  # (B, H_kv, slot+cached+L, w)
         prefix = cache.prefix if cache is not None else 0  # the columns before the tokens that ``starts`` counts
+        mirrored = cache is not None and cache.mirrored
         if starts is None:
             y = attend(q_aug, k_aug, v_aug, causal=True, attn_mask=attn_mask, enable_gqa=self.H_kv != self.H)  # (B, H, L, w)
         else:
-            y = self._attend_rows(q_aug, k_aug, v_aug, starts, prefix, cache is not None and cache.mirrored)
+            y = self._attend_rows(q_aug, k_aug, v_aug, starts, prefix, mirrored)
         if reads is not None and lc is not None:
             N = lc.slot_key.shape[2] - self.S
             heads = reads.heads.get(layer)
@@ -373,7 +374,7 @@ class InjectedAttention(nn.Module):
                 for b, start in enumerate(starts):
                     n = min(L, k_aug.shape[2] - start)  # the row's queries that are not padding
                     if n:
-                        keys = own_columns(k_aug, b, start, prefix, cache is not None and cache.mirrored)
+                        keys = own_columns(k_aug, b, start, prefix, mirrored)
                         weights[b : b + 1, :, L - n :] = self.entry_weights(q_aug[b : b + 1, :, L - n :], keys, N, None, heads)
             reads.weights.append(weights)
         return y[..., : self.d].transpose(1, 2).reshape(B, L, self.H * self.d)

@@ -34,6 +34,7 @@ from sia.model.generate import (
     SamplingParams,
     StreamEvent,
     check_room,
+    forget_newest,
     left_padded,
     padded_inputs,
     prompt_nll,
@@ -352,14 +353,11 @@ class DecodeBatch:
         return events
 
     def _restart(self, b: int, n: int) -> Tensor:
-        """Row b's reply begins again (``reply_events``): it forgets its n tokens read (``KVCache.forget_newest``); the
+        """Row b's reply begins again (``reply_events``): it forgets its n tokens read (``forget_newest``); the
         logits of its first token."""
         m = self.members[b]
         if n:
-            assert self.cache is not None
-            first = self.prefix + int(self.valid[b, self.prefix :].int().argmax())  # its first token's column
-            self.cache.forget_newest(b, n, first - (self.prefix if self.cache.mirrored else 0))  # its slots' mirror too
-            self.valid[b, first : first + n] = False
+            forget_newest(self.valid, self.cache, b, n, self.prefix)
         m.stats = m.prompt_stats
         return m.first
 

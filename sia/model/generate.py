@@ -40,6 +40,7 @@ __all__ = [
     "check_room",
     "exclaimed",
     "exclamation_pairs",
+    "forget_newest",
     "generate",
     "left_padded",
     "likeliest",
@@ -518,6 +519,17 @@ def left_padded(rows: Sequence[Sequence[int]], fill: int, device: torch.device) 
     return idx, valid
 
 
+def forget_newest(key_valid: Tensor, cache: KVCache | None, b: int, n: int, prefix_len: int) -> int:
+    """Left-padded row b forgets its n newest tokens (a reply taken back): its earlier columns move n to the right over
+    them in the cache (``KVCache.forget_newest``), and key_valid (B, prefix + columns) shows it n columns later; the
+    column of its first token after the prefix before the move."""
+    at = int(key_valid[b, prefix_len:].int().argmax())
+    key_valid[b, prefix_len + at : prefix_len + at + n] = False
+    if cache is not None:
+        cache.forget_newest(b, n, prefix_len + at)
+    return at
+
+
 def padded_inputs(key_valid: Tensor, n: int, prefix_len: int, n_memory: int = 0) -> tuple[Tensor, Tensor]:
     """Positions (B, n) of the newest n tokens of left-padded rows and the boolean (B, 1, n + n_memory, Lk + n_memory)
     mask of the keys each query sees (causal, padding hidden); key_valid (B, Lk) covers the prefix and every token so
@@ -880,11 +892,8 @@ def _decode(
             else:  # the reference reads the whole sequence every step
                 seq, seq_count = seq[:, :-n], seq_count[:, :-n]
             return first[b]
-        at = int(key_valid[b, P:].int().argmax())  # its first token's column after the prefix
-        key_valid[b, P + at : P + at + n] = False
-        if cache is not None:
-            cache.forget_newest(b, n, P + at - (P if cache.mirrored else 0))  # its slots' mirror too
-        else:
+        at = forget_newest(key_valid, cache, b, n, P)
+        if cache is None:
             for t, blank in ((seq, tok.pad_id), (seq_count, False)):
                 t[b, at + n :] = t[b, at : t.shape[1] - n].clone()
                 t[b, at : at + n] = blank

@@ -76,9 +76,12 @@ class KVCache:
         self.capacity, self.length, self.mirrored = self.capacity + P, self.length + P, True
 
     def forget_newest(self, row: int, n: int, first: int) -> None:
-        """Row ``row`` forgets its n newest columns (a reply taken back): its columns from ``first`` (its first token's)
-        move n to the right, over them, and the n they leave hold zeros, as unused columns do. Its tokens stay one run
-        of columns ending at the newest, so it still attends alone as left-padded rows do (``row_starts``)."""
+        """Row ``row`` forgets its n newest columns (a reply taken back): its columns from ``first`` (its first token's;
+        where ``mirrored``, from its slots' copy just before it) move n to the right, over them, and the n they leave
+        hold zeros, as unused columns do. Its tokens stay one run of columns ending at the newest, so it still attends
+        alone as left-padded rows do (``row_starts``)."""
+        if self.mirrored:
+            first -= self.prefix
         for store in (self.keys, self.values):
             for t in store:
                 t[row, :, first + n : self.length] = t[row, :, first : self.length - n].clone()
