@@ -149,8 +149,12 @@ def copied(
     held_ids = tokens.clamp_min(0)  # (B, N): an empty entry as token 0, so every write to a token writes one value
     same = (held_ids.unsqueeze(-1) == held_ids.unsqueeze(-2)).float()  # (B, N, N)
     ids = held_ids.unsqueeze(1).expand_as(a)  # (B, L, N)
-    held = torch.logaddexp(mixed.gather(-1, ids), (a @ same).log() - norm)  # (B, L, N): log((p + a) / (1 + |a|))
-    mixed = mixed.scatter_(-1, ids, held).to(logits.dtype)
+    pointed = a @ same  # (B, L, N): each entry's token's a
+    # log(0) = -inf where nothing points, its gradient taken at 1 (0 · inf would make it NaN)
+    pointed = torch.where(pointed > 0, pointed, 1.0).log().masked_fill(pointed <= 0, float("-inf"))
+    held = torch.logaddexp(mixed.gather(-1, ids), pointed - norm)  # (B, L, N): log((p + a) / (1 + |a|))
+    # in place where nothing learns from it (the gather above keeps ``mixed`` for its gradient)
+    mixed = (mixed.scatter(-1, ids, held) if mixed.requires_grad else mixed.scatter_(-1, ids, held)).to(logits.dtype)
     copying = (weight > 0).any(-1)  # (B,)
     return mixed if bool(copying.all()) else torch.where(copying.view(-1, 1, 1), mixed, logits)
 

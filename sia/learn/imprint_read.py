@@ -110,6 +110,10 @@ class ReadConfig:
     # the copy read's lambda the checkpoint is written with (config.imprint_copy: pointed by the query heads the
     # checkpoint names, else by every query head of the last third of the layers); None: the one before's
     copy: float | None = None
+    # the read learns through the copy read (config.imprint_copy of the model trained): its imprints keep their token
+    # ids, so each answer's loss is taken on the model's distribution mixed with the imprinted tokens, as a turn reads
+    # them, and the copy heads' pointer at the entries learns with the rest
+    through_copy: bool = False
     # the kind tagger's label threshold the checkpoint is written with (config.imprint_label_min; None: the one before's)
     label_min: float | None = None
     seed: int = 0
@@ -319,9 +323,15 @@ def _written(
         yield imprint, choices
 
 
-def imprints_of(model: LlamaModel, systems: Sequence[list[int]], conversations: Sequence[Sequence[str]]) -> list[Imprint]:
+def imprints_of(
+    model: LlamaModel,
+    systems: Sequence[list[int]],
+    conversations: Sequence[Sequence[str]],
+    *,
+    keep_text: bool = False,
+) -> list[Imprint]:
     """The imprint a fresh identity keeps after each conversation's messages under its persona prompt (``imprint_turns``'
-    last, without text), every message of them all read in shared padded passes."""
+    last; token ids kept with ``keep_text``), every message of them all read in shared padded passes."""
     prompts = [
         [model.tokenizer.turn_prompt(message, system) for message in messages]
         for system, messages in zip(systems, conversations, strict=True)
@@ -329,7 +339,7 @@ def imprints_of(model: LlamaModel, systems: Sequence[list[int]], conversations: 
     reads = iter(message_reads(model, [p for conversation in prompts for p in conversation]))
     out = []
     for conversation in prompts:
-        last = deque(_written(model, conversation, [next(reads) for _ in conversation]), maxlen=1)  # only the final imprint
+        last = deque(_written(model, conversation, [next(reads) for _ in conversation], keep_text=keep_text), maxlen=1)  # only the final imprint
         out.append(last[0][0] if last else Imprint.empty(model.config))
     return out
 
@@ -622,6 +632,8 @@ def train_read(
     in a turn. Returns the log."""
     if not model.config.imprint_read_rank:
         raise ValueError("the model has no read adapter: call add_imprint(tokens, read_rank) first")
+    if config.through_copy and not model.config.imprint_copy:
+        raise ValueError("through_copy trains through the copy read: the model has none (config.imprint_copy is 0)")
     if not 0.0 <= config.natural_rate <= 1.0:
         raise ValueError(f"natural_rate is a share of the examples: in [0, 1]; got {config.natural_rate}")
     if config.natural_rate and not natural:
@@ -664,7 +676,9 @@ def train_read(
         model.eval()
         system = [rng.choice(systems) for _ in examples]
         starts = [len(s) for s in system]
-        imprints: list[Imprint | None] = list(imprints_of(model, system, [ex.messages for ex in examples]))
+        imprints: list[Imprint | None] = list(
+            imprints_of(model, system, [ex.messages for ex in examples], keep_text=config.through_copy)
+        )
         asked = [(tok.turn_prompt(ex.question, s)[0], ex.answer) for s, ex in zip(system, examples, strict=True)]
         rows = [(prompt + tok.reply_tokens(answer), len(prompt)) for prompt, answer in asked]
         idx, counted = _batch(rows, tok.pad_id, model.device)
@@ -765,7 +779,8 @@ def train_checkpoint(
             raise ValueError(f"{checkpoint} has no read adapter to train on: train the read first")
         tokens = model.config.imprint_tokens if config.tokens is None else config.tokens
         bits = model.config.imprint_bits if config.bits is None else config.bits
-        model.config = replace(model.config, imprint_tokens=tokens, imprint_bits=bits)
+        copy = model.config.imprint_copy if config.copy is None else config.copy  # the read trains under the one it ships
+        model.config = replace(model.config, imprint_tokens=tokens, imprint_bits=bits, imprint_copy=copy)
         history = train_read(model, systems, config, phrases, natural=hand_written)
     else:
         if not config.kinds_only:
@@ -868,6 +883,9 @@ def main() -> None:
         default=ReadConfig.natural_rate,
         help="share of read examples from the natural training part",
     )
+    parser.add_argument(
+        "--through-copy", action="store_true", help="the answer's loss taken through the copy read (imprints keep token ids)"
+    )
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -897,6 +915,7 @@ def main() -> None:
         asks_natural=args.asks_natural,
         natural_rate=args.natural_rate,
         copy=args.copy,
+        through_copy=args.through_copy,
     )
     if args.gate_only and not args.resume:
         parser.error("--gate-only trains over a checkpoint's read: add --resume")

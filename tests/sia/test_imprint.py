@@ -817,6 +817,29 @@ def test_the_copy_read_mixes_the_imprinted_tokens_into_the_next_token_distributi
     assert bool((got[2, :, 0] > torch.log_softmax(logits[2], -1)[:, 0]).all())  # token 0 too, whatever the empty entry
 
 
+def test_the_copy_read_has_finite_gradients_and_learning_through_it_leaves_its_values_as_they_are() -> None:
+    """A read trained through the copy (sia.learn.imprint_read's through_copy) takes gradients where no entry points at
+    a token (log 0) and where a row does not copy; its values are those of the copy without gradients, bit for bit."""
+    g = torch.Generator().manual_seed(1)
+    B, L, V, n = 2, 3, 9, 4
+    logits = torch.randn(B, L, V, generator=g)
+    pointer = torch.rand(B, L, n, generator=g) / n
+    pointer[0, 1] = 0.0  # a position whose pointer gives the entries nothing
+    tokens = torch.tensor([[2, 4, -1, 2], [1, 3, 5, 7]])
+    after = torch.tensor([[-1, 2, -1, -1], [-1, -1, -1, -1]])
+    previous = torch.tensor([[0, 0, 2], [1, 1, 1]])
+    weight = torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])  # row 1 does not copy
+    expected = copied(logits, pointer, tokens, weight, after, previous)
+    lg, pt = logits.clone().requires_grad_(True), pointer.clone().requires_grad_(True)
+    got = copied(lg, pt, tokens, weight, after, previous)
+    assert torch.equal(got.detach(), expected)
+    got[:, :, [2, 4, 0]].sum().backward()  # held tokens and a token no entry holds
+    assert lg.grad is not None and pt.grad is not None
+    assert bool(lg.grad.isfinite().all()) and bool(pt.grad.isfinite().all())
+    assert float(pt.grad[0, 0].abs().sum()) > 0  # the pointer learns where it copies ...
+    assert float(pt.grad[1].abs().sum()) == 0  # ... and not in a row that does not copy
+
+
 def test_the_copy_read_copies_a_word_s_inner_pieces_only_after_the_piece_before(hf_model: LlamaForCausalLM) -> None:
     """copy_after: an entry whose token goes on a word (a letter or digit first) waits for its span's previous token;
     one that begins a word (a space or a mark first), its span's first, and an empty one wait for nothing."""

@@ -3,6 +3,7 @@ sia.learn.imprint_read to answer from the imprinted words (its loss falls), kept
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 from typing import Any
@@ -332,6 +333,53 @@ def test_training_the_read_lowers_the_answer_loss(distill: float) -> None:
     assert changed and all("imprint_read" in n for n in changed)  # only the read adapter learns
     assert all(h["kl"] >= 0 for h in history)
     assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_the_read_trains_through_the_copy_read_where_asked() -> None:
+    """through_copy: the imprints keep their token ids, so the answer's loss is the copy read's mixture's (the answer's
+    value is among the imprinted tokens: a lower loss than the model's alone on the same examples), and the read adapter
+    learns through it (one batch, trained on: its loss falls, every step finite); a model without the copy read
+    refuses it."""
+    from sia.learn.imprint_read import _batch, _conditioned
+
+    config = ReadConfig(steps=1, batch=4, lr=3e-2, rank=4, tokens=32, distractors=1, distill_weight=0.0, log_every=100)
+    systems = [list(b"You are kind. "), list(b"Hi. ")]
+
+    def copying() -> LlamaModel:
+        model = tiny()
+        model.add_imprint(32, 4)
+        model.config = replace(model.config, imprint_copy=2.0)
+        return model
+
+    first = {
+        through: train_read(copying(), systems, replace(config, through_copy=through), phrases())[0]["answer"]
+        for through in (False, True)
+    }
+    assert first[True] < first[False] - 1.0
+    with pytest.raises(ValueError, match="copy read"):
+        train_read(tiny_with_read(), systems, replace(config, through_copy=True), phrases())
+
+    model, tok = copying(), ByteTokenizer()
+    rng = random.Random(0)
+    examples = [make_example(rng, phrases(), distractors=1, extra_rate=0.0) for _ in range(4)]
+    imprints: list[Imprint | None] = list(imprints_of(model, [systems[1]] * 4, [ex.messages for ex in examples], keep_text=True))
+    prompts = [tok.turn_prompt(ex.question, systems[1])[0] for ex in examples]
+    idx, counted = _batch(
+        [(p + tok.reply_tokens(ex.answer), len(p)) for p, ex in zip(prompts, examples, strict=True)], tok.pad_id, model.device
+    )
+    trainable = [p for n, p in model.named_parameters() if "imprint_read" in n]
+    for p in trainable:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(trainable, lr=1e-2, weight_decay=0.0)
+    losses = []
+    for _ in range(20):
+        logits = model(idx, _conditioned(model, imprints, [len(systems[1])] * 4)).logits[:, :-1]
+        loss = F.cross_entropy(logits[counted], idx[:, 1:][counted])
+        opt.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.3
 
 
 def test_the_imprint_gate_starts_at_the_model_as_it_was_and_shut_is_the_base_model() -> None:
