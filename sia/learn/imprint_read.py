@@ -339,7 +339,8 @@ def imprints_of(
     reads = iter(message_reads(model, [p for conversation in prompts for p in conversation]))
     out = []
     for conversation in prompts:
-        last = deque(_written(model, conversation, [next(reads) for _ in conversation], keep_text=keep_text), maxlen=1)  # only the final imprint
+        written = _written(model, conversation, [next(reads) for _ in conversation], keep_text=keep_text)
+        last = deque(written, maxlen=1)  # only the final imprint
         out.append(last[0][0] if last else Imprint.empty(model.config))
     return out
 
