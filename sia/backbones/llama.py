@@ -356,30 +356,6 @@ class LlamaModel(IdentityModel):
                     elif hasattr(attn, name):
                         delattr(attn, name)
 
-    def widen_read(self, rank: int, *, seed: int = 0) -> None:
-        """The imprint's read adapter widened to rank ``rank``, in place: its trained directions kept, the added ones'
-        down maps random and up maps zero (as a fresh adapter's), so the model reads as before until they are trained."""
-        old = self.config.imprint_read_rank
-        if not old:
-            raise ValueError("the model has no read adapter to widen: call add_imprint(tokens, read_rank) first")
-        if rank < old:
-            raise ValueError(f"a read adapter is widened, not narrowed: rank {rank} < its {old}")
-        self.config = replace(self.config, imprint_read_rank=rank)
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for attn in self.attentions:
-                if not attn.stateful:
-                    continue
-                attn.read_rank = rank
-                for name in ("imprint_read_q", "imprint_read_v", "imprint_read_o"):
-                    narrow = getattr(attn, name)
-                    wide = LowRank(narrow.down.in_features, narrow.up.out_features, rank)
-                    init_slot_map(wide, 0.0, generator)
-                    wide = wide.to(narrow.down.weight.device, narrow.down.weight.dtype)
-                    wide.down.weight[:old] = narrow.down.weight
-                    wide.up.weight[:, :old] = narrow.up.weight
-                    setattr(attn, name, wide)
-
     def add_imprint_gate(self) -> None:
         """Give every stateful layer a fresh per-token read gate on the imprint (config.imprint_gate), in place; it
         starts at zero: the model reads exactly as before until it is trained."""

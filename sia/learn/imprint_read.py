@@ -74,7 +74,6 @@ class ReadConfig:
     batch: int = 8
     lr: float = 2e-3
     rank: int = 8  # the read adapter's rank; 0: none (nor read steps): the backbone reads the entries by its own attention
-    # (with resume, a rank above the checkpoint's widens its adapter, the added directions starting at zero)
     # imprint entries and their precision (config.imprint_bits): 62 in int8 or 120 in 4 bits keep a stored SmolLM2
     # identity under 1 MB; None: 62 and 8 for a new imprint, the checkpoint's own with resume (else it is resized)
     tokens: int | None = None
@@ -781,8 +780,6 @@ def train_checkpoint(
             raise ValueError(f"{checkpoint} has no read adapter to train on: train the read first")
         tokens = model.config.imprint_tokens if config.tokens is None else config.tokens
         bits = model.config.imprint_bits if config.bits is None else config.bits
-        if config.rank > model.config.imprint_read_rank:  # the added directions start at zero
-            model.widen_read(config.rank, seed=config.seed)
         copy = model.config.imprint_copy if config.copy is None else config.copy  # the read trains under the one it ships
         model.config = replace(model.config, imprint_tokens=tokens, imprint_bits=bits, imprint_copy=copy)
         history = train_read(model, systems, config, phrases, natural=hand_written)

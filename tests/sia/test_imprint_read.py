@@ -86,35 +86,6 @@ def with_trained_like_read() -> LlamaModel:
     return model
 
 
-def test_a_widened_read_adapter_reads_as_before_until_trained_and_then_learns_in_its_new_directions() -> None:
-    model = with_trained_like_read()
-    imprint = imprint_of(model, list(b"sys"), ("I am Ox and I live in Yak",))
-    state = replace(IdentityState.fresh(model.config), imprint=imprint)
-    idx = torch.tensor([list(b"who am I?")])
-    with torch.no_grad():
-        before = model(idx, model.condition_states([state], [3])).logits
-        model.widen_read(12, seed=3)
-        after = model(idx, model.condition_states([state], [3])).logits
-        model.train()
-        trained_form = model(idx, model.condition_states([state], [3])).logits  # the training form, as the trainer reads
-        model.eval()
-    assert model.config.imprint_read_rank == 12
-    ranks = {tuple(p.shape) for n, p in model.named_parameters() if "imprint_read" in n}
-    assert all(12 in shape for shape in ranks)
-    torch.testing.assert_close(after, before, atol=1e-5, rtol=0)
-    torch.testing.assert_close(trained_form, before, atol=1e-5, rtol=0)
-    config = ReadConfig(steps=3, batch=2, lr=3e-2, rank=12, tokens=24, distractors=1, distill_weight=0.0, log_every=100)
-    kept = {n: p.detach().clone() for n, p in model.named_parameters() if "imprint_read" in n}
-    train_read(model, [list(b"Hi. ")], config, phrases())
-    for n, p in model.named_parameters():
-        if n.endswith("up.weight") and "imprint_read" in n:
-            assert float(p[:, 4:].abs().sum()) > 0 and not torch.equal(p[:, :4], kept[n][:, :4])  # both parts learn
-    with pytest.raises(ValueError, match="narrowed"):
-        model.widen_read(8)
-    with pytest.raises(ValueError, match="no read adapter"):
-        tiny().widen_read(8)
-
-
 def test_the_read_adapter_acts_only_where_an_imprint_is() -> None:
     model, plain = with_trained_like_read(), tiny()
     assert any("imprint_read" in k for k in model.identity_state_dict())
