@@ -530,6 +530,23 @@ def forget_newest(key_valid: Tensor, cache: KVCache | None, b: int, n: int, pref
     return at
 
 
+def closed_up(key_valid: Tensor, cache: KVCache, prefix_len: int) -> Tensor:
+    """Left-padded rows whose replies stopped before the newest column (the columns of the steps since are empty) with
+    their columns moved right over those empty ones (``KVCache.forget_newest``), so that each row's tokens are again
+    one run of columns ending at the newest and it attends alone (``row_starts``); the new key_valid (B, prefix +
+    columns). Positions follow the tokens, not the columns: nothing read before changes."""
+    key_valid = key_valid.clone()
+    tokens = key_valid[:, prefix_len:]
+    for b in range(key_valid.shape[0]):
+        if not bool(tokens[b].any()):
+            continue
+        trailing = int(tokens[b].flip(0).int().argmax())  # empty columns after the row's newest token
+        if trailing:
+            at = forget_newest(key_valid, cache, b, trailing, prefix_len)
+            key_valid[b, prefix_len + at + trailing :] = True
+    return key_valid
+
+
 def padded_inputs(key_valid: Tensor, n: int, prefix_len: int, n_memory: int = 0) -> tuple[Tensor, Tensor]:
     """Positions (B, n) of the newest n tokens of left-padded rows and the boolean (B, 1, n + n_memory, Lk + n_memory)
     mask of the keys each query sees (causal, padding hidden); key_valid (B, Lk) covers the prefix and every token so
@@ -922,6 +939,8 @@ def _decode(
 
     if n_memory:
         # the write: each row's last token (sampled, never fed back) and then the memory tokens, not counted
+        if cache is not None and padded and model.exact_rows:  # each row's columns one run to the newest, as alone
+            key_valid = closed_up(key_valid, cache, P)
         final = torch.tensor([[row.tokens[-1]] for row in rows], dtype=torch.long, device=device)  # (B, 1)
         key_valid = torch.cat([key_valid, key_valid.new_ones(B, 1)], dim=1)
         none = torch.zeros(B, 1, dtype=torch.bool, device=device)

@@ -34,13 +34,23 @@ class SummarySums:
     def __add__(self, other: SummarySums) -> SummarySums:
         top = torch.maximum(self.pool_max, other.pool_max)
         mine, theirs = torch.exp(self.pool_max - top), torch.exp(other.pool_max - top)  # (B,)
-        return SummarySums(
+        merged = SummarySums(
             self.layer_inputs + other.layer_inputs,
             self.hidden * mine.unsqueeze(-1) + other.hidden * theirs.unsqueeze(-1),
             self.count + other.count,
             top,
             self.pool_norm * mine + other.pool_norm * theirs,
         )
+        # a row to which ``other`` adds no token (a row that has stopped, decoding beside others) keeps its sums as
+        # they are, bit for bit: the merge would rescale them to another running maximum, the same sums rounded anew
+        empty = other.count == 0  # (B,)
+        if not bool(empty.any()):
+            return merged
+        kept = [
+            torch.where(empty.view(-1, *[1] * (t.dim() - 1)), getattr(self, f.name), t)
+            for f, t in zip(fields(self), (getattr(merged, f.name) for f in fields(self)), strict=True)
+        ]
+        return SummarySums(*kept)
 
     def row(self, b: int) -> SummarySums:
         return SummarySums(*(getattr(self, f.name)[b : b + 1] for f in fields(self)))

@@ -226,6 +226,26 @@ def test_with_bfloat16_packed_weights_generate_of_several_rows_is_each_row_alone
             assert value is None or torch.equal(value, getattr(want.stats, name)), name
 
 
+def test_with_bfloat16_packed_weights_generate_of_rows_that_stop_at_different_steps_is_each_row_alone_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows whose replies stop early leave empty columns behind them while the others decode on; before the memory
+    tokens' write their columns close up over those (``closed_up``), so every row attends alone in that forward too,
+    and the sums of a row that has stopped are kept as they are: each row is its solo run bit for bit."""
+    seen = counting_row_starts(monkeypatch)
+    model = wider_bfloat16()
+    identity = states(model, len(PROMPTS))  # PARAMS: 7, 5, 9 and 3 tokens
+    alone = [solo(model, p, s, q) for p, s, q in zip(PROMPTS, identity, PARAMS, strict=True)]
+    seen.clear()
+    together = generate(model, PROMPTS, model.condition_states(identity), PARAMS)
+    assert len({len(g.tokens) for g in together}) > 1
+    assert seen and all(starts is not None for starts in seen)  # the memory tokens' forward included
+    for want, got in zip(alone, together, strict=True):
+        assert got.tokens == want.tokens and torch.equal(got.prompt_nll, want.prompt_nll)
+        for name, value in vars(got.stats).items():
+            assert value is None or torch.equal(value, getattr(want.stats, name)), name
+
+
 def test_with_bfloat16_packed_weights_a_row_copying_from_its_imprint_is_bit_for_bit_the_row_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
