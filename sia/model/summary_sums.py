@@ -43,9 +43,7 @@ class SummarySums:
         )
         # a row to which ``other`` adds no token (a row that has stopped, decoding beside others) keeps its sums as
         # they are, bit for bit: the merge would rescale them to another running maximum, the same sums rounded anew
-        empty = other.count == 0  # (B,)
-        if not bool(empty.any()):
-            return merged
+        empty = other.count == 0  # (B,); chosen on the device, with no wait for the host at a decoding step
         kept = [
             torch.where(empty.view(-1, *[1] * (t.dim() - 1)), getattr(self, f.name), t)
             for f, t in zip(fields(self), (getattr(merged, f.name) for f in fields(self)), strict=True)
