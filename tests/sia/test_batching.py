@@ -129,6 +129,13 @@ def wider_bfloat16(**overrides: object) -> LlamaModel:
     return model
 
 
+def assert_same_generation(got: Generation, want: Generation, label: object = None) -> None:
+    """``got`` is ``want`` bit for bit: tokens, prompt NLL and every sum the turn's write reads (memory tokens included)."""
+    assert got.tokens == want.tokens and torch.equal(got.prompt_nll, want.prompt_nll), label
+    for name, value in vars(got.stats).items():
+        assert value is None or torch.equal(value, getattr(want.stats, name)), (label, name)
+
+
 def assert_bit_for_bit(model: LlamaModel, identity: list[IdentityState], together: bool, params: list[SamplingParams]) -> None:
     """Each of PROMPTS decoded with ``params`` joining one batch (``decode_joining``) is exactly the row alone, in a
     DecodeBatch of its own and through ``generate``: tokens, every step's log-probability, prompt NLL, the turn
@@ -148,10 +155,8 @@ def assert_bit_for_bit(model: LlamaModel, identity: list[IdentityState], togethe
     batch, handles, _, _ = decode_joining(model, identity, together, logprobs, params)
     for i, want in enumerate(expected):
         got = batch.take(handles[i])
-        assert got.tokens == want.tokens and logprobs[handles[i]] == alone[i], i
-        assert torch.equal(got.prompt_nll, want.prompt_nll)
-        for name, value in vars(got.stats).items():  # what the turn's write reads, memory tokens included
-            assert value is None or torch.equal(value, getattr(want.stats, name)), (i, name)
+        assert_same_generation(got, want, i)
+        assert logprobs[handles[i]] == alone[i], i
         a, b = model.summarize(got.stats), model.summarize(want.stats)
         assert all(torch.equal(x, y) for x, y in zip(vars(a).values(), vars(b).values(), strict=True) if x is not None)
 
@@ -220,10 +225,8 @@ def test_with_bfloat16_packed_weights_generate_of_several_rows_is_each_row_alone
     together = generate(model, PROMPTS, model.condition_states(identity), params)
     P, L = model.prefix_len, max(map(len, PROMPTS))
     assert mirrored == [[P + L - len(p) for p in PROMPTS]]
-    for want, got in zip(alone, together, strict=True):
-        assert got.tokens == want.tokens and torch.equal(got.prompt_nll, want.prompt_nll)
-        for name, value in vars(got.stats).items():
-            assert value is None or torch.equal(value, getattr(want.stats, name)), name
+    for i, (want, got) in enumerate(zip(alone, together, strict=True)):
+        assert_same_generation(got, want, i)
 
 
 def test_with_bfloat16_packed_weights_generate_of_rows_that_stop_at_different_steps_is_each_row_alone_bit_for_bit(
@@ -240,10 +243,8 @@ def test_with_bfloat16_packed_weights_generate_of_rows_that_stop_at_different_st
     together = generate(model, PROMPTS, model.condition_states(identity), PARAMS)
     assert len({len(g.tokens) for g in together}) > 1
     assert seen and all(starts is not None for starts in seen)  # the memory tokens' forward included
-    for want, got in zip(alone, together, strict=True):
-        assert got.tokens == want.tokens and torch.equal(got.prompt_nll, want.prompt_nll)
-        for name, value in vars(got.stats).items():
-            assert value is None or torch.equal(value, getattr(want.stats, name)), name
+    for i, (want, got) in enumerate(zip(alone, together, strict=True)):
+        assert_same_generation(got, want, i)
 
 
 def test_with_bfloat16_packed_weights_a_row_copying_from_its_imprint_is_bit_for_bit_the_row_alone(
