@@ -18,6 +18,7 @@ from sia.identity.state import IdentityState, SelfUpdate, TurnSummary
 from sia.model.conditioning import Conditioning
 from sia.model.config import AnyConfig
 from sia.model.kv_cache import KVCache
+from sia.model.language import of_the_persona
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
@@ -154,7 +155,9 @@ class IdentityModel(nn.Module):
         """Stack one IdentityState per row into a Conditioning; ``reads_from``: per row, the first position that reads
         the imprint (a turn's context, the persona's prompt, does not); ``messages``: per row, the tokens of the
         user's message, whose asked kind moves the imprint's entries (config.imprint_ask_bias; asked only where some
-        row's imprint holds an entry of known kind, or a kept token the copy read weighs)."""
+        row's imprint holds an entry of known kind, or a kept token the copy read weighs). A message that speaks of
+        the persona and not of its writer ("What's your name?", ``sia.model.language.of_the_persona``) reads no imprint:
+        the user's words answer questions about the user, never about the persona."""
         if not states:
             raise ValueError("need at least one identity state")
         for state in states:
@@ -163,15 +166,21 @@ class IdentityModel(nn.Module):
         selves = torch.stack([s.self_state for s in states]).to(self.device)
         imprint, start = None, None
         if self.config.imprint_tokens:
-            entries = ImprintEntries.stack([s.imprint for s in states], self.config.imprint_shape, torch.float32)
-            imprint = entries.to(self.device)
-            start = None if reads_from is None else torch.tensor(list(reads_from), dtype=torch.long, device=self.device)
             if messages is not None and len(messages) != len(states):
                 raise ValueError(f"need one message per state; got {len(messages)} for {len(states)}")
+            unread = [False] * len(states) if messages is None else [self.of_the_persona(m) for m in messages]
+            held = [None if quiet else s.imprint for s, quiet in zip(states, unread, strict=True)]
+            entries = ImprintEntries.stack(held, self.config.imprint_shape, torch.float32)
+            imprint = entries.to(self.device)
+            start = None if reads_from is None else torch.tensor(list(reads_from), dtype=torch.long, device=self.device)
             copies = bool(self.config.imprint_copy) and bool((entries.token >= 0).any())
             if messages is not None and self.config.imprint_ask_bias and (copies or bool((entries.kind > 0).any())):
                 return self.condition(trace, selves, imprint, start, self.asked_kinds(messages))
         return self.condition(trace, selves, imprint, start)
+
+    def of_the_persona(self, message: Sequence[int]) -> bool:
+        """Whether a message (its tokens) speaks of the persona and not of its writer (``language.of_the_persona``)."""
+        return of_the_persona(self.tokenizer.decode(list(message)))
 
     def asked_kinds(self, rows: Sequence[Sequence[int]]) -> Tensor:
         """What kind of fact each message (its tokens) asks about, (B, len(KINDS)) probabilities; a model that keeps

@@ -16,6 +16,11 @@ speaks of English only, since that is the language whose words it knows.
   openers of a reply in Portuguese or Czech). A greeting is no sign ("Bonjour, welcome to Lyon" goes on in English).
   A name with an accent that the user wrote in an earlier turn ("José") can be taken for one; the reply begun again
   then names it after its first word ("Your name is José").
+* A message speaks **of the persona** when it says "you" (or "your", "yourself", "u") and nothing of its writer ("I",
+  "my", "me", "we"): "What's your name?", "Where do you live?", "Tell me about yourself" ask the persona, whatever
+  kind's word they hold, and "Can you recommend a film?" is a request put to it; neither is answered from what the
+  user told (``of_the_persona``). A request's "tell me" or
+  "give me" is no word of the writer's; "who's talking to you?" is (the writer is the one talking).
 * ``OPEN_WORDS`` are the English words a sentence does not end on ("in", "a", "with", "is"): a reply's word limit
   waits past them before it pulls the sentence's end (``ReplyDecoder``).
 """
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["OPEN_WORDS", "english", "foreign_opening", "message_words"]
+__all__ = ["OPEN_WORDS", "english", "foreign_opening", "message_words", "of_the_persona"]
 
 WORD = re.compile(r"[^\W\d_]+")  # a run of letters
 NON_ASCII_SHARE = 0.5  # a message whose letters are more than this share outside ASCII is not English
@@ -79,3 +84,24 @@ def foreign_opening(word: str, user_words: frozenset[str] = frozenset()) -> bool
     """Whether a reply to an English message that opens with ``word`` (letters only) opens in another language."""
     w = word.lower()
     return (w in FOREIGN or not w.isascii()) and w not in user_words and w not in ENGLISH
+
+
+# the second person, and the words by which a message's writer speaks of themself (or of a "we" they belong to)
+SECOND_PERSON = _listed("you your yours yourself yourselves u ur ya you're youre you've you'd you'll")
+FIRST_PERSON = _listed("i i'm im i've ive i'd i'll my mine myself me we we're our ours ourselves us")
+# a request's "me" is its addressee ("tell me about yourself"); the one "talking to you", or whom "you're talking
+# to", is the writer
+_REQUEST_ME = re.compile(r"\b(?:tell|give|show|let|send|teach)\s+me\b")
+_TALKING = r"(?:talk|speak|chat|writ|typ|messag|text)\w*"
+_THE_WRITER = re.compile(rf"\b{_TALKING}\s+(?:to|with)\s+(?:you|u)\b|\b(?:you|u)(?:'re|\s+are)?\s+{_TALKING}\s+(?:to|with)\b")
+
+
+def of_the_persona(text: str) -> bool:
+    """Whether a message speaks of the persona it is sent to and not of its writer: a second-person word and no
+    first-person one, a request's "tell me" aside ("What's your name?", "Tell me about yourself."; not "Do you remember
+    my name?", nor "Who's talking to you?", nor "Do you know who you're talking to?")."""
+    lowered = text.lower().replace("\u2019", "'")
+    if _THE_WRITER.search(lowered):
+        return False
+    said = [w.strip("'") for w in re.findall(r"[a-z']+", _REQUEST_ME.sub(" ", lowered))]  # "'you'" is "you"
+    return any(w in SECOND_PERSON for w in said) and not any(w in FIRST_PERSON for w in said)

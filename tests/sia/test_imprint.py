@@ -882,6 +882,28 @@ def test_the_copy_read_raises_the_imprinted_tokens_and_leaves_a_fresh_identity_t
     assert torch.equal(a, b)
 
 
+def test_a_question_of_the_persona_reads_no_imprint(hf_model: LlamaForCausalLM) -> None:
+    """ "What's your name?" asks the persona: its row is conditioned as a fresh identity's imprint (the self state as
+    it is), bit for bit, whatever the user told; "What's my name?" reads the imprint. Alone and in one batch."""
+    model = _copying(hf_model)
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, "Ana Kowalski, Lisbon"))
+    blank = replace(state, imprint=IdentityState.fresh(model.config).imprint)
+    theirs, mine = "What's your name?", "What's my name?"
+    rows = [model.tokenizer.encode(m) for m in (theirs, mine)]
+    with torch.no_grad():
+        asked = model(torch.tensor(rows[:1]), model.condition_states([state], messages=rows[:1])).logits
+        untold = model(torch.tensor(rows[:1]), model.condition_states([blank], messages=rows[:1])).logits
+        told = model(torch.tensor(rows[1:]), model.condition_states([state], messages=rows[1:])).logits
+        told_blank = model(torch.tensor(rows[1:]), model.condition_states([blank], messages=rows[1:])).logits
+        both = model.condition_states([state, state], messages=rows)
+        alone = [model.condition_states([blank], messages=[r]) for r in rows]
+    assert torch.equal(asked, untold)
+    assert float((told - told_blank).abs().max()) > 1e-3
+    for layer in (0, 1, 2):  # in a batch, the persona's question's row is a blank imprint's; the user's question's not
+        assert torch.equal(both.layers[layer].slot_key[0], alone[0].layers[layer].slot_key[0])
+        assert not torch.equal(both.layers[layer].slot_key[1], alone[1].layers[layer].slot_key[0])
+
+
 def test_the_copy_read_is_the_same_uncached_cached_and_batched(hf_model: LlamaForCausalLM) -> None:
     """The pointer's weights are written out with the kernel's own visibility (causal, padding, each row alone): the
     whole sequence read at once, token by token through the cache and in a padded batch give the same logits."""

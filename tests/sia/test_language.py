@@ -22,7 +22,7 @@ from sia.model.generate import (
     reply_events,
     stream,
 )
-from sia.model.language import english, foreign_opening, message_words
+from sia.model.language import english, foreign_opening, message_words, of_the_persona
 from sia.model.naming import name_starts, names_self, user_names
 from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
@@ -43,6 +43,30 @@ from tests.conftest import random_state, tiny_config
 )
 def test_a_message_reads_as_english_by_its_words_and_letters(message: str, is_english: bool) -> None:
     assert english(message) is is_english
+
+
+@pytest.mark.parametrize(
+    ("message", "persona"),
+    [
+        ("What's your name?", True),
+        ("Where do you live?", True),
+        ("Tell me about yourself.", True),
+        ("what do u do for a living", True),
+        ("Who are you?", True),
+        ("What’s your favourite colour?", True),
+        ("What's my name?", False),
+        ("Do you remember my name?", False),
+        ("Where do I live?", False),
+        ("What do you reckon I'll be up to on Saturday?", False),
+        ("Who's talking to you right now?", False),
+        ("Do you know who you're talking to?", False),
+        ("Can you tell me my name?", False),
+        ("What colour is the sky?", False),
+        ("Where did we meet?", False),
+    ],
+)
+def test_a_message_speaks_of_the_persona_when_it_says_you_and_nothing_of_its_writer(message: str, persona: bool) -> None:
+    assert of_the_persona(message) is persona
 
 
 def test_a_first_word_is_foreign_when_another_language_says_it_and_the_user_did_not() -> None:
