@@ -1,4 +1,5 @@
-"""Whether a reply keeps to its user's language: the decoder's rule for the first word of a reply to English.
+"""Whether a reply keeps to its user's language (the decoder's rule for the first word of a reply to English), and
+whether a message speaks of the persona rather than of its writer (the imprint's rule for whom a question asks about).
 
 The bundled backbone answers an introduction that names a foreign person or place in that place's language ("Hi! I'm
 Ana Kowalski, I live in Lisbon" -> "Eu estes ao Ana Kowalski, sistema de uma criatura..."), and the reply's first
@@ -19,8 +20,8 @@ speaks of English only, since that is the language whose words it knows.
 * A message speaks **of the persona** when it says "you" (or "your", "yourself", "u") and nothing of its writer ("I",
   "my", "me", "we"): "What's your name?", "Where do you live?", "Tell me about yourself" ask the persona, whatever
   kind's word they hold, and "Can you recommend a film?" is a request put to it; neither is answered from what the
-  user told (``of_the_persona``). A request's "tell me" or
-  "give me" is no word of the writer's; "who's talking to you?" is (the writer is the one talking).
+  user told (``of_the_persona``). A request's "tell me" or "give me" is no word of the writer's; "who's talking to
+  you?" is (the writer is the one talking).
 * ``OPEN_WORDS`` are the English words a sentence does not end on ("in", "a", "with", "is"): a reply's word limit
   waits past them before it pulls the sentence's end (``ReplyDecoder``).
 """
