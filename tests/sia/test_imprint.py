@@ -904,6 +904,21 @@ def test_a_question_of_the_persona_reads_no_imprint(hf_model: LlamaForCausalLM) 
         assert not torch.equal(both.layers[layer].slot_key[1], alone[1].layers[layer].slot_key[0])
 
 
+def test_a_turn_that_asks_the_persona_keeps_what_the_user_told(hf_model: LlamaForCausalLM) -> None:
+    """The turn of "What's your name?" reads no imprint, but its new state still holds every span the user told."""
+    model = build(hf_model)
+    dynamics = Dynamics.from_config(model.config)
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    told = run_turn(model, TurnRequest(IdentityState.fresh(model.config), "I am Zbigniew, from Ushuaia.", dynamics), params)
+    asked = run_turn(model, TurnRequest(told.state, "What's your name?", dynamics), params).state.imprint
+    before = told.state.imprint
+    assert before is not None and asked is not None and before.used > 0
+    kept = [(s.turn, s.tokens) for s in before.spans()]
+    assert [(s.turn, s.tokens) for s in asked.spans()][: len(kept)] == kept
+    n = before.used
+    assert torch.equal(asked.keys[..., :n, :], before.keys[..., :n, :])
+
+
 def test_the_copy_read_is_the_same_uncached_cached_and_batched(hf_model: LlamaForCausalLM) -> None:
     """The pointer's weights are written out with the kernel's own visibility (causal, padding, each row alone): the
     whole sequence read at once, token by token through the cache and in a padded batch give the same logits."""
