@@ -19,6 +19,8 @@ import json
 import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -28,6 +30,7 @@ from server.db import migrate
 from server.main import create_app
 from sia.checkpoint import load_model
 from sia.learn.natural import mentions
+from sia.model.identity_model import IdentityModel
 
 # (messages, [(kind, question, accepted strings)])
 Asked = tuple[str, str, tuple[str, ...]]
@@ -232,35 +235,42 @@ FILLERS = (
 )
 
 
+@contextmanager
+def chat(model: IdentityModel, *, greedy: bool = False) -> Iterator[Callable[[str, str], str]]:
+    """``POST /v1/personas/sia/chat`` in process on ``model`` with a fresh SQLite database: say(user, message) -> the
+    reply, at the persona's defaults (seed 0), or greedy."""
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(data_dir=Path(tmp), log_json=False)
+        migrate.upgrade(settings)
+        with TestClient(create_app(settings, model=model)) as client:
+
+            def say(user: str, message: str) -> str:
+                body: dict[str, object] = {"user": user, "message": message, "seed": 0}
+                if greedy:
+                    body["temperature"] = 0
+                response = client.post("/v1/personas/sia/chat", json=body)
+                response.raise_for_status()
+                return str(response.json()["reply"])
+
+            yield say
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--greedy", action="store_true", help="temperature 0 in every turn (default: the persona's own)")
     ap.add_argument("--out", type=Path, default=None, help="JSON with every reply (default: none)")
     args = ap.parse_args(argv)
-    model = load_model(None)
     rows: list[dict[str, object]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(data_dir=Path(tmp), log_json=False)
-        migrate.upgrade(settings)
-        with TestClient(create_app(settings, model=model)) as client:
-            for i, (said, asked) in enumerate(USERS):
-
-                def say(message: str, user: str = f"fresh-{i}") -> str:
-                    body: dict[str, object] = {"user": user, "message": message, "seed": 0}
-                    if args.greedy:
-                        body["temperature"] = 0
-                    response = client.post("/v1/personas/sia/chat", json=body)
-                    response.raise_for_status()
-                    return str(response.json()["reply"])
-
-                for message in (*said, *FILLERS):
-                    say(message)
-                for kind, question, accept in asked:
-                    reply = say(question)
-                    right = any(mentions(reply, a) for a in accept)
-                    rows.append({"user": i, "kind": kind, "question": question, "reply": reply, "right": right})
-                    sys.stdout.write(f"{'right' if right else 'wrong'}  {kind:8s} {question} -> {reply}\n")
-                    sys.stdout.flush()
+    with chat(load_model(None), greedy=args.greedy) as say:
+        for i, (said, asked) in enumerate(USERS):
+            for message in (*said, *FILLERS):
+                say(f"fresh-{i}", message)
+            for kind, question, accept in asked:
+                reply = say(f"fresh-{i}", question)
+                right = any(mentions(reply, a) for a in accept)
+                rows.append({"user": i, "kind": kind, "question": question, "reply": reply, "right": right})
+                sys.stdout.write(f"{'right' if right else 'wrong'}  {kind:8s} {question} -> {reply}\n")
+                sys.stdout.flush()
     by_kind: dict[str, list[bool]] = defaultdict(list)
     for r in rows:
         by_kind[str(r["kind"])].append(bool(r["right"]))

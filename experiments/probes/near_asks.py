@@ -22,15 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from fastapi.testclient import TestClient
-
-from server.core.config import Settings
-from server.db import migrate
-from server.main import create_app
+from experiments.probes.fresh_users import chat
 from sia.checkpoint import load_model
 from sia.identity.imprint import KINDS
 from sia.learn.natural import mentions
@@ -190,27 +185,18 @@ def heads(model: Any) -> dict[str, Any]:
 def served(model: Any) -> dict[str, Any]:
     """The users' leaks and recall over the chat route."""
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(data_dir=Path(tmp), log_json=False)
-        migrate.upgrade(settings)
-        with TestClient(create_app(settings, model=model)) as client:
-            for i, (told, facts) in enumerate(USERS):
-
-                def say(text: str, user: str = f"near-{i}") -> str:
-                    response = client.post("/v1/personas/sia/chat", json={"user": user, "message": text, "seed": 0})
-                    response.raise_for_status()
-                    return str(response.json()["reply"])
-
-                for text in (told, *FILLERS):
-                    say(text)
-                for q in NEAR:
-                    reply = say(q)
-                    leaked = sorted(k for k, accept in facts.items() if any(mentions(reply, a) for a in accept))
-                    rows.append({"user": i, "question": q, "reply": reply, "leaks": leaked, "asks": None})
-                for kind, accept in facts.items():
-                    reply = say(OWN[kind])
-                    right = any(mentions(reply, a) for a in accept)
-                    rows.append({"user": i, "question": OWN[kind], "reply": reply, "leaks": None, "asks": kind, "right": right})
+    with chat(model) as say:
+        for i, (told, facts) in enumerate(USERS):
+            for text in (told, *FILLERS):
+                say(f"near-{i}", text)
+            for q in NEAR:
+                reply = say(f"near-{i}", q)
+                leaked = sorted(k for k, accept in facts.items() if any(mentions(reply, a) for a in accept))
+                rows.append({"user": i, "question": q, "reply": reply, "leaks": leaked, "asks": None})
+            for kind, accept in facts.items():
+                reply = say(f"near-{i}", OWN[kind])
+                right = any(mentions(reply, a) for a in accept)
+                rows.append({"user": i, "question": OWN[kind], "reply": reply, "leaks": None, "asks": kind, "right": right})
     near = [r for r in rows if r["asks"] is None]
     own = [r for r in rows if r["asks"] is not None]
     return {

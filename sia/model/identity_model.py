@@ -168,7 +168,8 @@ class IdentityModel(nn.Module):
         if self.config.imprint_tokens:
             if messages is not None and len(messages) != len(states):
                 raise ValueError(f"need one message per state; got {len(messages)} for {len(states)}")
-            unread = [False] * len(states) if messages is None else [self.of_the_persona(m) for m in messages]
+            decode = self.tokenizer.decode
+            unread = [False] * len(states) if messages is None else [of_the_persona(decode(list(m))) for m in messages]
             held = [None if quiet else s.imprint for s, quiet in zip(states, unread, strict=True)]
             entries = ImprintEntries.stack(held, self.config.imprint_shape, torch.float32)
             imprint = entries.to(self.device)
@@ -177,10 +178,6 @@ class IdentityModel(nn.Module):
             if messages is not None and self.config.imprint_ask_bias and (copies or bool((entries.kind > 0).any())):
                 return self.condition(trace, selves, imprint, start, self.asked_kinds(messages))
         return self.condition(trace, selves, imprint, start)
-
-    def of_the_persona(self, message: Sequence[int]) -> bool:
-        """Whether a message (its tokens) speaks of the persona and not of its writer (``language.of_the_persona``)."""
-        return of_the_persona(self.tokenizer.decode(list(message)))
 
     def asked_kinds(self, rows: Sequence[Sequence[int]]) -> Tensor:
         """What kind of fact each message (its tokens) asks about, (B, len(KINDS)) probabilities; a model that keeps
