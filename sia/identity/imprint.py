@@ -53,6 +53,8 @@ __all__ = [
 
 # what a span says, when something labels it (0: not known); a span of a known kind replaces the older one of its kind
 KINDS = ("unknown", "name", "city", "job", "colour", "pet", "hobby", "food", "instrument", "language", "origin")
+# the ask head's probability at which a message asks about a kind of fact for ``ImprintEntries.untold``
+UNTOLD_SURE = 0.5
 
 _LEVELS = {8: 127.0, 4: 7.0}  # the largest magnitude of a stored number: int8, and 4 bits stored as q + 8 in a nibble
 _DTYPES = {8: torch.int8, 4: torch.uint8}
@@ -249,6 +251,22 @@ class ImprintEntries:
 
     def to(self, device: torch.device | str) -> ImprintEntries:
         return ImprintEntries(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+    def untold(self, asked: Tensor, kinds: Collection[str]) -> list[str]:
+        """Per row, the kind of fact its message asks about when the user never told it: one of ``kinds``, the ask
+        head's likeliest fact kind at ``UNTOLD_SURE`` or more (``asked`` (B, len(KINDS)), KINDS[0]: none), in a row
+        whose imprint holds entries and none labelled with that kind; "" in every other row (an empty imprint included:
+        a fresh identity is the base model)."""
+        if asked.shape != (self.kind.shape[0], len(KINDS)):
+            raise ValueError(f"asked must be ({self.kind.shape[0]}, {len(KINDS)}); got {tuple(asked.shape)}")
+        p, filled, kind = asked.float().cpu(), self.filled.cpu(), self.kind.cpu()
+        out = []
+        for b in range(p.shape[0]):
+            k = int(p[b, 1:].argmax()) + 1
+            sure = float(p[b, k]) >= UNTOLD_SURE and KINDS[k] in kinds
+            held = bool(filled[b].any()) and not bool((kind[b][filled[b]] == k).any())
+            out.append(KINDS[k] if sure and held else "")
+        return out
 
 
 _FIELDS = ("keys", "key_scale", "values", "value_scale", "span", "token", "turn", "offset", "kind", "score")

@@ -72,7 +72,8 @@ def select_conditioning(cond: Conditioning, rows: Tensor) -> Conditioning:
     """The given rows (B',) of a Conditioning, in that order; nothing is recomputed."""
     layers = [None if lc is None else _select_layer(lc, rows) for lc in cond.layers]
     recalls = None if cond.recalls is None else cond.recalls[rows.cpu()]
-    return Conditioning(layers=layers, self_state=cond.self_state[rows], recalls=recalls)  # type: ignore[arg-type]
+    untold = None if cond.untold is None else tuple(cond.untold[int(r)] for r in rows.cpu())
+    return Conditioning(layers=layers, self_state=cond.self_state[rows], recalls=recalls, untold=untold)  # type: ignore[arg-type]
 
 
 def cat_conditioning(conds: Sequence[Conditioning]) -> Conditioning:
@@ -81,8 +82,11 @@ def cat_conditioning(conds: Sequence[Conditioning]) -> Conditioning:
     recalls = None
     if any(c.recalls is not None for c in conds):
         recalls = torch.cat([torch.zeros(c.batch_size, dtype=torch.bool) if c.recalls is None else c.recalls for c in conds])
+    untold = None
+    if any(c.untold is not None for c in conds):
+        untold = tuple(k for c in conds for k in (c.untold or ("",) * c.batch_size))
     self_state = torch.cat([c.self_state for c in conds], dim=0)
-    return Conditioning(layers=layers, self_state=self_state, recalls=recalls)  # type: ignore[arg-type]
+    return Conditioning(layers=layers, self_state=self_state, recalls=recalls, untold=untold)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -257,7 +261,7 @@ class DecodeBatch:
         out = model(idx, cond, cache=own, positions=positions, attn_mask=attn_mask, summary_mask=counted, logits_from=logits_from)
         nll = prompt_nll(out.logits, idx, lengths, starts, logits_from)  # (B, L-1)
         last = out.logits[:, -1].clone()  # a copy: a view would keep every position's logits alive
-        return Prefilled(own, cond, lengths, row_params(params, cond.recalls), nll, out.stats, last)
+        return Prefilled(own, cond, lengths, row_params(params, cond), nll, out.stats, last)
 
     @torch.inference_mode()
     def admit(self, pre: Prefilled) -> list[int]:

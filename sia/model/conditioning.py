@@ -31,6 +31,9 @@ class Conditioning:
     # (B,) bool, on the CPU: the rows whose message asks about the user's facts with an imprint to answer from, whose replies are
     # decoded at their recall temperature (SamplingParams.recall_temperature); None: no row
     recalls: Tensor | None = None
+    # per row, the kind of fact its message asks about that the user never told ("": none; ImprintEntries.untold): such
+    # a row reads no imprint and its reply says so (SamplingParams.untold); None: no row
+    untold: tuple[str, ...] | None = None
 
     @property
     def batch_size(self) -> int:

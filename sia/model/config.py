@@ -13,6 +13,8 @@ from typing import Any, Self
 
 import torch
 
+from sia.model.language import UNTOLD
+
 ATTENTION_VARIANTS = ("trace", "dot")
 POOLING_VARIANTS = ("mean", "attention")
 
@@ -184,6 +186,10 @@ class ModelConfig(IdentityConfig):
         return 0.0
 
     @property
+    def imprint_untold(self) -> list[str] | None:
+        return None
+
+    @property
     def state_dtype(self) -> str:
         return "float32"
 
@@ -253,6 +259,10 @@ class LlamaConfig(IdentityConfig):
     # kind of fact a message asks about; its entries' logits are raised by this, another kind's lowered by it, those
     # of unknown kind left alone, for the whole turn. 0: no such head (every entry read alike)
     imprint_ask_bias: float = 0.0
+    # the kinds of fact (keys of sia.model.language.UNTOLD) for which a question the ask head is sure of, asked where
+    # the imprint holds entries but none of that kind, is answered by saying the user has not told it ("I don't think
+    # you've told me your favourite colour. What is it?") instead of being read from the imprint; None: none
+    imprint_untold: list[str] | None = None
     # the imprint's copy read: each next token's distribution mixed with the imprinted tokens, an entry's token weighted
     # by the attention the query heads of ``imprint_copy_layers`` (or ``imprint_copy_heads``) give that entry (their
     # mean), times this (and by the ask head's 1 - p(no fact asked)): p = (p_model + lam·a) / (1 + lam·|a|). Needs the
@@ -332,6 +342,13 @@ class LlamaConfig(IdentityConfig):
         self.imprint_ask_bias = float(ask)
         if ask and (kinds is None or not self.imprint_tokens):
             raise ValueError("imprint_ask_bias needs an imprint and its kind tagger (imprint_kinds_layer)")
+        untold = self.imprint_untold
+        if untold is not None:
+            if not isinstance(untold, list) or not all(isinstance(k, str) and k in UNTOLD for k in untold):
+                raise ValueError(f"imprint_untold must be a list of kinds among {sorted(UNTOLD)}; got {untold!r}")
+            if untold and not ask:
+                raise ValueError("imprint_untold needs the ask head (imprint_ask_bias > 0)")
+            self.imprint_untold = sorted(set(untold))
         if not math.isfinite(self.imprint_min_shock):
             raise ValueError(f"imprint_min_shock must be a finite number of nats; got {self.imprint_min_shock}")
         self._check_copy()

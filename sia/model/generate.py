@@ -25,7 +25,7 @@ from torch import Tensor
 from sia.model.conditioning import Conditioning
 from sia.model.identity_model import IdentityModel
 from sia.model.kv_cache import KVCache
-from sia.model.language import OPEN_WORDS, english, foreign_opening, message_words
+from sia.model.language import OPEN_WORDS, UNTOLD, english, foreign_opening, message_words, untold_reply
 from sia.model.naming import name_starts, names_self, user_names
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
@@ -117,6 +117,9 @@ class SamplingParams:
     # a first word that is this name followed by a comma ("Sia, I'm glad you're here", where the small backbone echoes
     # its prompt's "You are Sia, ...") is taken back as a foreign first word is, and begun again without its first token
     speaker: str = ""
+    # the kind of fact the message asks about that the user never told ("": none; the conditioning sets it per row,
+    # ``Conditioning.untold``): the reply is ``sia.model.language.untold_reply`` in this reply's form, then it ends
+    untold: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -140,6 +143,8 @@ class SamplingParams:
             raise ValueError(f"speaker must be a name of at most {MAX_SPEAKER} printable characters; got {self.speaker!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
+        if self.untold and self.untold not in UNTOLD:
+            raise ValueError(f"untold must be one of {sorted(UNTOLD)} or empty; got {self.untold!r}")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]; got {self.top_logprobs!r}")
         penalty = self.repetition_penalty
@@ -187,12 +192,15 @@ class SamplingParams:
         return replace(self, temperature=float(self.recall_temperature))
 
 
-def row_params(params: Sequence[SamplingParams], recalls: Tensor | None) -> list[SamplingParams]:
-    """Each row's decoding under a conditioning whose ``recalls`` (B,) marks the rows that recall (None: none)."""
-    if recalls is None:
-        return list(params)
-    flags = recalls.tolist()
-    return [p.recalling() if flag else p for p, flag in zip(params, flags, strict=True)]
+def row_params(params: Sequence[SamplingParams], cond: Conditioning) -> list[SamplingParams]:
+    """Each row's decoding under ``cond``: a row that recalls (``recalls``) at its recall temperature, a row asking what
+    the user never told (``untold``) answered so."""
+    out = list(params)
+    if cond.recalls is not None:
+        out = [p.recalling() if flag else p for p, flag in zip(out, cond.recalls.tolist(), strict=True)]
+    if cond.untold is not None:
+        out = [replace(p, untold=kind) if kind else p for p, kind in zip(out, cond.untold, strict=True)]
+    return out
 
 
 def logit_bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
@@ -601,6 +609,10 @@ class ReplyDecoder:
         self.user_name_starts = torch.tensor(starts, dtype=torch.long, device=device) if starts else None
         self.banned_first: list[int] = []  # first tokens whose reply was taken back
         self.taken_back: int | None = None  # set by push: the reply was taken back, and this many of its tokens were read
+        self.untold: list[int] = []  # the whole reply where the user never told what the message asks, and its end
+        if params.untold:
+            said = untold_reply(params.untold, params.reply_to, address=params.address, exclaim=params.exclaim)
+            self.untold = [*tok.encode(said), *tok.reply_tokens("")[:1]]
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator(device=device)
@@ -617,9 +629,10 @@ class ReplyDecoder:
         self.emitted = 0
         self.decoder = IncrementalDecoder(self.tok.token_bytes)
         self.finish_reason: str | None = None
-        self.queued: list[int] = []  # tokens written before the model's next one (the address's rest, then its pick)
+        # tokens written before the model's next one (the address's rest, then its pick; or the untold reply)
+        self.queued: list[int] = list(self.untold)
         self.held: list[StreamEvent] = []  # events of the first word, until it is judged
-        judged = self.user_words is not None or bool(self.speaker)
+        judged = (self.user_words is not None or bool(self.speaker)) and not self.untold
         self.judging = judged and len(self.banned_first) < FIRST_WORD_RETRIES
 
     def sample(self, logits: Tensor, params: SamplingParams) -> int:
@@ -877,7 +890,7 @@ def _decode(
         )
         return out.logits, out.stats, out.memory
 
-    each = row_params(each, cond.recalls)  # a row that recalls the user's facts: at the recall temperature
+    each = row_params(each, cond)  # a row that recalls the user's facts: at the recall temperature
     rows = [ReplyDecoder(p, device, tok) for p in each]
     guarded = any(row.judging for row in rows)  # a reply may be taken back: its steps still take the batch's columns
     prefix = torch.ones(B, model.prefix_len, dtype=torch.bool, device=device)  # the self slot, if any

@@ -8,7 +8,7 @@ Implemented by the native model (sia.model.native.SIAModel) and the pretrained b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -157,7 +157,9 @@ class IdentityModel(nn.Module):
         user's message, whose asked kind moves the imprint's entries (config.imprint_ask_bias; asked only where some
         row's imprint holds an entry of known kind, or a kept token the copy read weighs). A message that speaks of
         the persona and not of its writer ("What's your name?", ``sia.model.language.of_the_persona``) reads no imprint:
-        the user's words answer questions about the user, never about the persona."""
+        the user's words answer questions about the user, never about the persona. Nor does a message asking about a
+        kind of fact (config.imprint_untold) that the imprint holds nothing of (``ImprintEntries.untold``): its row's
+        reply says the user has not told it (``Conditioning.untold``)."""
         if not states:
             raise ValueError("need at least one identity state")
         for state in states:
@@ -172,11 +174,19 @@ class IdentityModel(nn.Module):
             unread = [False] * len(states) if messages is None else [of_the_persona(decode(list(m))) for m in messages]
             held = [None if quiet else s.imprint for s, quiet in zip(states, unread, strict=True)]
             entries = ImprintEntries.stack(held, self.config.imprint_shape, torch.float32)
-            imprint = entries.to(self.device)
             start = None if reads_from is None else torch.tensor(list(reads_from), dtype=torch.long, device=self.device)
             copies = bool(self.config.imprint_copy) and bool((entries.token >= 0).any())
-            if messages is not None and self.config.imprint_ask_bias and (copies or bool((entries.kind > 0).any())):
-                return self.condition(trace, selves, imprint, start, self.asked_kinds(messages))
+            reads_kinds = copies or bool((entries.kind > 0).any())
+            kinds = self.config.imprint_untold or ()
+            if messages is not None and self.config.imprint_ask_bias and (reads_kinds or (kinds and bool(entries.filled.any()))):
+                asked = self.asked_kinds(messages)
+                untold = entries.untold(asked, kinds)
+                if any(untold):  # nothing of the asked kind was told: such a row reads no imprint, its reply says so
+                    held = [None if kind else h for h, kind in zip(held, untold, strict=True)]
+                    entries = ImprintEntries.stack(held, self.config.imprint_shape, torch.float32)
+                cond = self.condition(trace, selves, entries.to(self.device), start, asked if reads_kinds else None)
+                return replace(cond, untold=tuple(untold)) if any(untold) else cond
+            imprint = entries.to(self.device)
         return self.condition(trace, selves, imprint, start)
 
     def asked_kinds(self, rows: Sequence[Sequence[int]]) -> Tensor:

@@ -22,6 +22,9 @@ speaks of English only, since that is the language whose words it knows.
   kind's word they hold, and "Can you recommend a film?" is a request put to it; neither is answered from what the
   user told (``of_the_persona``). A request's "tell me" or "give me" is no word of the writer's; "who's talking to
   you?" is (the writer is the one talking).
+* A question about a kind of fact the user **never told** (the imprint holds nothing of that kind) is answered by
+  saying so, in the persona's form: "I don't think you've told me your favourite colour. What is it?" (``untold_reply``;
+  which kinds, and how the imprint decides, in ``sia.identity.imprint.ImprintEntries.untold``).
 * ``OPEN_WORDS`` are the English words a sentence does not end on ("in", "a", "with", "is"): a reply's word limit
   waits past them before it pulls the sentence's end (``ReplyDecoder``).
 """
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["OPEN_WORDS", "english", "foreign_opening", "message_words", "of_the_persona"]
+__all__ = ["OPEN_WORDS", "UNTOLD", "english", "foreign_opening", "message_words", "of_the_persona", "untold_reply"]
 
 WORD = re.compile(r"[^\W\d_]+")  # a run of letters
 NON_ASCII_SHARE = 0.5  # a message whose letters are more than this share outside ASCII is not English
@@ -106,3 +109,28 @@ def of_the_persona(text: str) -> bool:
         return False
     said = [w.strip("'") for w in re.findall(r"[a-z']+", _REQUEST_ME.sub(" ", lowered))]  # "'you'" is "you"
     return any(w in SECOND_PERSON for w in said) and not any(w in FIRST_PERSON for w in said)
+
+
+# per kind of fact: what the user has not told, and the question that asks for it (``untold_reply``)
+UNTOLD = {
+    "name": ("your name", "What is it?"),
+    "city": ("where you live", "Where is home?"),
+    "job": ("what you do for a living", "What do you do?"),
+    "colour": ("your favourite colour", "What is it?"),
+    "pet": ("about a pet", "Do you have one?"),
+    "hobby": ("what you like to do for fun", "What do you enjoy?"),
+}
+_AMERICAN = re.compile(r"\b(?:colors?|favorite)\b", re.IGNORECASE)
+
+
+def untold_reply(kind: str, message: str, *, address: str = "", exclaim: bool = False) -> str:
+    """The reply to ``message``, a question about a ``kind`` of fact (a key of ``UNTOLD``) that the user never told: it
+    says so and asks ("I don't think you've told me your favourite colour. What is it?"), spelt as the message spells
+    "colour", its first sentence closed with the persona's form of address (", sir") and, with ``exclaim``, an
+    exclamation mark. ValueError for a kind without such a reply."""
+    if kind not in UNTOLD:
+        raise ValueError(f"no reply for an untold {kind!r}; kinds: {sorted(UNTOLD)}")
+    what, question = UNTOLD[kind]
+    if kind == "colour" and _AMERICAN.search(message):
+        what = "your favorite color"
+    return f"I don't think you've told me {what}{address}{'!' if exclaim else '.'} {question}"

@@ -16,7 +16,7 @@ from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
 from sia.backbones.llama import LlamaModel
-from sia.identity.imprint import KINDS, Imprint
+from sia.identity.imprint import KINDS, UNTOLD_SURE, Imprint, ImprintEntries
 from sia.identity.state import IdentityState
 from sia.learn.imprint_read import (
     EXTRA,
@@ -41,8 +41,10 @@ from sia.learn.imprint_read import (
     train_read,
 )
 from sia.model.batching import DecodeBatch
+from sia.model.conditioning import Conditioning
 from sia.model.config import LlamaConfig
 from sia.model.generate import Sampling, SamplingParams, generate, row_params
+from sia.model.language import untold_reply
 from sia.model.tokenizer import ByteTokenizer
 
 from .conftest import hf_tiny
@@ -817,13 +819,113 @@ def test_a_reply_that_recalls_the_users_facts_is_decoded_at_the_recall_temperatu
     assert [batch.take(h).tokens for h in handles] == [g.tokens for g in alone]
 
 
+def _asking_for_colour(**config: Any) -> LlamaModel:
+    """The trained-like tiny model with a kind tagger and an ask head that takes every message for a question about
+    the user's favourite colour; ``config`` set on its config (imprint_untold)."""
+    model = with_trained_like_read()
+    model.add_kind_tagger(1)
+    model.add_ask_head(2.0)
+    assert model.imprint_ask is not None
+    with torch.no_grad():
+        model.imprint_ask.weight.zero_()
+        model.imprint_ask.bias.zero_()
+        model.imprint_ask.bias[KINDS.index("colour")] = 40.0
+    model.config = replace(model.config, **config)
+    return model
+
+
+def test_a_question_about_a_kind_the_user_never_told_reads_no_imprint_and_says_so() -> None:
+    """Asked for the favourite colour with only a name and a city imprinted, the row is conditioned as a fresh
+    identity's imprint, bit for bit, and its reply is the untold reply, whole, then it ends; with a colour imprinted,
+    or the kind not listed in config.imprint_untold, the imprint answers as before; a fresh identity is untouched. In a
+    batch each row decodes as it does alone."""
+    model = _asking_for_colour(imprint_untold=["colour"])
+    question = "what colour do I like?"
+    rows = [list(question.encode())] * 2
+    untold = replace(IdentityState.fresh(model.config), imprint=_labelled(model, ["name", "city"]))
+    told = replace(IdentityState.fresh(model.config), imprint=_labelled(model, ["name", "colour"]))
+    fresh = IdentityState.fresh(model.config)
+    cond = model.condition_states([untold, told], [3, 3], rows)
+    assert cond.untold == ("colour", "")
+    blank = model.condition_states([fresh], [3], rows[:1])
+    assert blank.untold is None  # nothing imprinted: the base model, asked nothing
+    own = model.condition_states([told], [3], rows[:1])
+    for layer, alone, theirs in zip(cond.layers, blank.layers, own.layers, strict=True):
+        assert layer is not None and alone is not None and theirs is not None
+        assert torch.equal(layer.slot_key[0], alone.slot_key[0])
+        assert torch.equal(layer.slot_key[1], theirs.slot_key[0])
+    prompt = list(b"sys ") + rows[0]
+    params = SamplingParams(max_new_tokens=120, temperature=0.0, reply_to=question)
+    said, answered = generate(model, [prompt, prompt], model.condition_states([untold, told], [4, 4], rows), params)
+    assert said.text == untold_reply("colour", question) and said.finish_reason == "stop"
+    assert said.tokens == [*model.tokenizer.encode(said.text), model.tokenizer.end_id]
+    alone = generate(model, [prompt], model.condition_states([told], [4], rows[:1]), params)[0]
+    assert answered.tokens == alone.tokens and answered.text != said.text
+    terse = replace(params, lowercase=True, max_sentences=1)  # bolt's form: one sentence, in lower case
+    short = generate(model, [prompt], model.condition_states([untold], [4], rows[:1]), terse)[0]
+    assert short.text == "i don't think you've told me your favourite colour." and short.finish_reason == "stop"
+    batch = DecodeBatch(model)
+    handles = batch.join_many([prompt, prompt], model.condition_states([untold, told], [4, 4], rows), [params, params])
+    while not all(h in batch.done for h in handles):
+        batch.sample()
+        batch.advance()
+    assert [batch.take(h).tokens for h in handles] == [said.tokens, alone.tokens]
+    unlisted = _asking_for_colour()  # imprint_untold off: the imprint is read as before
+    assert unlisted.condition_states([untold], [3], rows[:1]).untold is None
+
+
+def test_the_untold_rule_needs_a_sure_ask_and_entries() -> None:
+    entries = ImprintEntries(
+        keys=torch.zeros(3, 1, 1, 2, 2),
+        values=torch.zeros(3, 1, 1, 2, 2),
+        filled=torch.tensor([[True, True], [True, False], [False, False]]),
+        kind=torch.tensor([[KINDS.index("name"), 0], [KINDS.index("colour"), 0], [0, 0]]),
+        token=torch.full((3, 2), -1),
+        span=torch.tensor([[0, 1], [0, -1], [-1, -1]]),
+    )
+    sure = torch.zeros(3, len(KINDS))
+    sure[:, KINDS.index("colour")] = 1.0
+    # row 0: nothing of the colour held; row 1: a colour held; row 2: nothing held at all (a fresh identity)
+    assert entries.untold(sure, ["colour"]) == ["colour", "", ""]
+    assert entries.untold(sure, ["pet"]) == ["", "", ""]
+    unsure = torch.zeros(3, len(KINDS))
+    unsure[:, 0], unsure[:, KINDS.index("colour")] = 1 - UNTOLD_SURE + 0.01, UNTOLD_SURE - 0.01
+    assert entries.untold(unsure, ["colour"]) == ["", "", ""]
+    with pytest.raises(ValueError, match="asked must be"):
+        entries.untold(torch.ones(3, 2), ["colour"])
+
+
+def test_the_untold_reply_takes_the_personas_form_and_is_checked() -> None:
+    assert untold_reply("colour", "What's my favourite colour?") == (
+        "I don't think you've told me your favourite colour. What is it?"
+    )
+    assert untold_reply("colour", "whats my favorite color") == "I don't think you've told me your favorite color. What is it?"
+    assert untold_reply("colour", "Which colour?", address=", sir") == (
+        "I don't think you've told me your favourite colour, sir. What is it?"
+    )
+    assert untold_reply("name", "Who am I?", exclaim=True) == "I don't think you've told me your name! What is it?"
+    with pytest.raises(ValueError, match="untold"):
+        untold_reply("birthday", "When is my birthday?")
+    with pytest.raises(ValueError, match="untold"):
+        SamplingParams(untold="birthday")
+    model = tiny()
+    model.add_imprint(24, 4, kinds_layer=1)
+    with pytest.raises(ValueError, match="imprint_untold needs the ask head"):
+        replace(model.config, imprint_untold=["colour"])
+    model.add_ask_head(2.0)
+    with pytest.raises(ValueError, match="imprint_untold must be"):
+        replace(model.config, imprint_untold=["birthday"])
+    assert replace(model.config, imprint_untold=["pet", "colour", "pet"]).imprint_untold == ["colour", "pet"]
+
+
 def test_the_recall_temperature_caps_the_temperature_and_is_checked() -> None:
     params = SamplingParams(temperature=0.7, recall_temperature=0.2)
     assert params.recalling().temperature == 0.2 and params.recalling().recall_temperature == 0.2
     assert SamplingParams(temperature=0.1, recall_temperature=0.2).recalling().temperature == 0.1  # never raised
     assert SamplingParams(temperature=0.7).recalling().temperature == 0.7  # off
-    assert row_params([params, params], torch.tensor([True, False])) == [params.recalling(), params]
-    assert row_params([params], None) == [params]
+    recalls = Conditioning(layers=[], self_state=torch.zeros(2, 1), recalls=torch.tensor([True, False]))
+    assert row_params([params, params], recalls) == [params.recalling(), params]
+    assert row_params([params], Conditioning(layers=[], self_state=torch.zeros(1, 1))) == [params]
     for bad in (-0.1, float("nan"), True, "0"):
         with pytest.raises(ValueError, match="recall_temperature"):
             SamplingParams(recall_temperature=bad)  # type: ignore[arg-type]

@@ -146,6 +146,50 @@ def test_a_question_about_the_user_is_answered_at_the_personas_recall_temperatur
     assert fresh == fresh_lifted  # nothing imprinted: nothing to recall, sampled as asked
 
 
+@pytest.fixture(scope="module")
+def untold_llama(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
+    """The recalling tiny LLaMA (every imprinted word labelled a name) with an ask head that takes every message for a
+    question about the user's favourite colour, and that kind answered as untold (config.imprint_untold)."""
+    root = tmp_path_factory.mktemp("untold-llama")
+    model = load_model(write_tiny_gguf(root / "tiny.gguf", build_tiny_vocab()).path, cache_dir=root / "models")
+    assert isinstance(model, LlamaModel)
+    model.add_imprint(IMPRINT_TOKENS, 0)
+    model.add_kind_tagger(1)
+    model.add_ask_head(2.0)
+    assert model.imprint_kind is not None and model.imprint_ask is not None
+    with torch.no_grad():
+        model.imprint_kind.bias[KINDS.index("name")] = 40.0
+        model.imprint_ask.weight.zero_()
+        model.imprint_ask.bias.zero_()
+        model.imprint_ask.bias[KINDS.index("colour")] = 40.0
+    model.config = replace(model.config, imprint_untold=["colour"])
+    return model
+
+
+def test_a_question_about_a_fact_never_told_is_answered_so_in_each_personas_form(
+    settings: Settings, untold_llama: LlamaModel
+) -> None:
+    """With a name imprinted and no colour, "What is my favourite colour?" gets the untold reply in the persona's form
+    (marlow's address, bolt's lower case and single sentence, pip's exclamation mark), sampled or not; a stranger's
+    question is the base model's reply (nothing imprinted)."""
+    question = "What is my favourite colour?"
+    with serve(settings, untold_llama) as c:
+        replies = {}
+        for persona in ("sia", "marlow", "bolt", "pip"):
+            route = f"/v1/personas/{persona}/chat"
+            ok(c.patch(f"/admin/personas/{persona}", json={"preamble": "You talk."}))  # the tiny model's short context
+            ok(c.post(route, json={"user": "ana", "message": FACT, **GREEDY}))
+            replies[persona] = ok(c.post(route, json={"user": "ana", "message": question, "max_tokens": 100}))["reply"]
+        stranger = ok(c.post("/v1/personas/sia/chat", json={"user": "bo", "message": question, "max_tokens": 100}))["reply"]
+    assert replies == {
+        "sia": "I don't think you've told me your favourite colour. What is it?",
+        "marlow": "I don't think you've told me your favourite colour, sir. What is it?",
+        "bolt": "i don't think you've told me your favourite colour.",
+        "pip": "I don't think you've told me your favourite colour! What is it?",
+    }
+    assert not stranger.startswith("I don't think")
+
+
 def chat_with(client: TestClient, user: str, message: str, **sampling: Any) -> str:
     reply: str = ok(client.post("/v1/personas/sia/chat", json={"user": user, "message": message, **sampling}))["reply"]
     return reply
