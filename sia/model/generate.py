@@ -890,7 +890,7 @@ def _decode(
         )
         return out.logits, out.stats, out.memory
 
-    each = row_params(each, cond)  # a row that recalls the user's facts: at the recall temperature
+    each = row_params(each, cond)  # at the recall temperature where a row recalls; the untold reply where it asks that
     rows = [ReplyDecoder(p, device, tok) for p in each]
     guarded = any(row.judging for row in rows)  # a reply may be taken back: its steps still take the batch's columns
     prefix = torch.ones(B, model.prefix_len, dtype=torch.bool, device=device)  # the self slot, if any
