@@ -107,11 +107,9 @@ def system_prompt(client: TestClient, model: LlamaModel) -> list[int]:
 # --- recall turns -------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def recalling_llama(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
+def asking_llama(root: Path, asked: str) -> LlamaModel:
     """The imprinting tiny LLaMA with a kind tagger that labels every word a name and an ask head that takes every
-    message for a question about the user's city: every turn with something imprinted recalls."""
-    root = tmp_path_factory.mktemp("recalling-llama")
+    message for a question about ``asked`` (a kind)."""
     model = load_model(write_tiny_gguf(root / "tiny.gguf", build_tiny_vocab()).path, cache_dir=root / "models")
     assert isinstance(model, LlamaModel)
     model.add_imprint(IMPRINT_TOKENS, 0)
@@ -122,8 +120,14 @@ def recalling_llama(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
         model.imprint_kind.bias[KINDS.index("name")] = 40.0
         model.imprint_ask.weight.zero_()
         model.imprint_ask.bias.zero_()
-        model.imprint_ask.bias[KINDS.index("city")] = 40.0
+        model.imprint_ask.bias[KINDS.index(asked)] = 40.0
     return model
+
+
+@pytest.fixture(scope="module")
+def recalling_llama(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
+    """Every message asks about the user's city: every turn with something imprinted recalls."""
+    return asking_llama(tmp_path_factory.mktemp("recalling-llama"), "city")
 
 
 def test_a_question_about_the_user_is_answered_at_the_personas_recall_temperature(
@@ -148,20 +152,9 @@ def test_a_question_about_the_user_is_answered_at_the_personas_recall_temperatur
 
 @pytest.fixture(scope="module")
 def untold_llama(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
-    """The recalling tiny LLaMA (every imprinted word labelled a name) with an ask head that takes every message for a
-    question about the user's favourite colour, and that kind answered as untold (config.imprint_untold)."""
-    root = tmp_path_factory.mktemp("untold-llama")
-    model = load_model(write_tiny_gguf(root / "tiny.gguf", build_tiny_vocab()).path, cache_dir=root / "models")
-    assert isinstance(model, LlamaModel)
-    model.add_imprint(IMPRINT_TOKENS, 0)
-    model.add_kind_tagger(1)
-    model.add_ask_head(2.0)
-    assert model.imprint_kind is not None and model.imprint_ask is not None
-    with torch.no_grad():
-        model.imprint_kind.bias[KINDS.index("name")] = 40.0
-        model.imprint_ask.weight.zero_()
-        model.imprint_ask.bias.zero_()
-        model.imprint_ask.bias[KINDS.index("colour")] = 40.0
+    """Every message asks about the user's favourite colour, and that kind is answered as untold (config.imprint_untold)
+    where nothing imprinted is labelled a colour (every imprinted word is labelled a name)."""
+    model = asking_llama(tmp_path_factory.mktemp("untold-llama"), "colour")
     model.config = replace(model.config, imprint_untold=["colour"])
     return model
 
