@@ -49,8 +49,14 @@ def base(tmp_path_factory: pytest.TempPathFactory, tiny_vocab: TinyVocab) -> Pat
     return write_tiny_gguf(tmp_path_factory.mktemp("recipe") / "tiny.gguf", tiny_vocab).path
 
 
+# the shipped settings' copy heads are SmolLM2's (layers 21 to 28): the tiny backbone's two layers name their own
+TINY_HEADS = [[1, 0], [1, 3]]
+
+
 def _tiny(base: Path) -> Recipe:
-    return Recipe.from_file(SHIPPED).with_overrides({**TINY, "base": str(base)}, {"slot_rank": 2})
+    return Recipe.from_file(SHIPPED).with_overrides(
+        {**TINY, "base": str(base)}, {"slot_rank": 2}, {"imprint_copy_heads": TINY_HEADS}
+    )
 
 
 def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, tmp_path: Path) -> None:
@@ -133,7 +139,37 @@ def test_the_shipped_recipe_trains_and_exports_every_stage_in_order(base: Path, 
         history["kinds"]["tokens"]
         > json.loads((out / "5-imprint" / "export" / "read_history.json").read_text())["kinds"]["tokens"]
     )
+    # how the final checkpoint reads, which no stage trains: the recipe's settings, written after the last stage
+    for key, value in shipped.settings.items():
+        assert getattr(natural.config, key) == (TINY_HEADS if key == "imprint_copy_heads" else value), key
+    assert natural.config.imprint_copy_layers == [1]  # the copy layers follow the heads named
     assert json.loads((out / "recipe.json").read_text()) == recipe.to_dict()
+
+
+def test_the_shipped_recipe_states_how_the_bundled_checkpoint_reads() -> None:
+    """What no stage trains is the recipe's settings: they are the bundled checkpoint's own."""
+    shipped = Recipe.from_file(SHIPPED)
+    bundled = json.loads((SHIPPED.parents[1] / "sia" / "checkpoints" / "smollm2" / "config.json").read_text())
+    assert {"imprint_copy", "imprint_copy_heads", "imprint_untold", "imprint_aside_weight"} <= set(shipped.settings)
+    for key, value in shipped.settings.items():
+        assert bundled[key] == value, key
+    # and what the stages write: the read shift, label threshold and ask bias of the last stages
+    assert bundled["read_shift"] == shipped.stages[4].imprint["read_shift"]  # type: ignore[index]
+    assert bundled["imprint_label_min"] == shipped.stages[7].imprint["label_min"]  # type: ignore[index]
+    assert bundled["imprint_ask_bias"] == shipped.stages[7].imprint["ask_bias"]  # type: ignore[index]
+
+
+def test_settings_that_do_not_fit_the_final_checkpoint_leave_it_as_it_was(base: Path, tmp_path: Path) -> None:
+    recipe = _tiny(base)
+    one = Recipe(recipe.train, recipe.stages[:1], recipe.description, {"imprint_copy": 1.0})
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"do not fit .*its stages are kept.*imprint_copy needs an imprint"):
+        run_recipe(one, out, progress=False, cache_dir=base.parent / "models")
+    written = json.loads((out / "final" / "config.json").read_text())
+    assert written["imprint_copy"] == 0.0 and written["slot_rank"] == 2  # the stage's export, untouched
+    fitting = Recipe(recipe.train, recipe.stages[:1], recipe.description, {"read_shift": 3.0})
+    assert run_recipe(fitting, out, progress=False, cache_dir=base.parent / "models") == out / "final"
+    assert json.loads((out / "final" / "config.json").read_text())["read_shift"] == 3.0  # set with nothing trained again
 
 
 def test_a_finished_recipe_run_again_trains_nothing(base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,13 +199,15 @@ def test_sia_recipe_runs_a_recipe_file_from_the_command_line(base: Path, tmp_pat
     shipped["stages"][0]["export"]["slot_rank"] = 2
     shipped["train"].update({k: v for k, v in TINY.items() if k not in ("model", "steps")})
     shipped["train"]["model"].update(TINY["model"])
+    shipped["settings"] = {"read_shift": 1.5}  # the first stage's export has no imprint for the shipped ones
     path.write_text(json.dumps(shipped))
     out = tmp_path / "run"
     cache = base.parent / "models"
     argv = ["recipe", str(path), "--out", str(out), "--steps", "1", "--base", str(base), "--cache", str(cache), "--quiet"]
     assert main(argv) == 0
     assert json.loads((out / "1-write-read" / "train.json").read_text())["steps"] == 1
-    assert json.loads((out / "final" / "config.json").read_text())["slot_rank"] == 2
+    final = json.loads((out / "final" / "config.json").read_text())
+    assert final["slot_rank"] == 2 and final["read_shift"] == 1.5
 
 
 @pytest.mark.parametrize(
@@ -185,6 +223,8 @@ def test_sia_recipe_runs_a_recipe_file_from_the_command_line(base: Path, tmp_pat
         (lambda r: r["stages"][0].update(steps=4), "unknown stage keys"),
         (lambda r: r.update(stages=[]), "at least one stage"),
         (lambda r: r.update(seed=3), "unknown recipe keys"),
+        (lambda r: r["settings"].update(d_self=8), "unknown settings \\['d_self'\\]"),
+        (lambda r: r.update(settings=[1]), "settings must be a JSON object"),
     ],
 )
 def test_a_bad_recipe_is_refused_naming_the_file(tmp_path: Path, change: Any, match: str) -> None:
@@ -215,13 +255,14 @@ def test_every_recipe_builds_each_stage_as_it_states_it(path: Path) -> None:
 
 def test_an_imprint_stage_gives_the_export_before_it_an_imprint_and_a_trained_read(base: Path, tmp_path: Path) -> None:
     shipped = _tiny(base)
-    imprint = {"name": "imprint", "imprint": {"steps": 2, "batch": 2, "rank": 2, "tokens": 8, "distractors": 1}}
-    data = {**shipped.to_dict(), "stages": [shipped.to_dict()["stages"][0], imprint]}
+    imprint: dict[str, Any] = {"name": "imprint", "imprint": {"steps": 2, "batch": 2, "rank": 2, "tokens": 8, "distractors": 1}}
+    # no ask head here, which the shipped settings' untold reply needs
+    data = {**shipped.to_dict(), "stages": [shipped.to_dict()["stages"][0], imprint], "settings": {"imprint_copy": 2.0}}
     recipe = Recipe.from_dict(data).with_overrides({"steps": 1, "seed": 3})
     assert recipe.stages[1].imprint == {**imprint["imprint"], "steps": 1, "seed": 3}
     final = run_recipe(recipe, tmp_path / "run", progress=False, cache_dir=base.parent / "models")
     config = json.loads((final / "config.json").read_text())
-    assert config["imprint_tokens"] == 8 and config["imprint_read_rank"] == 2
+    assert config["imprint_tokens"] == 8 and config["imprint_read_rank"] == 2 and config["imprint_copy"] == 2.0
     assert config["imprint_kinds_layer"] == config["n_layer"] // 2
     history = json.loads((final / "read_history.json").read_text())
     assert len(history["history"]) == 1 and history["kinds"]["tokens"] > 0

@@ -7,7 +7,9 @@ A recipe file (``recipes/smollm2.json`` is the shipped adapter's) holds
   a stage ``{"name", "imprint": {ReadConfig fields}}`` instead gives the export before it an imprint, a read adapter
   and a kind tagger trained by ``sia.learn.imprint_read`` (its checkpoint is written as it is; no export step). As the
   first stage, it starts from the recipe's backbone (``train``'s ``base`` and ``model``) with untrained identity
-  parameters, the self slots' read shut (``recipes/any-base.json``: an imprint for any LLaMA-family base, no GPU).
+  parameters, the self slots' read shut (``recipes/any-base.json``: an imprint for any LLaMA-family base, no GPU);
+* ``settings`` (optional): how the final checkpoint reads, which no stage trains (``SETTINGS``: the copy read's λ and
+  heads, the untold reply's kinds, the asides' weight, ...), written into ``OUT/final``'s config after the last stage.
 
 Stage k trains in ``OUT/<k>-<name>/`` (``sia.learn.adapter.train``, which resumes where a run stopped), starting from
 stage k-1's export (its ``init``); its export (``sia.checkpoint.export_adapter``) is written to
@@ -23,16 +25,16 @@ import logging
 import re
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from sia.backbones.llama import UNTRAINED_SLOT_BIAS
-from sia.checkpoint import DEFAULT_CACHE, export_adapter, save_llama_checkpoint
+from sia.checkpoint import CONFIG_FILE, DEFAULT_CACHE, export_adapter, save_llama_checkpoint
 from sia.learn.adapter.train import TrainConfig, train
 from sia.learn.adapter.trainable import build_model
 from sia.learn.imprint_read import ReadConfig, train_checkpoint
-from sia.model.config import check_fields, read_json_object
+from sia.model.config import LlamaConfig, check_fields, read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,18 @@ _RUN_KEYS = ("out_dir", "init")  # set by the recipe for each stage
 # overrides of every stage's training that an imprint stage takes too, by their ReadConfig names
 _READ_SHARED = {"steps": "steps", "seed": "seed", "batch_size": "batch"}
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+# the LlamaConfig fields a recipe's ``settings`` may set on its final checkpoint: how it reads, not what it learned
+SETTINGS = (
+    "read_shift",
+    "imprint_shift",
+    "imprint_label_min",
+    "imprint_ask_bias",
+    "imprint_aside_weight",
+    "imprint_untold",
+    "imprint_copy",
+    "imprint_copy_layers",
+    "imprint_copy_heads",
+)
 
 
 @dataclass(frozen=True)
@@ -81,10 +95,14 @@ class Recipe:
     train: dict[str, Any]
     stages: tuple[Stage, ...]
     description: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)  # SETTINGS written into OUT/final's config
 
     def __post_init__(self) -> None:
         if not self.stages:
             raise ValueError("a recipe needs at least one stage")
+        unknown = sorted(set(self.settings) - set(SETTINGS))
+        if unknown:
+            raise ValueError(f"unknown settings {unknown}; a recipe's settings are {sorted(SETTINGS)}")
         names = [stage.name for stage in self.stages]
         for name in names:
             if not isinstance(name, str) or not _NAME.match(name):
@@ -120,7 +138,8 @@ class Recipe:
             imprint = None if raw.get("imprint") is None else _object(raw["imprint"], f"stage {i}'s imprint")
             train = _object(raw.get("train", {}), f"stage {i}'s train")
             stages.append(Stage(raw.get("name", ""), train, Export(**export), imprint))
-        return cls(_object(data.get("train", {}), "the recipe's train"), tuple(stages), str(data.get("description", "")))
+        train, settings = _object(data.get("train", {}), "the recipe's train"), _object(data.get("settings", {}), "settings")
+        return cls(train, tuple(stages), str(data.get("description", "")), settings)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Recipe:
@@ -136,11 +155,16 @@ class Recipe:
             else {"name": s.name, "imprint": s.imprint}
             for s in self.stages
         ]
-        return {"description": self.description, "train": self.train, "stages": stages}
+        return {"description": self.description, "train": self.train, "stages": stages, "settings": self.settings}
 
-    def with_overrides(self, train: Mapping[str, Any] | None = None, export: Mapping[str, Any] | None = None) -> Recipe:
+    def with_overrides(
+        self,
+        train: Mapping[str, Any] | None = None,
+        export: Mapping[str, Any] | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> Recipe:
         """Every stage with ``train`` over its own settings and ``export`` over its export (e.g. a smoke run's tiny
-        backbone and few steps, or a GPU's device and batch sizes)."""
+        backbone and few steps, or a GPU's device and batch sizes), and ``settings`` over the final checkpoint's."""
         unknown = sorted(set(export or {}) - {f.name for f in fields(Export)})
         if unknown:
             raise ValueError(f"unknown export keys {unknown}")
@@ -152,7 +176,7 @@ class Recipe:
             )
             for s in self.stages
         )
-        return Recipe(_merged(self.train, train or {}), stages, self.description)
+        return Recipe(_merged(self.train, train or {}), stages, self.description, {**self.settings, **(settings or {})})
 
     def stage_dir(self, out: Path, index: int) -> Path:
         return out / f"{index + 1}-{self.stages[index].name}"
@@ -206,4 +230,22 @@ def run_recipe(recipe: Recipe, out: Path, *, progress: bool = True, cache_dir: P
             trained / "last", partial, slot_rank=how.slot_rank, dtype=how.dtype, read_shift=how.read_shift, cache_dir=cache_dir
         )
         partial.rename(done)
-    return recipe.export_dir(out, len(recipe.stages) - 1)
+    final = recipe.export_dir(out, len(recipe.stages) - 1)
+    if recipe.settings:
+        settle(final, recipe.settings)
+    return final
+
+
+def settle(checkpoint: Path, settings: Mapping[str, Any]) -> None:
+    """Write ``settings`` (``SETTINGS`` fields) into a SIA checkpoint's config, validated as the config validates them
+    (ValueError, the checkpoint left as it was)."""
+    path = checkpoint / CONFIG_FILE
+    config = LlamaConfig.from_file(path)
+    if "imprint_copy_heads" in settings:  # the copy layers follow the heads named, unless named too
+        settings = {"imprint_copy_layers": None, **settings}
+    try:
+        config = replace(config, **settings)
+    except (TypeError, ValueError) as exc:
+        kept = "its stages are kept: change them and run again"
+        raise ValueError(f"the recipe's settings do not fit {checkpoint} ({kept}): {exc}") from exc
+    config.to_file(path)
