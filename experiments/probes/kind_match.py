@@ -349,8 +349,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.manual_seed(0)
     model = load_model(args.checkpoint)
     assert isinstance(model, LlamaModel)
-    shipped_ask = model.config.imprint_ask_bias
-    model.config = replace(model.config, imprint_ask_bias=0.0)  # the conditions below set it
+    shipped_ask, shipped_untold = model.config.imprint_ask_bias, model.config.imprint_untold
+    # the conditions below set them (the untold reply needs the ask head)
+    model.config = replace(model.config, imprint_ask_bias=0.0, imprint_untold=None)
     if args.min_label is not None:
         model.config = replace(model.config, imprint_label_min=args.min_label)
     if args.tokens is not None:
@@ -440,7 +441,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     labels = [_held_labels(spans[u.id], q.kind) for u, q in pairs]
     for name, mode, beta in conditions:
         started = time.perf_counter()
-        model.config = replace(model.config, imprint_ask_bias=beta if mode == "ask" else 0.0)
+        asking = mode == "ask"
+        untold = shipped_untold if asking else None
+        model.config = replace(model.config, imprint_ask_bias=beta if asking else 0.0, imprint_untold=untold)
         bias = None
         if mode in ("hard", "soft"):
             assert asked_p is not None

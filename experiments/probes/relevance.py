@@ -344,6 +344,7 @@ def play_questions(
     pairs = [(u, q) for u in users for q in u.questions]
     index = {(a.user, a.kind): a for a in data}
     out: dict[str, Any] = {}
+    untold_shipped = model.config.imprint_untold
     conditions = ([("ask", beta_shipped)] if not args.skip_ask else []) + [
         (f"{form}+{b:g}", b) for form in args.form for b in args.beta
     ]
@@ -351,9 +352,9 @@ def play_questions(
         started = time.perf_counter()
         bias = None
         if name == "ask":
-            model.config = replace(model.config, imprint_ask_bias=beta)
-        else:
-            model.config = replace(model.config, imprint_ask_bias=0.0)
+            model.config = replace(model.config, imprint_ask_bias=beta, imprint_untold=untold_shipped)
+        else:  # the untold reply needs the ask head
+            model.config = replace(model.config, imprint_ask_bias=0.0, imprint_untold=None)
             rows = []
             for u, q in pairs:
                 row = torch.zeros(N)
@@ -386,7 +387,7 @@ def play_questions(
         }
         seconds = time.perf_counter() - started
         _say(f"{name}: {sum(right) / len(right):.3f}, corrections {sum(fixed)} of {len(fixed)} ({seconds:.0f} s)")
-    model.config = replace(model.config, imprint_ask_bias=beta_shipped)
+    model.config = replace(model.config, imprint_ask_bias=beta_shipped, imprint_untold=untold_shipped)
     return out
 
 

@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         imprint_gate=False,
         imprint_kinds_layer=None,
         imprint_ask_bias=0.0,
+        imprint_untold=None,
         imprint_copy=0.0,
         imprint_copy_layers=None,
         imprint_copy_heads=None,
