@@ -38,6 +38,9 @@ OPENINGS = {
     "language": "You're learning",
     "origin": "You grew up in",
 }
+# ``--openings echo``: the descriptive kinds opened so that the reply says back the user's own clause ("I restore pipe
+# organs" -> "You told me you restore pipe organs"); the other kinds left to the model
+ECHO = {"job": "You told me you", "hobby": "You told me you"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,7 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=None)
     parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--openings", choices=("taught", "echo"), default="taught", help="OPENINGS, or ECHO")
     args = parser.parse_args(argv)
+    openings = OPENINGS if args.openings == "taught" else ECHO
     model = load_llama_checkpoint(args.checkpoint, DEFAULT_CACHE)
     tok = model.tokenizer
     system = tok.system_prompt(PERSONAS["sia"].system_prompt)
@@ -56,18 +61,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     fillers = load_fillers("tune" if args.part == "train" else args.part)
     questions = {q.text: q.kind for u in users for q in u.questions}
     plain = tok.turn_prompt
-    out: dict[str, Any] = {"part": args.part, "depth": args.depth, "users": len(users)}
+    out: dict[str, Any] = {"part": args.part, "depth": args.depth, "users": len(users), "openings": openings}
     for by in args.by:
         opening: dict[str, str] = {}
         if by == "kind":
-            opening = {text: OPENINGS[kind] for text, kind in questions.items() if kind in OPENINGS}
+            opening = {text: openings[kind] for text, kind in questions.items() if kind in openings}
         elif by == "ask":
             texts = list(questions)
             asked = model.asked_kinds([tok.encode(t) for t in texts])
             for text, p in zip(texts, asked, strict=True):
                 kind = KINDS[int(p[1:].argmax()) + 1]
-                if float(p[0]) < 0.5 and kind in OPENINGS:
-                    opening[text] = OPENINGS[kind]
+                if float(p[0]) < 0.5 and kind in openings:
+                    opening[text] = openings[kind]
 
         def opened(message: str, context: Sequence[int] = (), opening: dict[str, str] = opening) -> Any:
             tokens, span = plain(message, context)
