@@ -268,6 +268,21 @@ class ImprintEntries:
             out.append(KINDS[k] if sure and held else "")
         return out
 
+    def echoed(self, asked: Tensor, kinds: Collection[str]) -> list[str]:
+        """Per row, the kind of fact its message asks about when its reply should say back the user's own words: one of
+        ``kinds``, the ask head's likeliest fact kind in a row whose message more likely asks about a fact than about
+        none (p(none) < 1/2, the recall's gate) and whose imprint holds entries; "" in every other row (an empty imprint
+        included: a fresh identity is the base model). No entry of that kind is needed: the tagger leaves most clauses
+        of a job or a hobby unlabelled ("I restore pipe organs"), and those are the ones the opening gives back."""
+        if asked.shape != (self.kind.shape[0], len(KINDS)):
+            raise ValueError(f"asked must be ({self.kind.shape[0]}, {len(KINDS)}); got {tuple(asked.shape)}")
+        p, filled = asked.float().cpu(), self.filled.cpu()
+        out = []
+        for b in range(p.shape[0]):
+            k = int(p[b, 1:].argmax()) + 1
+            out.append(KINDS[k] if float(p[b, 0]) < 0.5 and KINDS[k] in kinds and bool(filled[b].any()) else "")
+        return out
+
 
 _FIELDS = ("keys", "key_scale", "values", "value_scale", "span", "token", "turn", "offset", "kind", "score")
 

@@ -34,6 +34,9 @@ class Conditioning:
     # per row, the kind of fact its message asks about that the user never told ("": none; ImprintEntries.untold): such
     # a row reads no imprint and its reply says so (SamplingParams.untold); None: no row
     untold: tuple[str, ...] | None = None
+    # per row, the kind of fact whose recall reply opens by saying back the user's words ("": none;
+    # ImprintEntries.echoed): its reply opens with sia.model.language.ECHO_OPENING (SamplingParams.echo); None: no row
+    echo: tuple[str, ...] | None = None
 
     @property
     def batch_size(self) -> int:

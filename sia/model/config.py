@@ -190,6 +190,10 @@ class ModelConfig(IdentityConfig):
         return None
 
     @property
+    def imprint_echo(self) -> list[str] | None:
+        return None
+
+    @property
     def state_dtype(self) -> str:
         return "float32"
 
@@ -263,6 +267,11 @@ class LlamaConfig(IdentityConfig):
     # the imprint holds entries but none of that kind, is answered by saying the user has not told it ("I don't think
     # you've told me your favourite colour. What is it?") instead of being read from the imprint; None: none
     imprint_untold: list[str] | None = None
+    # the kinds of fact (keys of sia.model.language.UNTOLD) whose recall replies open by saying back the user's own
+    # clause: a question the ask head takes for one of them (its likeliest kind, p(none) < 1/2), asked where the imprint
+    # holds entries, is answered "You told me you ..." and the read goes on from there ("I restore pipe organs" -> "You
+    # told me you restore pipe organs"; sia.model.language.ECHO_OPENING, ImprintEntries.echoed); None: none
+    imprint_echo: list[str] | None = None
     # the imprint's copy read: each next token's distribution mixed with the imprinted tokens, an entry's token weighted
     # by the attention the query heads of ``imprint_copy_layers`` (or ``imprint_copy_heads``) give that entry (their
     # mean), times this (and by the ask head's 1 - p(no fact asked)): p = (p_model + lam·a) / (1 + lam·|a|). Needs the
@@ -349,6 +358,13 @@ class LlamaConfig(IdentityConfig):
             if untold and not ask:
                 raise ValueError("imprint_untold needs the ask head (imprint_ask_bias > 0)")
             self.imprint_untold = sorted(set(untold))
+        echo = self.imprint_echo
+        if echo is not None:
+            if not isinstance(echo, list) or not all(isinstance(k, str) and k in UNTOLD for k in echo):
+                raise ValueError(f"imprint_echo must be a list of kinds among {sorted(UNTOLD)}; got {echo!r}")
+            if echo and not ask:
+                raise ValueError("imprint_echo needs the ask head (imprint_ask_bias > 0)")
+            self.imprint_echo = sorted(set(echo))
         if not math.isfinite(self.imprint_min_shock):
             raise ValueError(f"imprint_min_shock must be a finite number of nats; got {self.imprint_min_shock}")
         self._check_copy()

@@ -25,7 +25,7 @@ from torch import Tensor
 from sia.model.conditioning import Conditioning
 from sia.model.identity_model import IdentityModel
 from sia.model.kv_cache import KVCache
-from sia.model.language import OPEN_WORDS, UNTOLD, english, foreign_opening, message_words, untold_reply
+from sia.model.language import ECHO_OPENING, OPEN_WORDS, UNTOLD, english, foreign_opening, message_words, untold_reply
 from sia.model.naming import name_starts, names_self, user_names
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
@@ -120,6 +120,9 @@ class SamplingParams:
     # the kind of fact the message asks about that the user never told ("": none; the conditioning sets it per row,
     # ``Conditioning.untold``): the reply is ``sia.model.language.untold_reply`` in this reply's form, then it ends
     untold: str = ""
+    # the kind of fact whose recall reply says back the user's words ("": none; the conditioning sets it per row,
+    # ``Conditioning.echo``): the reply opens with ``sia.model.language.ECHO_OPENING`` and the model goes on from there
+    echo: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -145,6 +148,8 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty strings")
         if self.untold and self.untold not in UNTOLD:
             raise ValueError(f"untold must be one of {sorted(UNTOLD)} or empty; got {self.untold!r}")
+        if self.echo and self.echo not in UNTOLD:
+            raise ValueError(f"echo must be one of {sorted(UNTOLD)} or empty; got {self.echo!r}")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]; got {self.top_logprobs!r}")
         penalty = self.repetition_penalty
@@ -194,12 +199,14 @@ class SamplingParams:
 
 def row_params(params: Sequence[SamplingParams], cond: Conditioning) -> list[SamplingParams]:
     """Each row's decoding under ``cond``: a row that recalls (``recalls``) at its recall temperature, a row asking what
-    the user never told (``untold``) answered so."""
+    the user never told (``untold``) answered so, a row whose reply says back the user's words (``echo``) opened so."""
     out = list(params)
     if cond.recalls is not None:
         out = [p.recalling() if flag else p for p, flag in zip(out, cond.recalls.tolist(), strict=True)]
-    if cond.untold is not None:
-        out = [replace(p, untold=kind) if kind else p for p, kind in zip(out, cond.untold, strict=True)]
+    for name in ("untold", "echo"):
+        kinds = getattr(cond, name)
+        if kinds is not None:
+            out = [replace(p, **{name: kind}) if kind else p for p, kind in zip(out, kinds, strict=True)]
     return out
 
 
@@ -613,6 +620,8 @@ class ReplyDecoder:
         if params.untold:
             said = untold_reply(params.untold, params.reply_to, address=params.address, exclaim=params.exclaim)
             self.untold = [*tok.encode(said), *tok.reply_tokens("")[:1]]
+        # the reply's opening where it says back the user's words (the model goes on from it), or none
+        self.opening = [] if self.untold or not params.echo else tok.encode(ECHO_OPENING)
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator(device=device)
@@ -629,10 +638,10 @@ class ReplyDecoder:
         self.emitted = 0
         self.decoder = IncrementalDecoder(self.tok.token_bytes)
         self.finish_reason: str | None = None
-        # tokens written before the model's next one (the address's rest, then its pick; or the untold reply)
-        self.queued: list[int] = list(self.untold)
+        # tokens written before the model's next one (the address's rest, then its pick; the untold reply; an opening)
+        self.queued: list[int] = [*self.untold, *self.opening]
         self.held: list[StreamEvent] = []  # events of the first word, until it is judged
-        judged = (self.user_words is not None or bool(self.speaker)) and not self.untold
+        judged = (self.user_words is not None or bool(self.speaker)) and not self.queued
         self.judging = judged and len(self.banned_first) < FIRST_WORD_RETRIES
 
     def sample(self, logits: Tensor, params: SamplingParams) -> int:

@@ -159,7 +159,8 @@ class IdentityModel(nn.Module):
         the persona and not of its writer ("What's your name?", ``sia.model.language.of_the_persona``) reads no imprint:
         the user's words answer questions about the user, never about the persona. Nor does a message asking about a
         kind of fact (config.imprint_untold) that the imprint holds nothing of (``ImprintEntries.untold``): its row's
-        reply says the user has not told it (``Conditioning.untold``)."""
+        reply says the user has not told it (``Conditioning.untold``). A row asking about a kind of config.imprint_echo
+        that the imprint holds opens its reply by saying back the user's words (``Conditioning.echo``)."""
         if not states:
             raise ValueError("need at least one identity state")
         for state in states:
@@ -184,8 +185,9 @@ class IdentityModel(nn.Module):
                 if any(untold):  # nothing of the asked kind was told: such a row reads no imprint, its reply says so
                     held = [None if kind else h for h, kind in zip(held, untold, strict=True)]
                     entries = ImprintEntries.stack(held, self.config.imprint_shape, torch.float32)
+                echo = entries.echoed(asked, self.config.imprint_echo or ())  # an untold row holds nothing: no echo
                 cond = self.condition(trace, selves, entries.to(self.device), start, asked if reads_kinds else None)
-                return replace(cond, untold=tuple(untold)) if any(untold) else cond
+                return replace(cond, untold=tuple(untold) if any(untold) else None, echo=tuple(echo) if any(echo) else None)
             imprint = entries.to(self.device)
         return self.condition(trace, selves, imprint, start)
 

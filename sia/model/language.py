@@ -25,6 +25,11 @@ speaks of English only, since that is the language whose words it knows.
 * A question about a kind of fact the user **never told** (the imprint holds nothing of that kind) is answered by
   saying so, in the persona's form: "I don't think you've told me your favourite colour. What is it?" (``untold_reply``;
   which kinds, and how the imprint decides, in ``sia.identity.imprint.ImprintEntries.untold``).
+* A question about a kind of fact whose value people tell as a clause of their own (a job: "I restore pipe organs", a
+  hobby: "I turn bowls on a lathe") is answered by saying that clause back: the reply opens ``ECHO_OPENING`` ("You told
+  me you") and the read goes on with the user's verb ("restore pipe organs"), where a reply of its own would name a
+  noun it makes up ("You're a hard-working church worker"; which kinds: config.imprint_echo, and the imprint's rule:
+  ``sia.identity.imprint.ImprintEntries.echoed``).
 * ``OPEN_WORDS`` are the English words a sentence does not end on ("in", "a", "with", "is"): a reply's word limit
   waits past them before it pulls the sentence's end (``ReplyDecoder``).
 """
@@ -33,7 +38,16 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["OPEN_WORDS", "UNTOLD", "english", "foreign_opening", "message_words", "of_the_persona", "untold_reply"]
+__all__ = [
+    "ECHO_OPENING",
+    "OPEN_WORDS",
+    "UNTOLD",
+    "english",
+    "foreign_opening",
+    "message_words",
+    "of_the_persona",
+    "untold_reply",
+]
 
 WORD = re.compile(r"[^\W\d_]+")  # a run of letters
 NON_ASCII_SHARE = 0.5  # a message whose letters are more than this share outside ASCII is not English
@@ -120,6 +134,8 @@ UNTOLD = {
     "pet": ("about a pet", "Do you have one?"),
     "hobby": ("what you like to do for fun", "What do you enjoy?"),
 }
+# how a reply that says back the user's own clause opens (``ReplyDecoder``)
+ECHO_OPENING = "You told me you"
 _AMERICAN = re.compile(r"\b(?:colors?|favorite)\b", re.IGNORECASE)
 
 

@@ -44,7 +44,7 @@ from sia.model.batching import DecodeBatch
 from sia.model.conditioning import Conditioning
 from sia.model.config import LlamaConfig
 from sia.model.generate import Sampling, SamplingParams, generate, row_params
-from sia.model.language import untold_reply
+from sia.model.language import ECHO_OPENING, untold_reply
 from sia.model.tokenizer import ByteTokenizer
 
 from .conftest import hf_tiny
@@ -916,6 +916,77 @@ def test_the_untold_reply_takes_the_personas_form_and_is_checked() -> None:
     with pytest.raises(ValueError, match="imprint_untold must be"):
         replace(model.config, imprint_untold=["birthday"])
     assert replace(model.config, imprint_untold=["pet", "colour", "pet"]).imprint_untold == ["colour", "pet"]
+
+
+def test_a_question_about_a_kind_told_as_a_clause_opens_by_saying_it_back() -> None:
+    """Asked for the favourite colour with something imprinted and the kind listed in config.imprint_echo, the reply
+    opens "You told me you" and the model goes on from there, conditioned as before (the same slot keys); the persona's
+    forms hold (lower case); with a fresh identity, or the kind not listed, the reply is the model's own. In a batch each
+    row decodes as it does alone."""
+    model = _asking_for_colour(imprint_echo=["colour"])
+    question = "what colour do I like?"
+    rows = [list(question.encode())] * 2
+    told = replace(IdentityState.fresh(model.config), imprint=_labelled(model, ["name", "city"]))  # no colour labelled
+    fresh = IdentityState.fresh(model.config)
+    cond = model.condition_states([told, fresh], [3, 3], rows)
+    assert cond.echo == ("colour", "")  # nothing imprinted: the base model, no opening
+    plain = _asking_for_colour()  # imprint_echo off: the same conditioning, no opening
+    unopened = plain.condition_states([told], [3], rows[:1])
+    assert unopened.echo is None
+    for layer, theirs in zip(cond.layers, unopened.layers, strict=True):
+        assert layer is not None and theirs is not None and torch.equal(layer.slot_key[0], theirs.slot_key[0])
+    prompt = list(b"sys ") + rows[0]
+    params = SamplingParams(max_new_tokens=30, temperature=0.0)
+    opened, own = generate(model, [prompt, prompt], model.condition_states([told, fresh], [4, 4], rows), params)
+    opening = model.tokenizer.encode(ECHO_OPENING)
+    assert opened.text.startswith(ECHO_OPENING) and opened.tokens[: len(opening)] == opening
+    # the opening is written, then the model goes on: the rest is what it decodes after those tokens in the prompt
+    after = generate(plain, [prompt + opening], plain.condition_states([told], [4], rows[:1]), params)[0]
+    assert opened.tokens[len(opening) :] == after.tokens[: len(opened.tokens) - len(opening)]
+    alone = generate(model, [prompt], model.condition_states([fresh], [4], rows[:1]), params)[0]
+    assert own.tokens == alone.tokens and not own.text.startswith(ECHO_OPENING)
+    terse = generate(model, [prompt], model.condition_states([told], [4], rows[:1]), replace(params, lowercase=True))[0]
+    assert terse.text.startswith(ECHO_OPENING.lower())
+    batch = DecodeBatch(model)
+    handles = batch.join_many([prompt, prompt], model.condition_states([told, fresh], [4, 4], rows), [params, params])
+    while not all(h in batch.done for h in handles):
+        batch.sample()
+        batch.advance()
+    assert [batch.take(h).tokens for h in handles] == [opened.tokens, own.tokens]
+
+
+def test_the_echo_rule_needs_a_fact_asked_and_something_held() -> None:
+    entries = ImprintEntries(
+        keys=torch.zeros(3, 1, 1, 2, 2),
+        values=torch.zeros(3, 1, 1, 2, 2),
+        filled=torch.tensor([[True, True], [True, False], [False, False]]),
+        kind=torch.tensor([[KINDS.index("name"), KINDS.index("job")], [KINDS.index("name"), 0], [0, 0]]),
+        token=torch.full((3, 2), -1),
+        span=torch.tensor([[0, 1], [0, -1], [-1, -1]]),
+    )
+    asked = torch.zeros(3, len(KINDS))
+    asked[:, KINDS.index("job")] = 1.0
+    # row 0: a job held; row 1: a name held and nothing labelled a job; row 2: nothing held at all (a fresh identity)
+    assert entries.echoed(asked, ["job", "hobby"]) == ["job", "job", ""]
+    assert entries.echoed(asked, ["hobby"]) == ["", "", ""]
+    doubtful = torch.zeros(3, len(KINDS))
+    doubtful[:, 0], doubtful[:, KINDS.index("job")] = 0.5, 0.4  # as likely no fact as a job: nothing is recalled
+    assert entries.echoed(doubtful, ["job"]) == ["", "", ""]
+    with pytest.raises(ValueError, match="asked must be"):
+        entries.echoed(torch.ones(3, 2), ["job"])
+    with pytest.raises(ValueError, match="echo"):
+        SamplingParams(echo="birthday")
+    model = tiny()
+    model.add_imprint(24, 4, kinds_layer=1)
+    with pytest.raises(ValueError, match="imprint_echo needs the ask head"):
+        replace(model.config, imprint_echo=["job"])
+    model.add_ask_head(2.0)
+    with pytest.raises(ValueError, match="imprint_echo must be"):
+        replace(model.config, imprint_echo=["birthday"])
+    assert replace(model.config, imprint_echo=["job", "hobby", "job"]).imprint_echo == ["hobby", "job"]
+    echoing = Conditioning(layers=[], self_state=torch.zeros(2, 1), echo=("job", ""))
+    params = SamplingParams()
+    assert row_params([params, params], echoing) == [replace(params, echo="job"), params]
 
 
 def test_the_recall_temperature_caps_the_temperature_and_is_checked() -> None:

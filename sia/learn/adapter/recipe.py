@@ -53,6 +53,7 @@ SETTINGS = (
     "imprint_ask_bias",
     "imprint_aside_weight",
     "imprint_untold",
+    "imprint_echo",
     "imprint_copy",
     "imprint_copy_layers",
     "imprint_copy_heads",

@@ -183,6 +183,28 @@ def test_a_question_about_a_fact_never_told_is_answered_so_in_each_personas_form
     assert not stranger.startswith("I don't think")
 
 
+def test_a_question_about_a_fact_told_as_a_clause_opens_by_saying_it_back_in_each_personas_form(
+    tmp_path: Path, settings: Settings
+) -> None:
+    """With something imprinted and the asked kind listed in config.imprint_echo, "What do I do?" is answered "You told
+    me you ..." in each persona's form (bolt's lower case); a stranger's question is the base model's reply (nothing
+    imprinted)."""
+    model = asking_llama(tmp_path, "name")  # every imprinted word is labelled a name, every message asks for a name
+    model.config = replace(model.config, imprint_echo=["name"])
+    question = "What do I do?"
+    with serve(settings, model) as c:
+        replies = {}
+        for persona in ("sia", "marlow", "bolt", "pip"):
+            route = f"/v1/personas/{persona}/chat"
+            ok(c.patch(f"/admin/personas/{persona}", json={"preamble": "You talk."}))  # the tiny model's short context
+            ok(c.post(route, json={"user": "ana", "message": FACT, **GREEDY}))
+            replies[persona] = ok(c.post(route, json={"user": "ana", "message": question, "max_tokens": 12}))["reply"]
+        stranger = ok(c.post("/v1/personas/sia/chat", json={"user": "bo", "message": question, "max_tokens": 12}))["reply"]
+    for persona, reply in replies.items():
+        assert reply.startswith("you told me you" if persona == "bolt" else "You told me you"), (persona, reply)
+    assert not stranger.lower().startswith("you told me")
+
+
 def chat_with(client: TestClient, user: str, message: str, **sampling: Any) -> str:
     reply: str = ok(client.post("/v1/personas/sia/chat", json={"user": user, "message": message, **sampling}))["reply"]
     return reply
