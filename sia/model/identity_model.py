@@ -159,8 +159,8 @@ class IdentityModel(nn.Module):
         the persona and not of its writer ("What's your name?", ``sia.model.language.of_the_persona``) reads no imprint:
         the user's words answer questions about the user, never about the persona. Nor does a message asking about a
         kind of fact (config.imprint_untold) that the imprint holds nothing of (``ImprintEntries.untold``): its row's
-        reply says the user has not told it (``Conditioning.untold``). A row asking about a kind of config.imprint_echo
-        that the imprint holds opens its reply by saying back the user's words (``Conditioning.echo``)."""
+        reply says the user has not told it (``Conditioning.untold``). A row asking about a kind of config.imprint_echo,
+        with an imprint to answer from, opens its reply by saying back the user's words (``Conditioning.echo``)."""
         if not states:
             raise ValueError("need at least one identity state")
         for state in states:
