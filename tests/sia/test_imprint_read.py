@@ -874,15 +874,18 @@ def test_a_question_about_a_kind_the_user_never_told_reads_no_imprint_and_says_s
     assert unlisted.condition_states([untold], [3], rows[:1]).untold is None
 
 
+def _three_rows(kinds: list[list[str]]) -> ImprintEntries:
+    """Imprint entries of three rows, two places each: row r holds one entry per name in ``kinds[r]`` (KINDS names), in
+    a span of its own."""
+    filled = torch.tensor([[i < len(row) for i in range(2)] for row in kinds])
+    kind = torch.tensor([[KINDS.index(row[i]) if i < len(row) else 0 for i in range(2)] for row in kinds])
+    span = torch.where(filled, torch.arange(2).expand(3, 2), -1)
+    zeros = torch.zeros(3, 1, 1, 2, 2)
+    return ImprintEntries(keys=zeros, values=zeros, filled=filled, kind=kind, token=torch.full((3, 2), -1), span=span)
+
+
 def test_the_untold_rule_needs_a_sure_ask_and_entries() -> None:
-    entries = ImprintEntries(
-        keys=torch.zeros(3, 1, 1, 2, 2),
-        values=torch.zeros(3, 1, 1, 2, 2),
-        filled=torch.tensor([[True, True], [True, False], [False, False]]),
-        kind=torch.tensor([[KINDS.index("name"), 0], [KINDS.index("colour"), 0], [0, 0]]),
-        token=torch.full((3, 2), -1),
-        span=torch.tensor([[0, 1], [0, -1], [-1, -1]]),
-    )
+    entries = _three_rows([["name", "unknown"], ["colour"], []])
     sure = torch.zeros(3, len(KINDS))
     sure[:, KINDS.index("colour")] = 1.0
     # row 0: nothing of the colour held; row 1: a colour held; row 2: nothing held at all (a fresh identity)
@@ -956,14 +959,7 @@ def test_a_question_about_a_kind_told_as_a_clause_opens_by_saying_it_back() -> N
 
 
 def test_the_echo_rule_needs_a_fact_asked_and_something_held() -> None:
-    entries = ImprintEntries(
-        keys=torch.zeros(3, 1, 1, 2, 2),
-        values=torch.zeros(3, 1, 1, 2, 2),
-        filled=torch.tensor([[True, True], [True, False], [False, False]]),
-        kind=torch.tensor([[KINDS.index("name"), KINDS.index("job")], [KINDS.index("name"), 0], [0, 0]]),
-        token=torch.full((3, 2), -1),
-        span=torch.tensor([[0, 1], [0, -1], [-1, -1]]),
-    )
+    entries = _three_rows([["name", "job"], ["name"], []])
     asked = torch.zeros(3, len(KINDS))
     asked[:, KINDS.index("job")] = 1.0
     # row 0: a job held; row 1: a name held and nothing labelled a job; row 2: nothing held at all (a fresh identity)

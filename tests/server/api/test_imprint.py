@@ -159,6 +159,22 @@ def untold_llama(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
     return model
 
 
+def each_persona_asked(settings: Settings, model: LlamaModel, question: str, max_tokens: int) -> tuple[dict[str, str], str]:
+    """Each persona's reply to ``question`` from a user who told it FACT first, and the default persona's reply to a
+    stranger asking the same."""
+    with serve(settings, model) as c:
+        replies = {}
+        for persona in ("sia", "marlow", "bolt", "pip"):
+            route = f"/v1/personas/{persona}/chat"
+            ok(c.patch(f"/admin/personas/{persona}", json={"preamble": "You talk."}))  # the tiny model's short context
+            ok(c.post(route, json={"user": "ana", "message": FACT, **GREEDY}))
+            asked = {"user": "ana", "message": question, "max_tokens": max_tokens}
+            replies[persona] = ok(c.post(route, json=asked))["reply"]
+        asked = {"user": "bo", "message": question, "max_tokens": max_tokens}
+        stranger = ok(c.post("/v1/personas/sia/chat", json=asked))["reply"]
+    return replies, stranger
+
+
 def test_a_question_about_a_fact_never_told_is_answered_so_in_each_personas_form(
     settings: Settings, untold_llama: LlamaModel
 ) -> None:
@@ -166,14 +182,7 @@ def test_a_question_about_a_fact_never_told_is_answered_so_in_each_personas_form
     (marlow's address, bolt's lower case and single sentence, pip's exclamation mark), sampled or not; a stranger's
     question is the base model's reply (nothing imprinted)."""
     question = "What is my favourite colour?"
-    with serve(settings, untold_llama) as c:
-        replies = {}
-        for persona in ("sia", "marlow", "bolt", "pip"):
-            route = f"/v1/personas/{persona}/chat"
-            ok(c.patch(f"/admin/personas/{persona}", json={"preamble": "You talk."}))  # the tiny model's short context
-            ok(c.post(route, json={"user": "ana", "message": FACT, **GREEDY}))
-            replies[persona] = ok(c.post(route, json={"user": "ana", "message": question, "max_tokens": 100}))["reply"]
-        stranger = ok(c.post("/v1/personas/sia/chat", json={"user": "bo", "message": question, "max_tokens": 100}))["reply"]
+    replies, stranger = each_persona_asked(settings, untold_llama, question, max_tokens=100)
     assert replies == {
         "sia": "I don't think you've told me your favourite colour. What is it?",
         "marlow": "I don't think you've told me your favourite colour, sir. What is it?",
@@ -192,14 +201,7 @@ def test_a_question_about_a_fact_told_as_a_clause_opens_by_saying_it_back_in_eac
     model = asking_llama(tmp_path, "name")  # every imprinted word is labelled a name, every message asks for a name
     model.config = replace(model.config, imprint_echo=["name"])
     question = "What do I do?"
-    with serve(settings, model) as c:
-        replies = {}
-        for persona in ("sia", "marlow", "bolt", "pip"):
-            route = f"/v1/personas/{persona}/chat"
-            ok(c.patch(f"/admin/personas/{persona}", json={"preamble": "You talk."}))  # the tiny model's short context
-            ok(c.post(route, json={"user": "ana", "message": FACT, **GREEDY}))
-            replies[persona] = ok(c.post(route, json={"user": "ana", "message": question, "max_tokens": 12}))["reply"]
-        stranger = ok(c.post("/v1/personas/sia/chat", json={"user": "bo", "message": question, "max_tokens": 12}))["reply"]
+    replies, stranger = each_persona_asked(settings, model, question, max_tokens=12)
     for persona, reply in replies.items():
         assert reply.startswith("you told me you" if persona == "bolt" else "You told me you"), (persona, reply)
     assert not stranger.lower().startswith("you told me")
