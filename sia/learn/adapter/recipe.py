@@ -9,7 +9,8 @@ A recipe file (``recipes/smollm2.json`` is the shipped adapter's) holds
   first stage, it starts from the recipe's backbone (``train``'s ``base`` and ``model``) with untrained identity
   parameters, the self slots' read shut (``recipes/any-base.json``: an imprint for any LLaMA-family base, no GPU);
 * ``settings`` (optional): how the final checkpoint reads, which no stage trains (``SETTINGS``: the copy read's λ and
-  heads, the untold reply's kinds, the asides' weight, ...), written into ``OUT/final``'s config after the last stage.
+  heads, the untold reply's kinds, the echo opening's kinds, the asides' weight, ...), written into ``OUT/final``'s
+  config after the last stage.
 
 Stage k trains in ``OUT/<k>-<name>/`` (``sia.learn.adapter.train``, which resumes where a run stopped), starting from
 stage k-1's export (its ``init``); its export (``sia.checkpoint.export_adapter``) is written to
