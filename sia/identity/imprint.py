@@ -257,12 +257,10 @@ class ImprintEntries:
         head's likeliest fact kind at ``UNTOLD_SURE`` or more (``asked`` (B, len(KINDS)), KINDS[0]: none), in a row
         whose imprint holds entries and none labelled with that kind; "" in every other row (an empty imprint included:
         a fresh identity is the base model)."""
-        if asked.shape != (self.kind.shape[0], len(KINDS)):
-            raise ValueError(f"asked must be ({self.kind.shape[0]}, {len(KINDS)}); got {tuple(asked.shape)}")
-        p, filled, kind = asked.float().cpu(), self.filled.cpu(), self.kind.cpu()
+        p, likeliest = self._likeliest(asked)
+        filled, kind = self.filled.cpu(), self.kind.cpu()
         out = []
-        for b in range(p.shape[0]):
-            k = int(p[b, 1:].argmax()) + 1
+        for b, k in enumerate(likeliest):
             sure = float(p[b, k]) >= UNTOLD_SURE and KINDS[k] in kinds
             held = bool(filled[b].any()) and not bool((kind[b][filled[b]] == k).any())
             out.append(KINDS[k] if sure and held else "")
@@ -274,14 +272,20 @@ class ImprintEntries:
         none (p(none) < 1/2, the recall's gate) and whose imprint holds entries; "" in every other row (an empty imprint
         included: a fresh identity is the base model). No entry of that kind is needed: the tagger leaves most clauses
         of a job or a hobby unlabelled ("I restore pipe organs"), and those are the ones the opening gives back."""
-        if asked.shape != (self.kind.shape[0], len(KINDS)):
-            raise ValueError(f"asked must be ({self.kind.shape[0]}, {len(KINDS)}); got {tuple(asked.shape)}")
-        p, filled = asked.float().cpu(), self.filled.cpu()
+        p, likeliest = self._likeliest(asked)
+        filled = self.filled.cpu()
         out = []
-        for b in range(p.shape[0]):
-            k = int(p[b, 1:].argmax()) + 1
+        for b, k in enumerate(likeliest):
             out.append(KINDS[k] if float(p[b, 0]) < 0.5 and KINDS[k] in kinds and bool(filled[b].any()) else "")
         return out
+
+    def _likeliest(self, asked: Tensor) -> tuple[Tensor, list[int]]:
+        """The ask head's probabilities ``asked`` (B, len(KINDS)) on the CPU, and each row's likeliest fact kind (an
+        index into KINDS, never 0: none); ValueError for another shape."""
+        if asked.shape != (self.kind.shape[0], len(KINDS)):
+            raise ValueError(f"asked must be ({self.kind.shape[0]}, {len(KINDS)}); got {tuple(asked.shape)}")
+        p = asked.float().cpu()
+        return p, [int(k) + 1 for k in p[:, 1:].argmax(-1)]
 
 
 _FIELDS = ("keys", "key_scale", "values", "value_scale", "span", "token", "turn", "offset", "kind", "score")

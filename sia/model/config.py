@@ -351,20 +351,15 @@ class LlamaConfig(IdentityConfig):
         self.imprint_ask_bias = float(ask)
         if ask and (kinds is None or not self.imprint_tokens):
             raise ValueError("imprint_ask_bias needs an imprint and its kind tagger (imprint_kinds_layer)")
-        untold = self.imprint_untold
-        if untold is not None:
-            if not isinstance(untold, list) or not all(isinstance(k, str) and k in UNTOLD for k in untold):
-                raise ValueError(f"imprint_untold must be a list of kinds among {sorted(UNTOLD)}; got {untold!r}")
-            if untold and not ask:
-                raise ValueError("imprint_untold needs the ask head (imprint_ask_bias > 0)")
-            self.imprint_untold = sorted(set(untold))
-        echo = self.imprint_echo
-        if echo is not None:
-            if not isinstance(echo, list) or not all(isinstance(k, str) and k in UNTOLD for k in echo):
-                raise ValueError(f"imprint_echo must be a list of kinds among {sorted(UNTOLD)}; got {echo!r}")
-            if echo and not ask:
-                raise ValueError("imprint_echo needs the ask head (imprint_ask_bias > 0)")
-            self.imprint_echo = sorted(set(echo))
+        for name in ("imprint_untold", "imprint_echo"):  # kinds of fact whose replies the ask head decides
+            listed = getattr(self, name)
+            if listed is None:
+                continue
+            if not isinstance(listed, list) or not all(isinstance(k, str) and k in UNTOLD for k in listed):
+                raise ValueError(f"{name} must be a list of kinds among {sorted(UNTOLD)}; got {listed!r}")
+            if listed and not ask:
+                raise ValueError(f"{name} needs the ask head (imprint_ask_bias > 0)")
+            setattr(self, name, sorted(set(listed)))
         if not math.isfinite(self.imprint_min_shock):
             raise ValueError(f"imprint_min_shock must be a finite number of nats; got {self.imprint_min_shock}")
         self._check_copy()

@@ -911,14 +911,6 @@ def test_the_untold_reply_takes_the_personas_form_and_is_checked() -> None:
         untold_reply("birthday", "When is my birthday?")
     with pytest.raises(ValueError, match="untold"):
         SamplingParams(untold="birthday")
-    model = tiny()
-    model.add_imprint(24, 4, kinds_layer=1)
-    with pytest.raises(ValueError, match="imprint_untold needs the ask head"):
-        replace(model.config, imprint_untold=["colour"])
-    model.add_ask_head(2.0)
-    with pytest.raises(ValueError, match="imprint_untold must be"):
-        replace(model.config, imprint_untold=["birthday"])
-    assert replace(model.config, imprint_untold=["pet", "colour", "pet"]).imprint_untold == ["colour", "pet"]
 
 
 def test_a_question_about_a_kind_told_as_a_clause_opens_by_saying_it_back() -> None:
@@ -972,17 +964,21 @@ def test_the_echo_rule_needs_a_fact_asked_and_something_held() -> None:
         entries.echoed(torch.ones(3, 2), ["job"])
     with pytest.raises(ValueError, match="echo"):
         SamplingParams(echo="birthday")
-    model = tiny()
-    model.add_imprint(24, 4, kinds_layer=1)
-    with pytest.raises(ValueError, match="imprint_echo needs the ask head"):
-        replace(model.config, imprint_echo=["job"])
-    model.add_ask_head(2.0)
-    with pytest.raises(ValueError, match="imprint_echo must be"):
-        replace(model.config, imprint_echo=["birthday"])
-    assert replace(model.config, imprint_echo=["job", "hobby", "job"]).imprint_echo == ["hobby", "job"]
     echoing = Conditioning(layers=[], self_state=torch.zeros(2, 1), echo=("job", ""))
     params = SamplingParams()
     assert row_params([params, params], echoing) == [replace(params, echo="job"), params]
+
+
+@pytest.mark.parametrize("name", ["imprint_untold", "imprint_echo"])
+def test_a_checkpoints_kinds_of_reply_need_the_ask_head_and_known_kinds(name: str) -> None:
+    model = tiny()
+    model.add_imprint(24, 4, kinds_layer=1)
+    with pytest.raises(ValueError, match=f"{name} needs the ask head"):
+        replace(model.config, **{name: ["colour"]})
+    model.add_ask_head(2.0)
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        replace(model.config, **{name: ["birthday"]})
+    assert getattr(replace(model.config, **{name: ["pet", "colour", "pet"]}), name) == ["colour", "pet"]
 
 
 def test_the_recall_temperature_caps_the_temperature_and_is_checked() -> None:
