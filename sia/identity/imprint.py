@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from sia.model.config import AnyConfig, LlamaConfig
+from sia.model.language import spoken_clause
 
 __all__ = [
     "KINDS",
@@ -182,6 +183,19 @@ class Imprint:
                     tokens=None if bool((tokens < 0).any()) else tuple(int(t) for t in tokens),
                 )
             )
+        return out
+
+    def recollection(self, decode: Callable[[list[int]], str]) -> list[str]:
+        """What the user told of their facts, in their own words: the text (``decode`` of the token ids) of every span
+        the kind tagger labelled with a kind of fact, in the order it was said, each as a reply quotes it
+        (``sia.model.language.spoken_clause``), none twice; [] where the text is not kept (privacy: only positions,
+        kinds and scores are stored) or nothing labelled is held."""
+        told = sorted((s.turn, s.offset, s.tokens) for s in self.spans() if s.kind != "unknown" and s.tokens is not None)
+        out: list[str] = []
+        for _, _, tokens in told:
+            clause = spoken_clause(decode(list(tokens)))
+            if clause and clause.lower() not in (c.lower() for c in out):
+                out.append(clause)
         return out
 
     def entries(self, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:

@@ -72,8 +72,12 @@ def select_conditioning(cond: Conditioning, rows: Tensor) -> Conditioning:
     """The given rows (B',) of a Conditioning, in that order; nothing is recomputed."""
     layers = [None if lc is None else _select_layer(lc, rows) for lc in cond.layers]
     recalls = None if cond.recalls is None else cond.recalls[rows.cpu()]
-    untold, echo = (None if kinds is None else tuple(kinds[int(r)] for r in rows.cpu()) for kinds in (cond.untold, cond.echo))
-    return Conditioning(layers=layers, self_state=cond.self_state[rows], recalls=recalls, untold=untold, echo=echo)  # type: ignore[arg-type]
+    texts = {
+        name: None if kinds is None else tuple(kinds[int(r)] for r in rows.cpu())
+        for name in _ROW_TEXTS
+        for kinds in (getattr(cond, name),)
+    }
+    return Conditioning(layers=layers, self_state=cond.self_state[rows], recalls=recalls, **texts)  # type: ignore[arg-type]
 
 
 def cat_conditioning(conds: Sequence[Conditioning]) -> Conditioning:
@@ -82,13 +86,18 @@ def cat_conditioning(conds: Sequence[Conditioning]) -> Conditioning:
     recalls = None
     if any(c.recalls is not None for c in conds):
         recalls = torch.cat([torch.zeros(c.batch_size, dtype=torch.bool) if c.recalls is None else c.recalls for c in conds])
-    untold, echo = (_cat_kinds([getattr(c, name) for c in conds], conds) for name in ("untold", "echo"))
+    texts = {name: _cat_texts([getattr(c, name) for c in conds], conds) for name in _ROW_TEXTS}
     self_state = torch.cat([c.self_state for c in conds], dim=0)
-    return Conditioning(layers=layers, self_state=self_state, recalls=recalls, untold=untold, echo=echo)  # type: ignore[arg-type]
+    return Conditioning(layers=layers, self_state=self_state, recalls=recalls, **texts)  # type: ignore[arg-type]
 
 
-def _cat_kinds(parts: Sequence[tuple[str, ...] | None], conds: Sequence[Conditioning]) -> tuple[str, ...] | None:
-    """Per-row kinds (``Conditioning.untold``, ``echo``) stacked: "" for the rows of a conditioning without them."""
+# the Conditioning's per-row texts: "" for a row without, None for a conditioning without any
+_ROW_TEXTS = ("untold", "echo", "recollection")
+
+
+def _cat_texts(parts: Sequence[tuple[str, ...] | None], conds: Sequence[Conditioning]) -> tuple[str, ...] | None:
+    """Per-row texts (``Conditioning.untold``, ``echo``, ``recollection``) stacked: "" for the rows of a conditioning
+    without them."""
     if all(p is None for p in parts):
         return None
     return tuple(k for p, c in zip(parts, conds, strict=True) for k in (p or ("",) * c.batch_size))

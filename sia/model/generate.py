@@ -25,7 +25,16 @@ from torch import Tensor
 from sia.model.conditioning import Conditioning
 from sia.model.identity_model import IdentityModel
 from sia.model.kv_cache import KVCache
-from sia.model.language import ECHO_OPENING, OPEN_WORDS, UNTOLD, english, foreign_opening, message_words, untold_reply
+from sia.model.language import (
+    ECHO_OPENING,
+    OPEN_WORDS,
+    UNTOLD,
+    english,
+    foreign_opening,
+    message_words,
+    recollection_reply,
+    untold_reply,
+)
 from sia.model.naming import name_starts, names_self, user_names
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
@@ -64,6 +73,7 @@ MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 300  # tokens a logit_bias may name (OpenAI's limit)
 MAX_ADDRESS = 40  # characters of a form of address
 MAX_SPEAKER = 64  # characters of a persona's name
+MAX_RECOLLECTION = 4096  # characters of the user's clauses a recollection quotes (an imprint's few dozen tokens' text)
 _WORD = re.compile(r"[^\W\d_]+")  # a run of letters
 FIRST_WORD_RETRIES = 5  # first tokens a reply may lose to its first word (another language, the speaker's name) then it is let be
 FIRST_WORD_TOKENS = 6  # tokens a reply's first word is waited for at most: then the letters so far are judged
@@ -123,6 +133,10 @@ class SamplingParams:
     # the kind of fact whose recall reply says back the user's words ("": none; the conditioning sets it per row,
     # ``Conditioning.echo``): the reply opens with ``sia.model.language.ECHO_OPENING`` and the model goes on from there
     echo: str = ""
+    # the user's own clauses, one a line, that answer a message asking what the persona knows of them ("": none; the
+    # conditioning sets it per row, ``Conditioning.recollection``): the reply is
+    # ``sia.model.language.recollection_reply`` in this reply's form, then it ends
+    recollection: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -150,6 +164,11 @@ class SamplingParams:
             raise ValueError(f"untold must be one of {sorted(UNTOLD)} or empty; got {self.untold!r}")
         if self.echo and self.echo not in UNTOLD:
             raise ValueError(f"echo must be one of {sorted(UNTOLD)} or empty; got {self.echo!r}")
+        recollection = self.recollection
+        if not isinstance(recollection, str) or len(recollection) > MAX_RECOLLECTION:
+            raise ValueError(f"recollection must be text of at most {MAX_RECOLLECTION} characters; got {recollection!r:.80}")
+        if recollection and not all(line and line.isprintable() for line in recollection.split("\n")):
+            raise ValueError(f"recollection must be printable clauses, one a line; got {recollection!r:.80}")
         if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]; got {self.top_logprobs!r}")
         penalty = self.repetition_penalty
@@ -199,11 +218,12 @@ class SamplingParams:
 
 def row_params(params: Sequence[SamplingParams], cond: Conditioning) -> list[SamplingParams]:
     """Each row's decoding under ``cond``: a row that recalls (``recalls``) at its recall temperature, a row asking what
-    the user never told (``untold``) answered so, a row whose reply says back the user's words (``echo``) opened so."""
+    the user never told (``untold``) answered so, a row whose reply says back the user's words (``echo``) opened so, a
+    row asking what the persona knows of the user (``recollection``) answered with their clauses."""
     out = list(params)
     if cond.recalls is not None:
         out = [p.recalling() if flag else p for p, flag in zip(out, cond.recalls.tolist(), strict=True)]
-    for name in ("untold", "echo"):
+    for name in ("untold", "echo", "recollection"):
         kinds = getattr(cond, name)
         if kinds is not None:
             out = [replace(p, **{name: kind}) if kind else p for p, kind in zip(out, kinds, strict=True)]
@@ -616,12 +636,19 @@ class ReplyDecoder:
         self.user_name_starts = torch.tensor(starts, dtype=torch.long, device=device) if starts else None
         self.banned_first: list[int] = []  # first tokens whose reply was taken back
         self.taken_back: int | None = None  # set by push: the reply was taken back, and this many of its tokens were read
-        self.untold: list[int] = []  # the whole reply where the user never told what the message asks, and its end
-        if params.untold:
+        # the whole reply and its end, where the message asks what the persona knows of the user (their clauses quoted)
+        # or what the user never told (saying so); else none
+        self.whole: list[int] = []
+        said = ""
+        if params.recollection:
+            clauses = params.recollection.split("\n")
+            said = recollection_reply(clauses, address=params.address, exclaim=params.exclaim)
+        elif params.untold:
             said = untold_reply(params.untold, params.reply_to, address=params.address, exclaim=params.exclaim)
-            self.untold = [*tok.encode(said), *tok.reply_tokens("")[:1]]
+        if said:
+            self.whole = [*tok.encode(said), *tok.reply_tokens("")[:1]]
         # the reply's opening where it says back the user's words (the model goes on from it), or none
-        self.opening = [] if self.untold or not params.echo else tok.encode(ECHO_OPENING)
+        self.opening = [] if self.whole or not params.echo else tok.encode(ECHO_OPENING)
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator(device=device)
@@ -638,8 +665,8 @@ class ReplyDecoder:
         self.emitted = 0
         self.decoder = IncrementalDecoder(self.tok.token_bytes)
         self.finish_reason: str | None = None
-        # tokens written before the model's next one (the address's rest, then its pick; the untold reply; an opening)
-        self.queued: list[int] = [*self.untold, *self.opening]
+        # tokens written before the model's next one (the address's rest, then its pick; a whole reply; an opening)
+        self.queued: list[int] = [*self.whole, *self.opening]
         self.held: list[StreamEvent] = []  # events of the first word, until it is judged
         judged = (self.user_words is not None or bool(self.speaker)) and not self.queued
         self.judging = judged and len(self.banned_first) < FIRST_WORD_RETRIES

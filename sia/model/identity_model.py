@@ -18,7 +18,7 @@ from sia.identity.state import IdentityState, SelfUpdate, TurnSummary
 from sia.model.conditioning import Conditioning
 from sia.model.config import AnyConfig
 from sia.model.kv_cache import KVCache
-from sia.model.language import of_the_persona
+from sia.model.language import about_the_user, of_the_persona
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
@@ -160,7 +160,9 @@ class IdentityModel(nn.Module):
         the user's words answer questions about the user, never about the persona. Nor does a message asking about a
         kind of fact (config.imprint_untold) that the imprint holds nothing of (``ImprintEntries.untold``): its row's
         reply says the user has not told it (``Conditioning.untold``). A row asking about a kind of config.imprint_echo,
-        with an imprint to answer from, opens its reply by saying back the user's words (``Conditioning.echo``)."""
+        with an imprint to answer from, opens its reply by saying back the user's words (``Conditioning.echo``). A row whose
+        message asks what the persona knows of the user as a whole (``sia.model.language.about_the_user``), with the text
+        of labelled spans kept, is answered with those clauses (``Conditioning.recollection``)."""
         if not states:
             raise ValueError("need at least one identity state")
         for state in states:
@@ -187,9 +189,24 @@ class IdentityModel(nn.Module):
                     entries = ImprintEntries.stack(held, self.config.imprint_shape, torch.float32)
                 echo = entries.echoed(asked, self.config.imprint_echo or ())  # an untold row holds nothing: no echo
                 cond = self.condition(trace, selves, entries.to(self.device), start, asked if reads_kinds else None)
-                return replace(cond, untold=tuple(untold) if any(untold) else None, echo=tuple(echo) if any(echo) else None)
+                cond = replace(cond, untold=tuple(untold) if any(untold) else None, echo=tuple(echo) if any(echo) else None)
+                return self._recollecting(cond, states, messages)
             imprint = entries.to(self.device)
-        return self.condition(trace, selves, imprint, start)
+        return self._recollecting(self.condition(trace, selves, imprint, start), states, messages)
+
+    def _recollecting(
+        self, cond: Conditioning, states: Sequence[IdentityState], messages: Sequence[Sequence[int]] | None
+    ) -> Conditioning:
+        """``cond`` with ``recollection`` set for the rows whose message asks what the persona knows of the user and
+        whose imprint keeps the text of clauses labelled with a kind of fact (one a line)."""
+        if messages is None:
+            return cond
+        decode = self.tokenizer.decode
+        told = [
+            "\n".join(s.imprint.recollection(decode)) if s.imprint is not None and about_the_user(decode(list(m))) else ""
+            for s, m in zip(states, messages, strict=True)
+        ]
+        return replace(cond, recollection=tuple(told)) if any(told) else cond
 
     def asked_kinds(self, rows: Sequence[Sequence[int]]) -> Tensor:
         """What kind of fact each message (its tokens) asks about, (B, len(KINDS)) probabilities; a model that keeps

@@ -30,6 +30,11 @@ speaks of English only, since that is the language whose words it knows.
   me you") and the read goes on with the user's verb ("restore pipe organs"), where a reply of its own would name a
   noun it makes up ("You're a hard-working church worker"; which kinds: config.imprint_echo, and the imprint's rule:
   ``sia.identity.imprint.ImprintEntries.echoed``).
+* A message that asks what the persona knows of its writer **as a whole** ("What do you know about me?", "What have I
+  told you so far?", "Tell me about myself") is answered with what the user told of their facts, in their own words,
+  quoted: "You've told me: “I'm Ana Kowalski”, “I live in Lisbon” and “I have a cat”." (``about_the_user``,
+  ``recollection_reply``; which clauses: ``sia.identity.imprint.Imprint.recollection``). A reply of the model's own
+  names one fact at most.
 * ``OPEN_WORDS`` are the English words a sentence does not end on ("in", "a", "with", "is"): a reply's word limit
   waits past them before it pulls the sentence's end (``ReplyDecoder``).
 """
@@ -37,15 +42,19 @@ speaks of English only, since that is the language whose words it knows.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 __all__ = [
     "ECHO_OPENING",
     "OPEN_WORDS",
     "UNTOLD",
+    "about_the_user",
     "english",
     "foreign_opening",
     "message_words",
     "of_the_persona",
+    "recollection_reply",
+    "spoken_clause",
     "untold_reply",
 ]
 
@@ -150,3 +159,55 @@ def untold_reply(kind: str, message: str, *, address: str = "", exclaim: bool = 
     if kind == "colour" and _AMERICAN.search(message):
         what = "your favorite color"
     return f"I don't think you've told me {what}{address}{'!' if exclaim else '.'} {question}"
+
+
+# "what do you know about me", "do you remember anything about me", "what have I told you so far", "tell me about myself"
+_ABOUT_ME = re.compile(
+    r"\b(?:you|u)\s+(?:know|remember|recall|learned|learnt|have\s+learned|have\s+learnt)\s+"
+    r"(?:(?:so\s+far|anything|everything|much|all)\s+)?(?:about|of)\s+(?:me|myself)\b"
+    r"|\bwhat\s+(?:have|did)\s+i\s+(?:told|tell)\s+you(?:\s+so\s+far|\s+about\s+(?:me|myself))?\s*[?.!]*\s*$"
+    r"|\btell\s+me\s+about\s+myself\b"
+)
+# what the persona knows of the user as the grounds of another question ("Which wool should I buy, based on what you
+# know about me?"): that question asks for one fact, which the read answers
+_GROUNDS = re.compile(r"\b(?:based\s+on|given|from|considering|using|with|by)\s+(?:what|all|everything)(?:\s+(?:do|did))?\s*$")
+
+
+def about_the_user(text: str) -> bool:
+    """Whether a message asks what the persona knows of its writer as a whole ("What do you know about me?", "Tell me
+    what you remember about me.", "what have I told you so far?", "Tell me about myself"), not one fact of theirs ("What
+    did I tell you about my job?"), nor what it says of them ("I want you to know about me that I hate mornings"), nor
+    another question asked on those grounds ("Which wool should I buy, based on what you know about me?")."""
+    lowered = " ".join(text.lower().replace("\u2019", "'").split())
+    found = _ABOUT_ME.search(lowered)
+    return found is not None and not _GROUNDS.search(lowered[: found.start()])
+
+
+_LEADING = re.compile(r"^(?:(?:and|but|so|also|plus|or|oh|well|btw|anyway)\b[\s,]*)+", re.IGNORECASE)
+_BREAK = re.compile(r"(?<=\w)[.!?…]+\s+")  # a sentence's end inside a clause ("Hi. I'm Ana")
+_EDGES = " \t,;:.!?…-–—'\"“”‘’()"
+
+
+def spoken_clause(text: str) -> str:
+    """A clause the user wrote, as a reply quotes it: one line, its leading conjunction ("and I have a cat") and its
+    edges' marks dropped, a sentence's end inside it a comma (the quote stays one sentence), double quotes single; ""
+    where no letter is left."""
+    said = " ".join(text.split()).replace('"', "'").replace("“", "'").replace("”", "'")
+    said = _BREAK.sub(", ", said.strip(_EDGES))
+    said = _LEADING.sub("", said).strip(_EDGES)
+    return said if any(c.isalpha() for c in said) else ""
+
+
+def recollection_reply(clauses: Sequence[str], *, address: str = "", exclaim: bool = False) -> str:
+    """The reply to a message asking what the persona knows of the user (``about_the_user``): the user's own clauses,
+    quoted, in order, in one sentence closed by the persona's form of address (", sir") and, with ``exclaim``, an
+    exclamation mark: "You've told me: “I'm Ana Kowalski”, “I live in Lisbon” and “I have a cat”." ValueError for no
+    clause, or one that is not one printable line."""
+    if not clauses:
+        raise ValueError("a recollection needs at least one clause")
+    for clause in clauses:
+        if not clause or not clause.isprintable():
+            raise ValueError(f"a recollected clause must be one printable line; got {clause!r}")
+    quoted = [f"“{c}”" for c in clauses]
+    listing = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+    return f"You've told me: {listing}{address}{'!' if exclaim else '.'}"

@@ -44,7 +44,7 @@ from sia.model.batching import DecodeBatch
 from sia.model.conditioning import Conditioning
 from sia.model.config import LlamaConfig
 from sia.model.generate import Sampling, SamplingParams, generate, row_params
-from sia.model.language import ECHO_OPENING, untold_reply
+from sia.model.language import ECHO_OPENING, about_the_user, recollection_reply, spoken_clause, untold_reply
 from sia.model.tokenizer import ByteTokenizer
 
 from .conftest import hf_tiny
@@ -967,6 +967,104 @@ def test_the_echo_rule_needs_a_fact_asked_and_something_held() -> None:
     echoing = Conditioning(layers=[], self_state=torch.zeros(2, 1), echo=("job", ""))
     params = SamplingParams()
     assert row_params([params, params], echoing) == [replace(params, echo="job"), params]
+
+
+def _told(model: LlamaModel, spans: list[tuple[str, str, int]]) -> Imprint:
+    """An imprint of the tiny model (byte tokens) holding ``spans`` in this entry order: (the clause's text, its kind
+    (a KINDS name), the turn that said it), each at offset 0 of its turn; token ids kept."""
+    imprint = imprint_of(model, list(b"sys"), ("I am Ox and so on",))
+    N = imprint.capacity
+    span, kind, token, turn = (torch.full((N,), fill, dtype=torch.int32) for fill in (-1, 0, -1, 0))
+    at = 0
+    for i, (text, name, said) in enumerate(spans):
+        ids = list(text.encode())
+        span[at : at + len(ids)], kind[at : at + len(ids)], turn[at : at + len(ids)] = i, KINDS.index(name), said
+        token[at : at + len(ids)] = torch.tensor(ids, dtype=torch.int32)
+        at += len(ids)
+    assert at <= N
+    zeros = torch.zeros(N, dtype=torch.int32)
+    return replace(imprint, span=span, kind=kind, token=token, turn=turn, offset=zeros, score=zeros.float())
+
+
+def test_a_message_asking_what_the_persona_knows_of_its_writer_is_told_apart() -> None:
+    for asked in (
+        "What do you know about me?",
+        "tell me what you remember about me",
+        "Do you know anything about me?",
+        "what have I told you so far?",
+        "What did I tell you about myself?",
+        "Tell me about myself.",
+        "how much do u remember about me",
+    ):
+        assert about_the_user(asked), asked
+    for other in (
+        "What did I tell you about my job?",  # one fact: the read answers it
+        "I want you to know about me that I hate mornings",  # said, not asked
+        "What do you know about Paris?",
+        "What's my name?",
+        "Tell me about yourself.",
+        "Which colour wool should I buy, based on what you know about me?",  # a colour asked on those grounds
+    ):
+        assert not about_the_user(other), other
+    assert spoken_clause(" and I have a cat.") == "I have a cat"
+    assert spoken_clause("Hi. I'm Ana,") == "Hi, I'm Ana"  # one sentence in the quote
+    assert spoken_clause('so my "favourite" is teal') == "my 'favourite' is teal"
+    assert spoken_clause(" ...") == ""
+    assert recollection_reply(["I'm Ana", "I have a cat"]) == "You've told me: “I'm Ana” and “I have a cat”."
+    assert recollection_reply(["I'm Ana"], address=", sir") == "You've told me: “I'm Ana”, sir."
+    assert recollection_reply(["I'm Ana", "in Lyon", "a cat"], exclaim=True) == (
+        "You've told me: “I'm Ana”, “in Lyon” and “a cat”!"
+    )
+    for bad in ([], [""], ["two\nlines"]):
+        with pytest.raises(ValueError, match="recollect"):
+            recollection_reply(bad)
+    for value in ("a\n", "a\tb", "x" * 5000, 3):
+        with pytest.raises(ValueError, match="recollection"):
+            SamplingParams(recollection=value)  # type: ignore[arg-type]
+
+
+def test_the_recollection_is_the_labelled_clauses_in_the_order_they_were_said() -> None:
+    model = with_trained_like_read()
+    imprint = _told(model, [(" a cat.", "pet", 1), ("Hi!", "unknown", 0), (" I'm Ox,", "name", 0), ("a cat", "pet", 2)])
+    assert imprint.recollection(model.tokenizer.decode) == ["I'm Ox", "a cat"]  # by turn; none twice; no unknown span
+    private = replace(imprint, token=torch.where(imprint.span >= 0, -1, -1).int())  # the text not kept
+    assert private.recollection(model.tokenizer.decode) == []
+    assert Imprint.empty(model.config).recollection(model.tokenizer.decode) == []
+
+
+def test_a_question_about_the_user_as_a_whole_is_answered_with_their_own_clauses() -> None:
+    """Asked "what do you know about me?", a row whose imprint keeps labelled clauses' text replies with them quoted,
+    whole, then ends, in the reply's form (lower case); a fresh identity, an imprint without text and another question
+    are the model's own replies. In a batch and in a DecodeBatch each row decodes as it does alone."""
+    model = with_trained_like_read()
+    question = "what do you know about me?"
+    rows = [list(question.encode())] * 2
+    told = replace(IdentityState.fresh(model.config), imprint=_told(model, [(" I'm Ox,", "name", 0), (" and a cat.", "pet", 1)]))
+    fresh = IdentityState.fresh(model.config)
+    cond = model.condition_states([told, fresh], [3, 3], rows)
+    assert cond.recollection == ("I'm Ox\na cat", "")
+    assert model.condition_states([fresh], [3], rows[:1]).recollection is None
+    assert model.condition_states([told], [3], [list(b"what is my name?")]).recollection is None
+    assert told.imprint is not None
+    private = replace(told, imprint=replace(told.imprint, token=torch.full_like(told.imprint.token, -1)))
+    assert model.condition_states([private], [3], rows[:1]).recollection is None
+    prompt = list(b"sys ") + rows[0]
+    params = SamplingParams(max_new_tokens=120, temperature=0.0, reply_to=question)
+    said, own = generate(model, [prompt, prompt], model.condition_states([told, fresh], [4, 4], rows), params)
+    assert said.text == "You've told me: “I'm Ox” and “a cat”." and said.finish_reason == "stop"
+    assert said.tokens == [*model.tokenizer.encode(said.text), model.tokenizer.end_id]
+    alone = generate(model, [prompt], model.condition_states([fresh], [4], rows[:1]), params)[0]
+    assert own.tokens == alone.tokens and not own.text.startswith("You've told me")
+    terse = generate(model, [prompt], model.condition_states([told], [4], rows[:1]), replace(params, lowercase=True))[0]
+    assert terse.text == "you've told me: “i'm ox” and “a cat”."
+    batch = DecodeBatch(model)
+    handles = batch.join_many([prompt, prompt], model.condition_states([told, fresh], [4, 4], rows), [params, params])
+    while not all(h in batch.done for h in handles):
+        batch.sample()
+        batch.advance()
+    assert [batch.take(h).tokens for h in handles] == [said.tokens, alone.tokens]
+    recalling = Conditioning(layers=[], self_state=torch.zeros(2, 1), recollection=("", "I'm Ox"))
+    assert row_params([params, params], recalling) == [params, replace(params, recollection="I'm Ox")]
 
 
 @pytest.mark.parametrize("name", ["imprint_untold", "imprint_echo"])

@@ -207,6 +207,28 @@ def test_a_question_about_a_fact_told_as_a_clause_opens_by_saying_it_back_in_eac
     assert not stranger.lower().startswith("you told me")
 
 
+def test_asked_what_it_knows_of_the_user_a_persona_quotes_their_own_words_in_its_form(tmp_path: Path, settings: Settings) -> None:
+    """ "What do you know about me?" from a user who told FACT is answered with the imprinted clauses of FACT, quoted,
+    in each persona's form (marlow's address, bolt's lower case, pip's exclamation mark); a stranger and a user whose
+    words are not kept (SIA_STORE_TURN_TEXT=false) get the model's own reply."""
+    model = asking_llama(tmp_path, "name")  # every imprinted word is labelled a name
+    question = "What do you know about me?"
+    replies, stranger = each_persona_asked(settings, model, question, max_tokens=100)
+    for persona, reply in replies.items():
+        opening = "you've told me: “" if persona == "bolt" else "You've told me: “"
+        assert reply.startswith(opening), (persona, reply)
+        quoted = reply[len(opening) - 1 :].split("”")[:-1]
+        clauses = [q.split("“")[-1] for q in quoted]
+        assert clauses and all(c and c.lower() in FACT.lower() for c in clauses), (persona, reply)
+    assert replies["marlow"].endswith("”, sir.") and replies["pip"].endswith("”!") and replies["sia"].endswith("”.")
+    assert not stranger.startswith("You've told me")
+    private = settings.model_copy(update={"store_turn_text": False})
+    with serve(private, model) as c:
+        ok(c.post("/v1/personas/sia/chat", json={"user": "ana", "message": FACT, **GREEDY}))
+        asked = ok(c.post("/v1/personas/sia/chat", json={"user": "ana", "message": question, "max_tokens": 20}))
+    assert not asked["reply"].startswith("You've told me")
+
+
 def chat_with(client: TestClient, user: str, message: str, **sampling: Any) -> str:
     reply: str = ok(client.post("/v1/personas/sia/chat", json={"user": user, "message": message, **sampling}))["reply"]
     return reply
