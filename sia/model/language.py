@@ -191,11 +191,13 @@ _EDGES = " \t,;:.!?…-–—'\"“”‘’()"
 def spoken_clause(text: str) -> str:
     """A clause the user wrote, as a reply quotes it: one line, its leading conjunction ("and I have a cat") and its
     edges' marks dropped, a sentence's end inside it a comma (the quote stays one sentence), double quotes single; ""
-    where no letter is left."""
+    where no letter is left, or where it opens by speaking to the persona ("You know my name, right?" tells it nothing
+    of the user's)."""
     said = " ".join(text.split()).replace('"', "'").replace("“", "'").replace("”", "'")
     said = _BREAK.sub(", ", said.strip(_EDGES))
     said = _LEADING.sub("", said).strip(_EDGES)
-    return said if any(c.isalpha() for c in said) else ""
+    first = said.split(" ", 1)[0].lower().replace("\u2019", "'")
+    return said if any(c.isalpha() for c in said) and first not in SECOND_PERSON else ""
 
 
 def recollection_reply(clauses: Sequence[str], *, address: str = "", exclaim: bool = False) -> str:

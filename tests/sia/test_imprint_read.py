@@ -1010,6 +1010,7 @@ def test_a_message_asking_what_the_persona_knows_of_its_writer_is_told_apart() -
     assert spoken_clause("Hi. I'm Ana,") == "Hi, I'm Ana"  # one sentence in the quote
     assert spoken_clause('so my "favourite" is teal') == "my 'favourite' is teal"
     assert spoken_clause(" ...") == ""
+    assert spoken_clause(" You know my name,") == "" and spoken_clause("your cat?") == ""  # said to the persona
     assert recollection_reply(["I'm Ana", "I have a cat"]) == "You've told me: “I'm Ana” and “I have a cat”."
     assert recollection_reply(["I'm Ana"], address=", sir") == "You've told me: “I'm Ana”, sir."
     assert recollection_reply(["I'm Ana", "in Lyon", "a cat"], exclaim=True) == (
