@@ -185,18 +185,25 @@ class Imprint:
             )
         return out
 
-    def recollection(self, decode: Callable[[list[int]], str]) -> list[str]:
+    def recollection(self, decode: Callable[[list[int]], str], kinds: Collection[str] | None = None) -> list[str]:
         """What the user told of their facts, in their own words: the text (``decode`` of the token ids) of every span
-        the kind tagger labelled with a kind of fact, in the order it was said, each as a reply quotes it
-        (``sia.model.language.spoken_clause``), none twice; [] where the text is not kept (privacy: only positions,
-        kinds and scores are stored) or nothing labelled is held."""
-        told = sorted((s.turn, s.offset, s.tokens) for s in self.spans() if s.kind != "unknown" and s.tokens is not None)
+        the kind tagger labelled with a kind of fact (of ``kinds`` where given, and then [] unless each of them has
+        one), in the order it was said, each as a reply quotes it (``sia.model.language.spoken_clause``), none twice;
+        [] where the text is not kept (privacy: only positions, kinds and scores are stored) or nothing labelled is
+        held."""
+        told = sorted(
+            (s.turn, s.offset, s.tokens, s.kind)
+            for s in self.spans()
+            if s.kind != "unknown" and s.tokens is not None and (kinds is None or s.kind in kinds)
+        )
         out: list[str] = []
-        for _, _, tokens in told:
+        said: set[str] = set()
+        for _, _, tokens, kind in told:
             clause = spoken_clause(decode(list(tokens)))
             if clause and clause.lower() not in (c.lower() for c in out):
                 out.append(clause)
-        return out
+                said.add(kind)
+        return out if kinds is None or said >= set(kinds) else []
 
     def entries(self, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
         """Dequantised keys and values (n_layer, H_kv, N, d) and which entries are filled (N,) bool."""

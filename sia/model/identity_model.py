@@ -13,12 +13,12 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from sia.identity.imprint import ImprintEntries
+from sia.identity.imprint import KINDS, ImprintEntries
 from sia.identity.state import IdentityState, SelfUpdate, TurnSummary
 from sia.model.conditioning import Conditioning
 from sia.model.config import AnyConfig
 from sia.model.kv_cache import KVCache
-from sia.model.language import about_the_user, of_the_persona
+from sia.model.language import about_the_user, asked_parts, of_the_persona
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
@@ -197,16 +197,34 @@ class IdentityModel(nn.Module):
     def _recollecting(
         self, cond: Conditioning, states: Sequence[IdentityState], messages: Sequence[Sequence[int]] | None
     ) -> Conditioning:
-        """``cond`` with ``recollection`` set for the rows whose message asks what the persona knows of the user and
-        whose imprint keeps the text of clauses labelled with a kind of fact (one a line)."""
+        """``cond`` with ``recollection`` set (the clauses one a line) for the rows whose message asks what the persona
+        knows of the user and whose imprint keeps the text of clauses labelled with a kind of fact; and for the rows
+        whose message joins questions about two kinds of fact or more ("What's my name and what do I do?": the ask head
+        reads each part, ``sia.model.language.asked_parts``) whose imprint keeps such clauses of every kind asked."""
         if messages is None:
             return cond
         decode = self.tokenizer.decode
-        told = [
-            "\n".join(s.imprint.recollection(decode)) if s.imprint is not None and about_the_user(decode(list(m))) else ""
-            for s, m in zip(states, messages, strict=True)
-        ]
+        told = []
+        for state, message in zip(states, messages, strict=True):
+            text, clauses = decode(list(message)), []
+            if state.imprint is not None and about_the_user(text):
+                clauses = state.imprint.recollection(decode)
+            elif state.imprint is not None and state.imprint.used:
+                kinds = self._kinds_asked(asked_parts(text))
+                if len(kinds) > 1:
+                    clauses = state.imprint.recollection(decode, kinds)
+            told.append("\n".join(clauses))
         return replace(cond, recollection=tuple(told)) if any(told) else cond
+
+    def _kinds_asked(self, parts: Sequence[str]) -> set[str]:
+        """The kinds of fact the questions ``parts`` ask about, each part's likeliest where the ask head more likely
+        reads a fact than none in every part; none without an ask head or parts."""
+        if not parts or getattr(self, "imprint_ask", None) is None:
+            return set()
+        asked = self.asked_kinds([self.tokenizer.encode(part) for part in parts]).cpu()
+        if not bool((asked[:, 0] < 0.5).all()):
+            return set()
+        return {KINDS[int(k) + 1] for k in asked[:, 1:].argmax(-1)}
 
     def asked_kinds(self, rows: Sequence[Sequence[int]]) -> Tensor:
         """What kind of fact each message (its tokens) asks about, (B, len(KINDS)) probabilities; a model that keeps

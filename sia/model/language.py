@@ -49,6 +49,7 @@ __all__ = [
     "OPEN_WORDS",
     "UNTOLD",
     "about_the_user",
+    "asked_parts",
     "english",
     "foreign_opening",
     "message_words",
@@ -198,6 +199,22 @@ def spoken_clause(text: str) -> str:
     said = _LEADING.sub("", said).strip(_EDGES)
     first = said.split(" ", 1)[0].lower().replace("\u2019", "'")
     return said if any(c.isalpha() for c in said) and first not in SECOND_PERSON else ""
+
+
+_QUESTION_WORD = r"(?:what|what's|whats|where|where's|who|who's|which|how|when)"
+# "What's my name and what do I do?": a question's second part after "and", opening with a question word
+_SECOND_QUESTION = re.compile(rf",?\s+(?:and|&)\s+(?={_QUESTION_WORD}\b)", re.IGNORECASE)
+
+
+def asked_parts(text: str) -> list[str]:
+    """The questions a message joins with "and" ("What's my name and what do I do?" -> "What's my name", "what do I
+    do?"), where each opens with a question word; [] for a message that asks one thing ("Where do I live and work?" asks
+    one place)."""
+    said = " ".join(text.replace("\u2019", "'").split())
+    parts = [p.strip() for p in _SECOND_QUESTION.split(said)]
+    if len(parts) < 2 or not all(re.match(rf"{_QUESTION_WORD}\b", p, re.IGNORECASE) for p in parts):
+        return []
+    return parts
 
 
 def recollection_reply(clauses: Sequence[str], *, address: str = "", exclaim: bool = False) -> str:

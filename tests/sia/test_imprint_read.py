@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -44,7 +45,14 @@ from sia.model.batching import DecodeBatch
 from sia.model.conditioning import Conditioning
 from sia.model.config import LlamaConfig
 from sia.model.generate import Sampling, SamplingParams, generate, row_params
-from sia.model.language import ECHO_OPENING, about_the_user, recollection_reply, spoken_clause, untold_reply
+from sia.model.language import (
+    ECHO_OPENING,
+    about_the_user,
+    asked_parts,
+    recollection_reply,
+    spoken_clause,
+    untold_reply,
+)
 from sia.model.tokenizer import ByteTokenizer
 
 from .conftest import hf_tiny
@@ -1031,6 +1039,37 @@ def test_the_recollection_is_the_labelled_clauses_in_the_order_they_were_said() 
     private = replace(imprint, token=torch.where(imprint.span >= 0, -1, -1).int())  # the text not kept
     assert private.recollection(model.tokenizer.decode) == []
     assert Imprint.empty(model.config).recollection(model.tokenizer.decode) == []
+
+
+def test_a_question_of_two_facts_is_answered_with_the_clauses_of_both_kinds() -> None:
+    """ "What's my name and what pet do I have?" (two parts the ask head reads as a name and a pet) is answered with the
+    clauses labelled with those kinds, quoted; where one kind has none, or the parts ask one kind, or the ask head
+    reads no fact, the model answers as before."""
+    assert asked_parts("What's my name and what do I do?") == ["What's my name", "what do I do?"]
+    assert asked_parts("what's my job & where do I live") == ["what's my job", "where do I live"]
+    for one in ("Where do I live and work?", "What is 2 and 3?", "Tell me my name and what I do", "What's my name?"):
+        assert asked_parts(one) == [], one
+    model = _asking_for_colour()  # its ask head, replaced here by one that reads each part's kind from its words
+
+    def asked_kinds(rows: Sequence[Sequence[int]]) -> Tensor:
+        out = torch.zeros(len(rows), len(KINDS))
+        for r, tokens in enumerate(rows):
+            text = bytes(tokens).decode()
+            out[r, next((KINDS.index(k) for k in ("name", "pet", "city") if k in text), 0)] = 1.0
+        return out
+
+    model.asked_kinds = asked_kinds  # type: ignore[method-assign]
+    spans = [(" I'm Ox,", "name", 0), (" in Oslo.", "city", 0), (" a cat.", "pet", 1)]
+    told = replace(IdentityState.fresh(model.config), imprint=_told(model, spans))
+    question = "what name and what pet?"
+    cond = model.condition_states([told], [3], [list(question.encode())])
+    assert cond.recollection == ("I'm Ox\na cat",)
+    prompt = list(b"sys ") + list(question.encode())
+    said = generate(model, [prompt], cond, SamplingParams(max_new_tokens=60, temperature=0.0))[0]
+    assert said.text == "You've told me: “I'm Ox” and “a cat”." and said.finish_reason == "stop"
+    no_pet = replace(told, imprint=_told(model, [spans[0], (" Oslo, cat.", "city", 1)]))  # a label that missed the pet
+    for state, asked in ((no_pet, question), (told, "what name and what name?"), (told, "what now and what then?")):
+        assert model.condition_states([state], [3], [list(asked.encode())]).recollection is None, asked
 
 
 def test_a_question_about_the_user_as_a_whole_is_answered_with_their_own_clauses() -> None:
