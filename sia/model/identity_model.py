@@ -200,16 +200,20 @@ class IdentityModel(nn.Module):
         """``cond`` with ``recollection`` set (the clauses one a line) for the rows whose message asks what the persona
         knows of the user and whose imprint keeps the text of clauses labelled with a kind of fact; and for the rows
         whose message joins questions about two kinds of fact or more ("What's my name and what do I do?": the ask head
-        reads each part, ``sia.model.language.asked_parts``) whose imprint keeps such clauses of every kind asked."""
+        reads each part, ``sia.model.language.asked_parts``) whose imprint keeps such clauses of every kind asked; never
+        for a message of the persona's (``of_the_persona``: "What's your name and what do you do?")."""
         if messages is None:
             return cond
         decode = self.tokenizer.decode
         told = []
         for state, message in zip(states, messages, strict=True):
             text, clauses = decode(list(message)), []
-            if state.imprint is not None and about_the_user(text):
+            if state.imprint is None or of_the_persona(text):  # "What's your name and what do you do?" asks the persona
+                told.append("")
+                continue
+            if about_the_user(text):
                 clauses = state.imprint.recollection(decode)
-            elif state.imprint is not None and state.imprint.used:
+            elif state.imprint.used:
                 kinds = self._kinds_asked(asked_parts(text))
                 if len(kinds) > 1:
                     clauses = state.imprint.recollection(decode, kinds)

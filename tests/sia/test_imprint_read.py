@@ -1068,7 +1068,13 @@ def test_a_question_of_two_facts_is_answered_with_the_clauses_of_both_kinds() ->
     said = generate(model, [prompt], cond, SamplingParams(max_new_tokens=60, temperature=0.0))[0]
     assert said.text == "You've told me: “I'm Ox” and “a cat”." and said.finish_reason == "stop"
     no_pet = replace(told, imprint=_told(model, [spans[0], (" Oslo, cat.", "city", 1)]))  # a label that missed the pet
-    for state, asked in ((no_pet, question), (told, "what name and what name?"), (told, "what now and what then?")):
+    persona = "what name have you and what pet have you?"  # asks the persona: never answered with the user's words
+    for state, asked in (
+        (no_pet, question),
+        (told, "what name and what name?"),
+        (told, "what now and what then?"),
+        (told, persona),
+    ):
         assert model.condition_states([state], [3], [list(asked.encode())]).recollection is None, asked
 
 
