@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from sia.identity.imprint import KINDS, ImprintEntries
+from sia.identity.imprint import KINDS, Imprint, ImprintEntries
 from sia.identity.state import IdentityState, SelfUpdate, TurnSummary
 from sia.model.conditioning import Conditioning
 from sia.model.config import AnyConfig
@@ -169,13 +169,13 @@ class IdentityModel(nn.Module):
             state.validate(self.config)
         trace = torch.stack([s.trace for s in states]).to(self.device)
         selves = torch.stack([s.self_state for s in states]).to(self.device)
-        imprint, start = None, None
         if self.config.imprint_tokens:
             if messages is not None and len(messages) != len(states):
                 raise ValueError(f"need one message per state; got {len(messages)} for {len(states)}")
-            decode = self.tokenizer.decode
-            unread = [False] * len(states) if messages is None else [of_the_persona(decode(list(m))) for m in messages]
+            texts = None if messages is None else [self.tokenizer.decode(list(m)) for m in messages]
+            unread = [False] * len(states) if texts is None else [of_the_persona(t) for t in texts]
             held = [None if quiet else s.imprint for s, quiet in zip(states, unread, strict=True)]
+            readable = list(held)  # what each row may answer from: nothing for a message of the persona's
             entries = ImprintEntries.stack(held, self.config.imprint_shape, torch.float32)
             start = None if reads_from is None else torch.tensor(list(reads_from), dtype=torch.long, device=self.device)
             copies = bool(self.config.imprint_copy) and bool((entries.token >= 0).any())
@@ -190,40 +190,36 @@ class IdentityModel(nn.Module):
                 echo = entries.echoed(asked, self.config.imprint_echo or ())  # an untold row holds nothing: no echo
                 cond = self.condition(trace, selves, entries.to(self.device), start, asked if reads_kinds else None)
                 cond = replace(cond, untold=tuple(untold) if any(untold) else None, echo=tuple(echo) if any(echo) else None)
-                return self._recollecting(cond, states, messages)
-            imprint = entries.to(self.device)
-        return self._recollecting(self.condition(trace, selves, imprint, start), states, messages)
+                return self._recollecting(cond, readable, texts)
+            return self._recollecting(self.condition(trace, selves, entries.to(self.device), start), readable, texts)
+        return self.condition(trace, selves)
 
-    def _recollecting(
-        self, cond: Conditioning, states: Sequence[IdentityState], messages: Sequence[Sequence[int]] | None
-    ) -> Conditioning:
+    def _recollecting(self, cond: Conditioning, imprints: Sequence[Imprint | None], texts: Sequence[str] | None) -> Conditioning:
         """``cond`` with ``recollection`` set (the clauses one a line) for the rows whose message asks what the persona
         knows of the user and whose imprint keeps the text of clauses labelled with a kind of fact; and for the rows
         whose message joins questions about two kinds of fact or more ("What's my name and what do I do?": the ask head
-        reads each part, ``sia.model.language.asked_parts``) whose imprint keeps such clauses of every kind asked; never
-        for a message of the persona's (``of_the_persona``: "What's your name and what do you do?")."""
-        if messages is None:
+        reads each part, ``sia.model.language.asked_parts``) whose imprint keeps such clauses of every kind asked.
+        ``imprints``: per row, what it may answer from (None for a message of the persona's, ``of_the_persona``: "What's
+        your name and what do you do?"); ``texts``: the messages (None: none)."""
+        if texts is None:
             return cond
         decode = self.tokenizer.decode
         told = []
-        for state, message in zip(states, messages, strict=True):
-            text, clauses = decode(list(message)), []
-            if state.imprint is None or of_the_persona(text):  # "What's your name and what do you do?" asks the persona
-                told.append("")
-                continue
-            if about_the_user(text):
-                clauses = state.imprint.recollection(decode)
-            elif state.imprint.used:
+        for imprint, text in zip(imprints, texts, strict=True):
+            clauses: list[str] = []
+            if imprint is not None and about_the_user(text):
+                clauses = imprint.recollection(decode)
+            elif imprint is not None and imprint.used:
                 kinds = self._kinds_asked(asked_parts(text))
                 if len(kinds) > 1:
-                    clauses = state.imprint.recollection(decode, kinds)
+                    clauses = imprint.recollection(decode, kinds)
             told.append("\n".join(clauses))
         return replace(cond, recollection=tuple(told)) if any(told) else cond
 
     def _kinds_asked(self, parts: Sequence[str]) -> set[str]:
         """The kinds of fact the questions ``parts`` ask about, each part's likeliest where the ask head more likely
         reads a fact than none in every part; none without an ask head or parts."""
-        if not parts or getattr(self, "imprint_ask", None) is None:
+        if not parts or not self.config.imprint_ask_bias:
             return set()
         asked = self.asked_kinds([self.tokenizer.encode(part) for part in parts]).cpu()
         if not bool((asked[:, 0] < 0.5).all()):
