@@ -255,18 +255,22 @@ def chat(model: IdentityModel, *, greedy: bool = False) -> Iterator[Callable[[st
             yield say
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def play(
+    users: list[tuple[tuple[str, ...], tuple[Asked, ...]]], fillers: tuple[str, ...], name: str, argv: list[str] | None
+) -> int:
+    """Tell each user's messages, then ``fillers``, then ask each question; print every reply and the table per kind,
+    and write every reply to ``--out``. The command line of this probe and of those that play their own users."""
+    ap = argparse.ArgumentParser(description=name)
     ap.add_argument("--greedy", action="store_true", help="temperature 0 in every turn (default: the persona's own)")
     ap.add_argument("--out", type=Path, default=None, help="JSON with every reply (default: none)")
     args = ap.parse_args(argv)
     rows: list[dict[str, object]] = []
     with chat(load_model(None), greedy=args.greedy) as say:
-        for i, (said, asked) in enumerate(USERS):
-            for message in (*said, *FILLERS):
-                say(f"fresh-{i}", message)
+        for i, (said, asked) in enumerate(users):
+            for message in (*said, *fillers):
+                say(f"{name}-{i}", message)
             for kind, question, accept in asked:
-                reply = say(f"fresh-{i}", question)
+                reply = say(f"{name}-{i}", question)
                 right = any(mentions(reply, a) for a in accept)
                 rows.append({"user": i, "kind": kind, "question": question, "reply": reply, "right": right})
                 sys.stdout.write(f"{'right' if right else 'wrong'}  {kind:8s} {question} -> {reply}\n")
@@ -283,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps({"greedy": args.greedy, "rows": rows}, indent=1, ensure_ascii=False) + "\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return play(USERS, FILLERS, "fresh", argv)
 
 
 if __name__ == "__main__":

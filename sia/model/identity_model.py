@@ -18,7 +18,7 @@ from sia.identity.state import IdentityState, SelfUpdate, TurnSummary
 from sia.model.conditioning import Conditioning
 from sia.model.config import AnyConfig
 from sia.model.kv_cache import KVCache
-from sia.model.language import about_the_user, asked_parts, of_the_persona
+from sia.model.language import about_the_user, asked_parts, names_kind, of_the_persona
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
@@ -158,8 +158,9 @@ class IdentityModel(nn.Module):
         row's imprint holds an entry of known kind, or a kept token the copy read weighs). A message that speaks of
         the persona and not of its writer ("What's your name?", ``sia.model.language.of_the_persona``) reads no imprint:
         the user's words answer questions about the user, never about the persona. Nor does a message asking about a
-        kind of fact (config.imprint_untold) that the imprint holds nothing of (``ImprintEntries.untold``): its row's
-        reply says the user has not told it (``Conditioning.untold``). A row asking about a kind of config.imprint_echo,
+        kind of fact (config.imprint_untold) that the imprint holds nothing of (``ImprintEntries.untold``: no span so
+        labelled, and none whose kept text names such a value, ``sia.model.language.names_kind``): its row's reply
+        says the user has not told it (``Conditioning.untold``). A row asking about a kind of config.imprint_echo,
         with an imprint to answer from, opens its reply by saying back the user's words (``Conditioning.echo``). A row whose
         message asks what the persona knows of the user as a whole (``sia.model.language.about_the_user``), with the text
         of labelled spans kept, is answered with those clauses (``Conditioning.recollection``)."""
@@ -183,7 +184,10 @@ class IdentityModel(nn.Module):
             kinds = self.config.imprint_untold or ()
             if messages is not None and self.config.imprint_ask_bias and (reads_kinds or (kinds and bool(entries.filled.any()))):
                 asked = self.asked_kinds(messages)
-                untold = entries.untold(asked, kinds)
+                untold = [
+                    k if k and not self._names_told(imprint, k) else ""
+                    for k, imprint in zip(entries.untold(asked, kinds), readable, strict=True)
+                ]
                 if any(untold):  # nothing of the asked kind was told: such a row reads no imprint, its reply says so
                     held = [None if kind else h for h, kind in zip(held, untold, strict=True)]
                     entries = ImprintEntries.stack(held, self.config.imprint_shape, torch.float32)
@@ -215,6 +219,14 @@ class IdentityModel(nn.Module):
                     clauses = imprint.recollection(decode, kinds)
             told.append("\n".join(clauses))
         return replace(cond, recollection=tuple(told)) if any(told) else cond
+
+    def _names_told(self, imprint: Imprint | None, kind: str) -> bool:
+        """Whether ``imprint`` keeps the text of a span that names a value of ``kind`` whatever its label ("lilac is
+        everything to me", ``sia.model.language.names_kind``): then the user told it, and the read answers."""
+        if imprint is None:
+            return False
+        decode = self.tokenizer.decode
+        return any(s.tokens is not None and names_kind(kind, decode(list(s.tokens))) for s in imprint.spans())
 
     def _kinds_asked(self, parts: Sequence[str]) -> set[str]:
         """The kinds of fact the questions ``parts`` ask about, each part's likeliest where the ask head more likely

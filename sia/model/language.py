@@ -24,7 +24,10 @@ speaks of English only, since that is the language whose words it knows.
   you?" is (the writer is the one talking).
 * A question about a kind of fact the user **never told** (the imprint holds nothing of that kind) is answered by
   saying so, in the persona's form: "I don't think you've told me your favourite colour. What is it?" (``untold_reply``;
-  which kinds, and how the imprint decides, in ``sia.identity.imprint.ImprintEntries.untold``).
+  which kinds, and how the imprint decides, in ``sia.identity.imprint.ImprintEntries.untold``). The kind tagger leaves
+  some clauses unlabelled ("lilac is everything to me", "but honestly now it's green"), so where the imprint keeps the
+  text of a span naming a word of the kind's own (``KIND_WORDS``: the colours' names) the persona does not claim it
+  was never told, and the read answers (``names_kind``).
 * A question about a kind of fact whose value people tell as a clause of their own (a job: "I restore pipe organs", a
   hobby: "I turn bowls on a lathe") is answered by saying that clause back: the reply opens ``ECHO_OPENING`` ("You told
   me you") and the read goes on with the user's verb ("restore pipe organs"), where a reply of its own would name a
@@ -46,6 +49,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "ECHO_OPENING",
+    "KIND_WORDS",
     "OPEN_WORDS",
     "UNTOLD",
     "about_the_user",
@@ -53,6 +57,7 @@ __all__ = [
     "english",
     "foreign_opening",
     "message_words",
+    "names_kind",
     "of_the_persona",
     "recollection_reply",
     "spoken_clause",
@@ -160,6 +165,27 @@ def untold_reply(kind: str, message: str, *, address: str = "", exclaim: bool = 
     if kind == "colour" and _AMERICAN.search(message):
         what = "your favorite color"
     return f"I don't think you've told me {what}{address}{'!' if exclaim else '.'} {question}"
+
+
+# the words that name a value of a closed kind of fact, where the kind has them: a span holding one may state that kind
+# whatever the tagger's label. The colours leave out the names that are as often something else ("rose", "ruby",
+# "amber", "olive", "honey", "salmon", "lime", "gold"): a user called Ruby who never told a colour is still told so
+KIND_WORDS: dict[str, frozenset[str]] = {
+    "colour": _listed(
+        "red orange yellow green blue purple violet indigo pink brown black white grey gray teal turquoise aqua cyan "
+        "magenta maroon burgundy crimson scarlet ochre ocher mustard lilac lavender mauve beige khaki emerald navy "
+        "cobalt azure cerulean sapphire periwinkle cornflower coral apricot terracotta fuchsia fuschia claret ivory "
+        "charcoal taupe chartreuse vermilion sienna umber sepia tangerine marigold ultramarine aubergine eggplant "
+        "magnolia oxblood cerise puce vermillion greige"
+    ),
+}
+
+
+def names_kind(kind: str, text: str) -> bool:
+    """Whether ``text`` holds a word that names a value of ``kind`` (``KIND_WORDS``; False for a kind without such
+    words): "lilac is everything to me" names a colour."""
+    words = KIND_WORDS.get(kind)
+    return words is not None and any(w in words for w in WORD.findall(text.lower()))
 
 
 # "what do you know about me", "do you remember anything about me", "what have I told you so far", "tell me about myself"

@@ -49,6 +49,7 @@ from sia.model.language import (
     ECHO_OPENING,
     about_the_user,
     asked_parts,
+    names_kind,
     recollection_reply,
     spoken_clause,
     untold_reply,
@@ -880,6 +881,36 @@ def test_a_question_about_a_kind_the_user_never_told_reads_no_imprint_and_says_s
     assert [batch.take(h).tokens for h in handles] == [said.tokens, alone.tokens]
     unlisted = _asking_for_colour()  # imprint_untold off: the imprint is read as before
     assert unlisted.condition_states([untold], [3], rows[:1]).untold is None
+
+
+def test_an_unlabelled_clause_naming_a_colour_keeps_the_untold_reply_away() -> None:
+    """The tagger leaves a clause like "lilac is me" unlabelled; held with its text, the persona does not say the user
+    never told a colour, and the row reads its imprint as it would without the untold rule. A name alone, or the same
+    clause kept without its text (privacy), is still untold."""
+    model = _asking_for_colour(imprint_untold=["colour"])
+    rows = [list(b"what colour do I like?")] * 3
+    named = _told(model, [("I am Ox", "name", 0), ("lilac is me", "unknown", 1)])
+    nameless = _told(model, [("I am Ox", "name", 0), ("kettle is me", "unknown", 1)])
+    private = replace(named, token=torch.full_like(named.token, -1))
+    states = [replace(IdentityState.fresh(model.config), imprint=i) for i in (named, nameless, private)]
+    cond = model.condition_states(states, [3, 3, 3], rows)
+    assert cond.untold == ("", "colour", "colour")
+    read = _asking_for_colour()  # no untold rule: the imprint read as it is
+    alone, plain = model.condition_states(states[:1], [3], rows[:1]), read.condition_states(states[:1], [3], rows[:1])
+    assert alone.untold is None
+    for ours, theirs in zip(alone.layers, plain.layers, strict=True):
+        assert ours is not None and theirs is not None
+        assert torch.equal(ours.slot_key, theirs.slot_key) and torch.equal(ours.slot_value, theirs.slot_value)
+
+
+def test_the_words_of_a_closed_kind_are_named() -> None:
+    assert names_kind("colour", "lilac is everything to me")
+    assert names_kind("colour", "my bottle GREEN jumper")
+    assert names_kind("colour", "fav colour? ochre")
+    assert not names_kind("colour", "my favourite colour")  # the kind's word, no value
+    assert not names_kind("colour", "I'm Ruby and I love honey")  # names that are as often something else
+    assert not names_kind("colour", "greenhouse")  # whole words only
+    assert not names_kind("pet", "a cat")  # a kind without a list of its own words
 
 
 def _three_rows(kinds: list[list[str]]) -> ImprintEntries:
