@@ -30,7 +30,7 @@ from sia.backbones.packed_linear import (
     packing_available,
 )
 from sia.backbones.slot_maps import LowRank, init_slot_map
-from sia.identity.imprint import KINDS, ImprintEntries
+from sia.identity.imprint import KINDS, ImprintEntries, asks_a_fact
 from sia.identity.state import SelfUpdate, TurnSummary, stabilised_metric
 from sia.model.conditioning import Conditioning
 from sia.model.config import LlamaConfig
@@ -165,13 +165,6 @@ def _copying(layers: Sequence[object]) -> InjectedLayer | None:
         if isinstance(lc, InjectedLayer) and lc.copy_weight is not None:
             return lc if bool((lc.copy_weight > 0).any()) else None
     return None
-
-
-def asks_a_fact(asked: Tensor) -> Tensor:
-    """(B, 1) bool: the rows whose message more likely asks about one of the user's facts than about none, from the ask
-    head's probabilities ``asked`` (B, len(KINDS)) or their first column, p(none) (B, 1): p(none) < 1/2. The one gate of
-    the entry bias, the copy read and the recall temperature."""
-    return asked.float()[:, :1] < 0.5
 
 
 def _untrained_ask(head: nn.Linear) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "SpanChoice",
     "asides",
     "asking",
+    "asks_a_fact",
     "clause_breaks",
     "corrects",
     "dequantise",
@@ -56,6 +57,14 @@ __all__ = [
 KINDS = ("unknown", "name", "city", "job", "colour", "pet", "hobby", "food", "instrument", "language", "origin")
 # the ask head's probability at which a message asks about a kind of fact for ``ImprintEntries.untold``
 UNTOLD_SURE = 0.5
+
+
+def asks_a_fact(asked: Tensor) -> Tensor:
+    """(B, 1) bool: the rows whose message more likely asks about one of the user's facts than about none, from the ask
+    head's probabilities ``asked`` (B, len(KINDS)) or their first column, p(none) (B, 1): p(none) < 1/2. The one gate of
+    the entry bias, the copy read, the recall temperature, the echo opening and the questions of two facts."""
+    return asked.float()[:, :1] < 0.5
+
 
 _LEVELS = {8: 127.0, 4: 7.0}  # the largest magnitude of a stored number: int8, and 4 bits stored as q + 8 in a nibble
 _DTYPES = {8: torch.int8, 4: torch.uint8}
@@ -293,11 +302,11 @@ class ImprintEntries:
         none (p(none) < 1/2, the recall's gate) and whose imprint holds entries; "" in every other row (an empty imprint
         included: a fresh identity is the base model). No entry of that kind is needed: the tagger leaves most clauses
         of a job or a hobby unlabelled ("I restore pipe organs"), and those are the ones the opening gives back."""
-        p, likeliest = self._likeliest(asked)
-        filled = self.filled.cpu()
+        _, likeliest = self._likeliest(asked)
+        filled, facts = self.filled.cpu(), asks_a_fact(asked.cpu())[:, 0]
         out = []
         for b, k in enumerate(likeliest):
-            out.append(KINDS[k] if float(p[b, 0]) < 0.5 and KINDS[k] in kinds and bool(filled[b].any()) else "")
+            out.append(KINDS[k] if bool(facts[b]) and KINDS[k] in kinds and bool(filled[b].any()) else "")
         return out
 
     def _likeliest(self, asked: Tensor) -> tuple[Tensor, list[int]]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from sia.identity.imprint import KINDS, Imprint, ImprintEntries
+from sia.identity.imprint import KINDS, Imprint, ImprintEntries, asks_a_fact
 from sia.identity.state import IdentityState, SelfUpdate, TurnSummary
 from sia.model.conditioning import Conditioning
 from sia.model.config import AnyConfig
@@ -234,7 +234,7 @@ class IdentityModel(nn.Module):
         if not parts or not self.config.imprint_ask_bias:
             return set()
         asked = self.asked_kinds([self.tokenizer.encode(part) for part in parts]).cpu()
-        if not bool((asked[:, 0] < 0.5).all()):
+        if not bool(asks_a_fact(asked).all()):
             return set()
         return {KINDS[int(k) + 1] for k in asked[:, 1:].argmax(-1)}
 
