@@ -256,11 +256,16 @@ def chat(model: IdentityModel, *, greedy: bool = False) -> Iterator[Callable[[st
 
 
 def play(
-    users: list[tuple[tuple[str, ...], tuple[Asked, ...]]], fillers: tuple[str, ...], name: str, argv: list[str] | None
+    users: list[tuple[tuple[str, ...], tuple[Asked, ...]]],
+    fillers: tuple[str, ...],
+    name: str,
+    argv: list[str] | None,
+    description: str,
 ) -> int:
-    """Tell each user's messages, then ``fillers``, then ask each question; print every reply and the table per kind,
-    and write every reply to ``--out``. The command line of this probe and of those that play their own users."""
-    ap = argparse.ArgumentParser(description=name)
+    """Tell each user (``name``-i) their messages, then ``fillers``, then ask each question; print every reply and the
+    table per kind, and write every reply to ``--out``. The command line (``description``) of this probe and of those
+    that play their own users."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--greedy", action="store_true", help="temperature 0 in every turn (default: the persona's own)")
     ap.add_argument("--out", type=Path, default=None, help="JSON with every reply (default: none)")
     args = ap.parse_args(argv)
@@ -290,7 +295,7 @@ def play(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return play(USERS, FILLERS, "fresh", argv)
+    return play(USERS, FILLERS, "fresh", argv, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ FILLERS = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    return play(USERS, FILLERS, "styles", argv)
+    return play(USERS, FILLERS, "styles", argv, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":
