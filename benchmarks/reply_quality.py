@@ -71,6 +71,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--speaker", default=None, help='override the name a reply never opens by calling out ("": off)')
     p.add_argument("--max-sentences", type=int, default=None, help="override the persona's sentence limit (0: off)")
     p.add_argument("--max-words", type=int, default=None, help="override the persona's soft word limit (0: off)")
+    p.add_argument("--wind-down", type=int, default=None, help="override the persona's wind-down tokens (0: off)")
     p.add_argument(
         "--logit-bias", type=json.loads, default=None, help='override the persona\'s: a JSON object {"token id": bias}'
     )
@@ -125,7 +126,7 @@ def ask(
         for event in turns:
             tokens[event.row].append(event.token)
         for q, result, ids in zip(chunk, turns.result, tokens, strict=True):
-            replies.append({"id": q["id"], "reply": result.reply, "tokens": ids})
+            replies.append({"id": q["id"], "reply": result.reply, "tokens": ids, "finish": result.finish_reason})
     return replies
 
 
@@ -145,6 +146,7 @@ def score(persona: str, questions: Sequence[dict[str, Any]], replies: Sequence[d
                 "wrong_language": wrong_language(text),
                 "style": style_ok(persona, text, tokens),
                 "words": len(words(text)),
+                "cut": r["finish"] == "length",
             }
         )
     n = len(rows)
@@ -159,6 +161,7 @@ def score(persona: str, questions: Sequence[dict[str, Any]], replies: Sequence[d
         "loops": rate("loops"),
         "wrong_language": rate("wrong_language"),
         "style": rate("style"),
+        "cut": rate("cut"),
         "mean_words": statistics.fmean(x["words"] for x in rows) if rows else float("nan"),
         "answered_by_kind": {k: rate("answered", [x for x in rows if x["kind"] == k]) for k in kinds},
         "replies": rows,
@@ -167,14 +170,14 @@ def score(persona: str, questions: Sequence[dict[str, Any]], replies: Sequence[d
 
 def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     lines = [
-        "| persona | decoding | n | answered | loops | wrong language | style | mean words |",
-        "|---|---|---|---|---|---|---|---|",
+        "| persona | decoding | n | answered | loops | wrong language | style | cut | mean words |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for persona, modes in results.items():
         for mode, s in modes.items():
             lines.append(
                 f"| {persona} | {mode} | {s['n']} | {s['answered']:.0%} | {s['loops']:.0%} | {s['wrong_language']:.0%} "
-                f"| {s['style']:.0%} | {s['mean_words']:.1f} |"
+                f"| {s['style']:.0%} | {s['cut']:.0%} | {s['mean_words']:.1f} |"
             )
     return "\n".join(lines)
 
@@ -202,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         overrides["max_sentences"] = args.max_sentences
     if args.max_words is not None:
         overrides["max_words"] = args.max_words
+    if args.wind_down is not None:
+        overrides["wind_down"] = args.wind_down
     if args.exclaim is not None:
         overrides["exclaim"] = args.exclaim == "on"
     if args.address is not None:

@@ -41,6 +41,7 @@ PERSONA_FIELDS = (
     "lowercase",
     "max_sentences",
     "max_words",
+    "wind_down",
     "exclaim",
     "address",
     "recall_temperature",
@@ -80,6 +81,7 @@ class PersonaRecord:
     lowercase: bool  # the reply written in lower case
     max_sentences: int  # the reply ended after this many sentences; 0: off
     max_words: int  # the reply's end pulled nearer at every word past this many; 0: off
+    wind_down: int  # the reply's end pulled nearer at every token of its last this many; 0: off
     exclaim: bool  # a full stop right after a word written "!" until the reply holds one
     address: str  # a form of address written before the reply's first sentence end unless it says it; "": off
     recall_temperature: float | None  # the most a reply that recalls the user's facts is decoded at; None: off

@@ -39,6 +39,7 @@ def sampling_choices(args: argparse.Namespace) -> Sampling:
         lowercase=args.lowercase,
         max_sentences=args.max_sentences,
         max_words=args.max_words,
+        wind_down=args.wind_down,
         exclaim=args.exclaim,
         address=args.address,
         recall_temperature=args.recall_temperature,
@@ -277,6 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-sentences", type=int, default=None, help="end the reply after this many sentences (0: off)")
         p.add_argument(
             "--max-words", type=int, default=None, help="end the reply soon after this many words, at a point of its own (0: off)"
+        )
+        p.add_argument(
+            "--wind-down",
+            type=int,
+            default=None,
+            help="in the reply's last N tokens before --max-tokens, pull its end nearer so it ends at a sentence (0: off)",
         )
         p.add_argument(
             "--exclaim",

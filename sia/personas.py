@@ -91,6 +91,11 @@ CHAT_SAMPLING: dict[str, object] = {
     # first 20 users over HTTP answer 68.5 % of their questions so, 61.1 % with every turn sampled as above, 66.7 % with
     # every turn greedy (experiments/LOG.md, 2026-12-03 (c))
     "recall_temperature": 0.0,
+    # in a reply's last 32 tokens its end is pulled nearer (half a nat more at every token), so a reply the 128-token
+    # limit would cut in a sentence ends at a sentence's end first: on the easy questions' tuning part, marlow's replies
+    # cut by the limit went from about half to none, pip's from a fifth to none, with no answer lost that the reply gave
+    # before its cut (experiments/LOG.md, 2026-12-05 (o))
+    "wind_down": 32,
 }
 
 
@@ -120,7 +125,7 @@ CHAT_WORDS: dict[str, dict[str, float]] = {}
 # the release of the default personas' defaults: a service brings a stored default persona to them once (where a field
 # still holds an earlier release's default, EARLIER_CHAT_SAMPLING and EARLIER_CHAT_PROMPTS) and records this number with
 # it, so that an admin who later sets a field back to an earlier default keeps it. Raise it whenever a default changes.
-DEFAULTS_RELEASE = 5
+DEFAULTS_RELEASE = 6
 
 
 # the decoding defaults earlier releases stored for a chat backbone's personas, field by field
@@ -131,6 +136,7 @@ EARLIER_CHAT_SAMPLING: dict[str, tuple[object, ...]] = {
     "lowercase": (False,),
     "max_sentences": (0,),
     "max_words": (0,),
+    "wind_down": (0,),
     "exclaim": (False,),
     "address": ("",),
     "logit_bias": ({},),
@@ -196,6 +202,7 @@ def persona_sampling(model: IdentityModel, name: str) -> SamplingParams:
         address=str(d.get("address", "")),
         max_sentences=int(str(d.get("max_sentences", 0))),
         max_words=int(str(d.get("max_words", 0))),
+        wind_down=int(str(d.get("wind_down", 0))),
         logit_bias=logit_bias_pairs(d.get("logit_bias", {})),
         logit_bias_once=d.get("logit_bias_once") is True,
         recall_temperature=None if d.get("recall_temperature") is None else float(str(d["recall_temperature"])),

@@ -70,6 +70,9 @@ class PersonaFields(_Strict):
     max_words: int | None = Field(
         None, ge=0, le=MAX_INT, description="a reply's end is pulled nearer at every word past this many; 0: off"
     )
+    wind_down: int | None = Field(
+        None, ge=0, le=MAX_INT, description="a reply's end is pulled nearer at every token of its last this many; 0: off"
+    )
     exclaim: bool | None = Field(None, description='a full stop right after a word is written "!" until the reply holds one')
     address: AddressText | None = Field(
         None, description='a form of address (", sir") written before the first sentence end after a word unless said; "": off'
@@ -87,8 +90,8 @@ class PersonaUpdate(PersonaFields):
     """Only the fields sent change. alpha, decay, eta, top_p, top_k and recall_temperature may be set to null (back to
     the default, off for the last three);
     description, preamble, temperature, max_tokens, repetition_penalty, no_repeat_ngram, frequency_penalty,
-    presence_penalty, logit_bias, logit_bias_once, lowercase, max_sentences, max_words, exclaim and address may
-    not."""
+    presence_penalty, logit_bias, logit_bias_once, lowercase, max_sentences, max_words, wind_down, exclaim and address
+    may not."""
 
     @model_validator(mode="after")
     def _not_null(self) -> PersonaUpdate:
@@ -106,6 +109,7 @@ class PersonaUpdate(PersonaFields):
             "lowercase",
             "max_sentences",
             "max_words",
+            "wind_down",
             "exclaim",
             "address",
         ):
@@ -134,6 +138,7 @@ class Persona(BaseModel):
     lowercase: bool
     max_sentences: int
     max_words: int
+    wind_down: int
     exclaim: bool
     address: str
     recall_temperature: float | None

@@ -58,6 +58,16 @@ MaxWords = Annotated[
         " (persona default)",
     ),
 ]
+WindDown = Annotated[
+    int | None,
+    Field(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description="the reply's end is pulled nearer at every token of its last this many before max_tokens, so a"
+        " reply the limit would cut ends at a sentence's end first; 0 is off (persona default)",
+    ),
+]
 Exclaim = Annotated[
     bool | None,
     Field(None, description='a full stop right after a word is written "!" until the reply holds one (persona default)'),
@@ -147,6 +157,7 @@ class SamplingFields(BaseModel):
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
     max_words: MaxWords = None
+    wind_down: WindDown = None
     exclaim: Exclaim = None
     address: Address = None
     recall_temperature: RecallTemperature = None
@@ -168,6 +179,7 @@ class SamplingFields(BaseModel):
             lowercase=self.lowercase,
             max_sentences=self.max_sentences,
             max_words=self.max_words,
+            wind_down=self.wind_down,
             exclaim=self.exclaim,
             address=self.address,
             recall_temperature=self.recall_temperature,
@@ -221,7 +233,7 @@ class StreamOptions(BaseModel):
 
 class ChatCompletionRequest(BaseModel):
     """OpenAI's chat completion request; fields SIA has no use for (tools, ...) are accepted and ignored.
-    ``repetition_penalty``, ``no_repeat_ngram``, ``lowercase``, ``max_sentences``, ``max_words``, ``exclaim`` and
+    ``repetition_penalty``, ``no_repeat_ngram``, ``lowercase``, ``max_sentences``, ``max_words``, ``wind_down``, ``exclaim`` and
     ``address`` are
     SIA's own (as in vLLM's and Hugging Face's extra sampling parameters), as is ``logit_bias_once`` (each
     ``logit_bias`` pair holds only until the reply holds its token)."""
@@ -245,6 +257,7 @@ class ChatCompletionRequest(BaseModel):
     lowercase: Lowercase = None
     max_sentences: MaxSentences = None
     max_words: MaxWords = None
+    wind_down: WindDown = None
     exclaim: Exclaim = None
     address: Address = None
     recall_temperature: RecallTemperature = None

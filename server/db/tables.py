@@ -48,6 +48,7 @@ class PersonaRow(Base):
     lowercase: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     max_sentences: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     max_words: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    wind_down: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # a full stop right after a word is written "!" until the reply holds one
     exclaim: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # a form of address (", sir") written before the reply's first sentence end after a word unless it says it; "": off

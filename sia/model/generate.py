@@ -79,6 +79,7 @@ FIRST_WORD_RETRIES = 5  # first tokens a reply may lose to its first word (anoth
 FIRST_WORD_TOKENS = 6  # tokens a reply's first word is waited for at most: then the letters so far are judged
 TAKEN_BACK_COLUMNS = FIRST_WORD_RETRIES * FIRST_WORD_TOKENS  # cache columns the replies taken back may take in a batch
 END_PULL = 2.0  # nats a reply's end gains for each word past ``max_words`` - 1
+WIND_PULL = 0.5  # nats a reply's end gains for each token into its last ``wind_down`` tokens
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,11 @@ class SamplingParams:
     # and after a closing mark the end token does, so the reply ends at a point of the model's choosing soon after n
     # words (a soft limit: no word is cut); 0 is off
     max_words: int = 0
+    # n > 0: in the last n tokens the reply may take (from token max_new_tokens - n on; every token where the limit is
+    # n or less), its end is pulled nearer as ``max_words`` pulls it, by WIND_PULL nats for each token into them, so a
+    # reply the token limit would cut in a sentence ends at a sentence's end first, where the model gives one
+    # (``ReplyDecoder.sample``); 0 is off
+    wind_down: int = 0
     # a reply to a message that asks about the user, with an imprint to answer from (the conditioning's ``recalls``), is
     # decoded at min(temperature, recall_temperature): a fact is recalled as the model reads it best (0: greedy); None
     # is off
@@ -174,7 +180,7 @@ class SamplingParams:
         penalty = self.repetition_penalty
         if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not (math.isfinite(penalty) and penalty >= 1.0):
             raise ValueError(f"repetition_penalty must be a finite number >= 1 (1 is off); got {penalty!r}")
-        for name in ("no_repeat_ngram", "max_sentences", "max_words"):
+        for name in ("no_repeat_ngram", "max_sentences", "max_words", "wind_down"):
             n = getattr(self, name)
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValueError(f"{name} must be an integer >= 0 (0 is off); got {n!r}")
@@ -269,6 +275,7 @@ class Sampling:
     lowercase: bool | None = None
     max_sentences: int | None = None
     max_words: int | None = None
+    wind_down: int | None = None
     exclaim: bool | None = None
     address: str | None = None
     recall_temperature: float | None = None
@@ -295,6 +302,7 @@ class Sampling:
             lowercase=defaults.lowercase if self.lowercase is None else self.lowercase,
             max_sentences=defaults.max_sentences if self.max_sentences is None else self.max_sentences,
             max_words=defaults.max_words if self.max_words is None else self.max_words,
+            wind_down=defaults.wind_down if self.wind_down is None else self.wind_down,
             exclaim=defaults.exclaim if self.exclaim is None else self.exclaim,
             address=defaults.address if self.address is None else self.address,
             recall_temperature=defaults.recall_temperature if self.recall_temperature is None else self.recall_temperature,
@@ -623,9 +631,10 @@ class ReplyDecoder:
         self.address_words = [w.lower() for w in _WORD.findall(params.address)]
         self.closers = sentence_closers(tok) if self.address else frozenset()
         # the closers a word limit pulls: a sentence's end, not an ellipsis (a reply cut short would trail off "...")
-        self.enders = sentence_closers(tok, ellipses=False) if params.max_words else frozenset()
+        pulls = bool(params.max_words or params.wind_down)
+        self.enders = sentence_closers(tok, ellipses=False) if pulls else frozenset()
         self.pulled: tuple[Tensor, Tensor] | None = None  # the enders' and the end tokens' ids, with a word limit
-        if params.max_words:
+        if pulls:
             enders, ends = (torch.tensor(sorted(ids), dtype=torch.long, device=device) for ids in (self.enders, tok.end_ids))
             self.pulled = (enders, ends)
         self.speaker = params.speaker.lower()  # the persona's name: never the reply's first word before a comma
@@ -685,8 +694,8 @@ class ReplyDecoder:
         if self.user_name_starts is not None and names_self(self.text):
             logits = logits.index_fill(0, self.user_name_starts, float("-inf"))
         after_word = self.text[-1:].isalpha()
-        if params.max_words:
-            logits = self._ended_sooner(logits, params.max_words)
+        if self.pulled is not None:
+            logits = self._ended_sooner(logits, params)
         if self.exclamations and after_word and "!" not in self.text:
             logits = exclaimed(logits, self.exclamations)
         token = sample_next(logits, params, self.generator, self.tokens)
@@ -695,14 +704,21 @@ class ReplyDecoder:
             return self.address[0]
         return token
 
-    def _ended_sooner(self, logits: Tensor, max_words: int) -> Tensor:
+    def _ended_sooner(self, logits: Tensor, params: SamplingParams) -> Tensor:
         """``logits`` with the reply's end pulled nearer once the reply holds ``max_words`` words, by END_PULL nats for
-        each word past max_words - 1: the sentence closers (not an ellipsis) where the model's most likely token begins
-        a new word (so no word is cut short: a letter, a digit, an apostrophe or a hyphen goes on with it) and the last
-        word is not one a sentence cannot end on (``OPEN_WORDS``), the end tokens right after a closer."""
+        each word past max_words - 1, or once it is in its last ``wind_down`` tokens, by WIND_PULL nats for each token
+        into them (the larger pull where both hold): the sentence closers (not an ellipsis) where the model's most
+        likely token begins a new word (so no word is cut short: a letter, a digit, an apostrophe or a hyphen goes on
+        with it) and the last word is not one a sentence cannot end on (``OPEN_WORDS``), the end tokens right after a
+        closer."""
         words = _WORD.findall(self.text)
-        over = len(words) - max_words + 1
-        if over <= 0 or self.pulled is None:
+        pull = 0.0
+        if params.max_words:
+            pull = END_PULL * (len(words) - params.max_words + 1)
+        if params.wind_down:
+            begun = max(0, params.max_new_tokens - params.wind_down)  # a limit shorter than n: every token of it
+            pull = max(pull, WIND_PULL * (len(self.tokens) - begun + 1))
+        if pull <= 0 or self.pulled is None:
             return logits
         enders, ends = self.pulled
         if self.text[-1:].isalnum():  # after a word or a number
@@ -711,9 +727,9 @@ class ReplyDecoder:
                 return logits
             if self.text[-1].isalpha() and words[-1].lower() in OPEN_WORDS:
                 return logits  # the sentence cannot end here ("that can be found in")
-            return logits.index_add(0, enders, logits.new_full(enders.shape, END_PULL * over))
+            return logits.index_add(0, enders, logits.new_full(enders.shape, pull))
         if self.tokens and self.tokens[-1] in self.enders:
-            return logits.index_add(0, ends, logits.new_full(ends.shape, END_PULL * over))
+            return logits.index_add(0, ends, logits.new_full(ends.shape, pull))
         return logits
 
     def _addressed(self) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.reply_metrics import STYLES, answered, loops, style_ok, words, wrong_language
-from benchmarks.reply_quality import merged
+from benchmarks.reply_quality import merged, score
 from sia.personas import PERSONAS
 
 QUESTIONS = Path(__file__).parents[2] / "benchmarks" / "data" / "easy_questions"
@@ -132,3 +132,16 @@ def test_a_merged_report_replaces_the_personas_run_and_keeps_the_others() -> Non
     assert merged(earlier, {**run, "setup": {**run["setup"], "seed": 0}})["results"] == out["results"]  # before --seed: 0
     with pytest.raises(SystemExit, match="seed must match"):  # figures of another draw under this file's seed
         merged(earlier, {**run, "setup": {**run["setup"], "seed": 1}})
+
+
+def test_a_reply_the_token_limit_ended_counts_as_cut() -> None:
+    questions = [{"id": f"q{i}", "kind": "fact", "question": "What colour is the sky?", "accept": ["blue"]} for i in range(4)]
+    replies = [
+        {"reply": "The sky is blue, sir.", "tokens": [1, 2, 3], "finish": "stop"},
+        {"reply": "The sky is blue, sir, and on a fine day it is the colour of", "tokens": [4, 5], "finish": "length"},
+        {"reply": "Blue, sir.", "tokens": [6], "finish": "stop"},
+        {"reply": "It is", "tokens": [7], "finish": "length"},
+    ]
+    s = score("marlow", questions, replies)
+    assert [r["cut"] for r in s["replies"]] == [False, True, False, True]
+    assert s["cut"] == 0.5 and s["answered"] == 0.75

@@ -132,6 +132,7 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
         page.fill("#no_repeat_ngram", "3")
         page.fill("#max_sentences", "2")
         page.fill("#max_words", "12")
+        page.fill("#wind_down", "8")
         page.fill("#frequency_penalty", "0.5")
         page.fill("#logit_bias", '{"101": 1.5}')
         page.select_option("#logit_bias_once", "true")
@@ -145,6 +146,7 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
         body = sent.value.post_data_json
         assert body["repetition_penalty"] == 1.2 and body["no_repeat_ngram"] == 3 and body["temperature"] == 1
         assert body["max_sentences"] == 2 and body["max_words"] == 12 and body["lowercase"] is True
+        assert body["wind_down"] == 8
         assert body["frequency_penalty"] == 0.5 and body["logit_bias"] == {"101": 1.5} and "presence_penalty" not in body
         assert body["logit_bias_once"] is True and body["recall_temperature"] == 0.3 and body["exclaim"] is False
         assert body["address"] == ", my friend"
@@ -157,6 +159,7 @@ def test_chat_streams_and_the_inspector_follows_the_identity(browser: Browser, t
         page.fill("#no_repeat_ngram", "")
         page.fill("#max_sentences", "")
         page.fill("#max_words", "")
+        page.fill("#wind_down", "")
         page.select_option("#logit_bias_once", "")
         page.select_option("#lowercase", "")
         stored = api(url, "GET", "/admin/personas/sia/identities/ana/turns")["data"]

@@ -28,7 +28,7 @@ def _tables(settings: Settings) -> set[str]:
 def test_upgrade_and_downgrade(settings: Settings) -> None:
     assert migrate.current_revision(settings) is None
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0011"
+    assert migrate.current_revision(settings) == migrate.head_revision(settings) == "0012"
     assert _tables(settings) == TABLES
     migrate.downgrade(settings, "base")
     assert migrate.current_revision(settings) is None
@@ -77,7 +77,7 @@ def test_turns_without_text_go_back_to_empty_strings_on_downgrade(settings: Sett
     finally:
         engine.dispose()
     migrate.upgrade(settings)
-    assert migrate.current_revision(settings) == "0011"
+    assert migrate.current_revision(settings) == "0012"
 
 
 def _persona_stored_at(settings: Settings, revision: str) -> None:
@@ -247,6 +247,23 @@ def test_personas_made_before_the_word_limit_have_it_off(settings: Settings) -> 
     assert names == ["new", "old"]
 
 
+def test_personas_made_before_the_wind_down_have_it_off(settings: Settings) -> None:
+    """0012 adds personas.wind_down: a persona stored before has it off (0); a new or changed one keeps the value it
+    is given; downgrading drops the column and keeps the persona."""
+    _persona_stored_at(settings, "0011")
+    store = Store(settings)
+    try:
+        assert store.get_persona("old").wind_down == 0
+        assert store.create_persona("new", wind_down=32).wind_down == 32
+        assert store.get_persona("new").wind_down == 32
+        assert store.update_persona("old", wind_down=16).wind_down == 16
+    finally:
+        store.close()
+    columns, names = _downgraded(settings, "0011")
+    assert "wind_down" not in columns and "max_words" in columns
+    assert names == ["new", "old"]
+
+
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "nested" / "dir")
     assert settings.url == f"sqlite:///{tmp_path / 'nested' / 'dir' / 'sia.db'}"
@@ -276,7 +293,7 @@ def test_db_commands(tmp_path: Path) -> None:
 
     assert sia("db", "current").stdout.startswith("empty (no revision)")
     sia("db", "upgrade")
-    assert sia("db", "current").stdout.strip() == "0011 (up to date)"
+    assert sia("db", "current").stdout.strip() == "0012 (up to date)"
     engine = create_engine(f"sqlite:///{tmp_path / 'sia.db'}")
     try:
         assert set(inspect(engine).get_table_names()) >= TABLES

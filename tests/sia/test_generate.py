@@ -13,6 +13,7 @@ from sia.model.config import ModelConfig
 from sia.model.generate import (
     END_PULL,
     NUCLEUS_FIRST,
+    WIND_PULL,
     ReplyDecoder,
     Sampling,
     SamplingParams,
@@ -542,6 +543,64 @@ def test_a_word_limit_pulls_the_replys_end_nearer_at_every_word_past_it_and_neve
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="max_words"):
             SamplingParams(max_words=bad)  # type: ignore[arg-type]
+
+
+def test_a_wind_down_pulls_the_replys_end_nearer_at_every_token_of_its_last_n() -> None:
+    """In the last ``wind_down`` tokens before ``max_new_tokens`` a sentence closer gains WIND_PULL nats for each token
+    into them, at a word's end as a word limit pulls it (never inside a word, nor after a word a sentence cannot end
+    on), and the end token does right after a closer; before those tokens, or with it off, the model's pick stands.
+    Where a word limit pulls too, the larger pull holds."""
+    tok, cpu = ByteTokenizer(), torch.device("cpu")
+    params = SamplingParams(temperature=0.0, max_new_tokens=40, wind_down=8)
+    logits = torch.full((tok.vocab_size,), -9.0)
+    logits[ord(" ")], logits[ord("e")], logits[ord(".")] = 2.0 * WIND_PULL, 1.0, 0.0
+    end = next(iter(tok.end_ids))
+    logits[end] = -0.5
+
+    def pick(text: str, p: SamplingParams = params, scores: torch.Tensor = logits) -> str:
+        row = ReplyDecoder(p, cpu, tok)
+        for t in text.encode():
+            row.push(t, p, tok.end_ids)
+        token = row.sample(scores, p)
+        return "<end>" if token == end else chr(token)
+
+    words = "aa bb cc dd ee ff gg hh ii jj kk"  # 32 tokens: the 33rd is the first of the last 8
+    assert len(words) == 32
+    assert pick(words[:-3]) == " "  # before the last 8 tokens: the model's pick
+    assert pick(words) == " "  # the first of them: the closer gains WIND_PULL, short of the space
+    assert pick(words + " ll") == "."  # the fourth: 4 * WIND_PULL
+    assert pick(words + " ll", replace(params, wind_down=0)) == " "
+    assert pick(words + " ll", replace(params, max_new_tokens=60)) == " "  # far from a longer limit
+    short = replace(params, max_new_tokens=6, wind_down=8)  # a limit shorter than n: pulled from the first token on
+    assert pick("aa", short) == "." and pick("aa") == " "  # its third token: 3 * WIND_PULL
+    inside = logits.clone()
+    inside[ord("e")] = 9.0  # the model goes on with the word
+    assert pick(words + " ll", scores=inside) == "e"
+    assert pick(words + " in") == " "  # "... in." cannot end there
+    assert pick(words + " l.") == "<end>"  # after a closer the end token gains
+    assert pick("one two three", replace(params, max_words=3)) == "."  # before the last 8: the word limit's own pull
+    assert pick(words + " ll", replace(params, max_words=200)) == "."  # a word limit far off: the wind-down's pull
+    assert Sampling().over(params).wind_down == 8 and Sampling(wind_down=0).over(params).wind_down == 0
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="wind_down"):
+            SamplingParams(wind_down=bad)  # type: ignore[arg-type]
+
+
+def test_a_wind_down_ends_replies_the_token_limit_would_cut(model: SIAModel, config: ModelConfig) -> None:
+    """The tiny model, made to like letters and spaces far above full stops and the end token, sampled to 48 tokens:
+    without a wind-down every reply runs into the limit; with the last 24 tokens winding down, every reply ends at a
+    full stop first, and each is the same as without it up to the wind-down's first token."""
+    bias = torch.zeros(config.vocab_size)
+    bias[ord("a") : ord("z") + 1] = 10.0
+    bias[ord(" ")] = 11.0
+    bias[[ord("."), *ByteTokenizer.end_ids]] = 6.0
+    liked = _biased_head(model, bias)
+    params = SamplingParams(max_new_tokens=48, temperature=1.0, seed=5, wind_down=24)
+    wound = generate(liked, PROMPTS, _cond(liked, config), params)
+    free = generate(liked, PROMPTS, _cond(liked, config), replace(params, wind_down=0))
+    assert all(g.finish_reason == "length" for g in free), [g.text for g in free]
+    assert all(g.finish_reason == "stop" and g.text.rstrip()[-1:] == "." for g in wound), [g.text for g in wound]
+    assert all(w.tokens[:24] == f.tokens[:24] for w, f in zip(wound, free, strict=True))
 
 
 def test_a_word_limit_shortens_a_sampled_decoding(model: SIAModel, config: ModelConfig) -> None:

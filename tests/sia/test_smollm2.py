@@ -15,7 +15,7 @@ from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, run_turn
 from sia.learn.imprint_read import message_tokens
 from sia.model.generate import SamplingParams
-from sia.personas import outdated_defaults, persona_defaults, persona_prompt, persona_sampling, word_bias
+from sia.personas import PERSONAS, outdated_defaults, persona_defaults, persona_prompt, persona_sampling, word_bias
 
 
 def test_the_bundled_checkpoint_matches_transformers_and_knows_paris(smollm2_cache: Path, smollm2_dir: Path) -> None:
@@ -76,6 +76,18 @@ def test_marlow_addresses_the_user_without_the_bias_of_earlier_releases(smollm2_
     assert outdated_defaults(model, "marlow", before) == {"logit_bias": {}, "logit_bias_once": False, "address": ", sir"}
     chosen = {**before, "logit_bias": {"17": 1.0}}
     assert outdated_defaults(model, "marlow", chosen) == {"address": ", sir"}  # "once" goes only with the default's bias
+
+
+def test_every_chat_persona_winds_down_before_its_token_limit(smollm2_cache: Path) -> None:
+    """The chat personas pull a reply's end nearer in its last 32 tokens of 128; a persona stored before the wind-down
+    (off) is brought to it, one whose admin chose another keeps it."""
+    model = load_model(DEFAULT_CHECKPOINT, cache_dir=smollm2_cache)
+    for name in PERSONAS:
+        params = persona_sampling(model, name)
+        assert (params.wind_down, params.max_new_tokens) == (32, 128), name
+        before = {**persona_defaults(model, name), "wind_down": 0}
+        assert outdated_defaults(model, name, before) == {"wind_down": 32}
+        assert outdated_defaults(model, name, {**before, "wind_down": 16}) == {}
 
 
 def test_sia_does_not_open_by_calling_out_its_own_name(smollm2_cache: Path) -> None:

@@ -77,6 +77,7 @@ def _request(body: ChatCompletionRequest, caller: CallerDep, settings: SettingsD
         lowercase=body.lowercase,
         max_sentences=body.max_sentences,
         max_words=body.max_words,
+        wind_down=body.wind_down,
         exclaim=body.exclaim,
         address=body.address,
         recall_temperature=body.recall_temperature,

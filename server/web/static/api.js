@@ -205,7 +205,7 @@ function samplingFields() {
     ["max_tokens", parseInt], ["temperature", parseFloat], ["top_p", parseFloat], ["top_k", parseInt],
     ["repetition_penalty", parseFloat], ["no_repeat_ngram", parseInt], ["frequency_penalty", parseFloat],
     ["presence_penalty", parseFloat], ["logit_bias", jsonOrText], ["max_sentences", parseInt],
-    ["max_words", parseInt], ["recall_temperature", parseFloat], ["address", (raw) => raw], ["seed", parseInt],
+    ["max_words", parseInt], ["wind_down", parseInt], ["recall_temperature", parseFloat], ["address", (raw) => raw], ["seed", parseInt],
   ];
   for (const [id, parse] of fields) {
     const raw = $(id).value.trim();
