@@ -190,6 +190,10 @@ class ModelConfig(IdentityConfig):
         return None
 
     @property
+    def imprint_untold_by_label(self) -> list[str] | None:
+        return None
+
+    @property
     def imprint_echo(self) -> list[str] | None:
         return None
 
@@ -265,8 +269,13 @@ class LlamaConfig(IdentityConfig):
     imprint_ask_bias: float = 0.0
     # the kinds of fact (keys of sia.model.language.UNTOLD) for which a question the ask head is sure of, asked where
     # the imprint holds entries but none of that kind, is answered by saying the user has not told it ("I don't think
-    # you've told me your favourite colour. What is it?") instead of being read from the imprint; None: none
+    # you've told me your favourite colour. What is it?") instead of being read from the imprint; None: none. Where the
+    # imprint keeps its spans' text, a span naming a value of the kind (sia.model.language.names_kind) keeps it away
     imprint_untold: list[str] | None = None
+    # the kinds of imprint_untold answered so where the imprint does not keep every span's text (SIA_STORE_TURN_TEXT=
+    # false), the tagger's labels alone deciding: a kind whose clauses the tagger leaves unlabelled too often is better
+    # read than said untold there; None: every kind of imprint_untold
+    imprint_untold_by_label: list[str] | None = None
     # the kinds of fact (keys of sia.model.language.UNTOLD) whose recall replies open by saying back the user's own
     # clause: a question the ask head takes for one of them (its likeliest kind, p(none) < 1/2), asked where the imprint
     # holds entries, is answered "You told me you ..." and the read goes on from there ("I restore pipe organs" -> "You
@@ -351,7 +360,7 @@ class LlamaConfig(IdentityConfig):
         self.imprint_ask_bias = float(ask)
         if ask and (kinds is None or not self.imprint_tokens):
             raise ValueError("imprint_ask_bias needs an imprint and its kind tagger (imprint_kinds_layer)")
-        for name in ("imprint_untold", "imprint_echo"):  # kinds of fact whose replies the ask head decides
+        for name in ("imprint_untold", "imprint_untold_by_label", "imprint_echo"):  # kinds whose replies the ask head decides
             listed = getattr(self, name)
             if listed is None:
                 continue
@@ -360,6 +369,9 @@ class LlamaConfig(IdentityConfig):
             if listed and not ask:
                 raise ValueError(f"{name} needs the ask head (imprint_ask_bias > 0)")
             setattr(self, name, sorted(set(listed)))
+        unchecked = set(self.imprint_untold_by_label or ()) - set(self.imprint_untold or ())
+        if unchecked:
+            raise ValueError(f"imprint_untold_by_label must be kinds of imprint_untold; {sorted(unchecked)} are not")
         if not math.isfinite(self.imprint_min_shock):
             raise ValueError(f"imprint_min_shock must be a finite number of nats; got {self.imprint_min_shock}")
         self._check_copy()

@@ -159,8 +159,9 @@ class IdentityModel(nn.Module):
         the persona and not of its writer ("What's your name?", ``sia.model.language.of_the_persona``) reads no imprint:
         the user's words answer questions about the user, never about the persona. Nor does a message asking about a
         kind of fact (config.imprint_untold) that the imprint holds nothing of (``ImprintEntries.untold``: no span so
-        labelled, and none whose kept text names such a value, ``sia.model.language.names_kind``): its row's reply
-        says the user has not told it (``Conditioning.untold``). A row asking about a kind of config.imprint_echo,
+        labelled, and none whose kept text names such a value, ``sia.model.language.names_kind``; where the imprint
+        keeps no text, only the kinds of config.imprint_untold_by_label): its row's reply says the user has not told
+        it (``Conditioning.untold``). A row asking about a kind of config.imprint_echo,
         with an imprint to answer from, opens its reply by saying back the user's words (``Conditioning.echo``). A row whose
         message asks what the persona knows of the user as a whole (``sia.model.language.about_the_user``), with the text
         of labelled spans kept, is answered with those clauses (``Conditioning.recollection``)."""
@@ -185,7 +186,7 @@ class IdentityModel(nn.Module):
             if messages is not None and self.config.imprint_ask_bias and (reads_kinds or (kinds and bool(entries.filled.any()))):
                 asked = self.asked_kinds(messages)
                 untold = [
-                    k if k and not self._names_told(imprint, k) else ""
+                    k if k and self._untold(imprint, k) else ""
                     for k, imprint in zip(entries.untold(asked, kinds), readable, strict=True)
                 ]
                 if any(untold):  # nothing of the asked kind was told: such a row reads no imprint, its reply says so
@@ -220,13 +221,19 @@ class IdentityModel(nn.Module):
             told.append("\n".join(clauses))
         return replace(cond, recollection=tuple(told)) if any(told) else cond
 
-    def _names_told(self, imprint: Imprint | None, kind: str) -> bool:
-        """Whether ``imprint`` keeps the text of a span that names a value of ``kind`` whatever its label ("lilac is
-        everything to me", ``sia.model.language.names_kind``): then the user told it, and the read answers."""
+    def _untold(self, imprint: Imprint | None, kind: str) -> bool:
+        """Whether a question about ``kind``, which no span of ``imprint`` is labelled with, gets the untold reply: not
+        where a kept span's text names a value of it whatever its label ("lilac is everything to me",
+        ``sia.model.language.names_kind``: the user told it, and the read answers); where some span keeps no text
+        (SIA_STORE_TURN_TEXT=false), only for the kinds the labels alone decide (config.imprint_untold_by_label)."""
         if imprint is None:
-            return False
+            return True
         decode = self.tokenizer.decode
-        return any(s.tokens is not None and names_kind(kind, decode(list(s.tokens))) for s in imprint.spans())
+        texts = [None if s.tokens is None else decode(list(s.tokens)) for s in imprint.spans()]
+        if any(text is not None and names_kind(kind, text) for text in texts):
+            return False
+        by_label = self.config.imprint_untold_by_label
+        return all(text is not None for text in texts) or by_label is None or kind in by_label
 
     def _kinds_asked(self, parts: Sequence[str]) -> set[str]:
         """The kinds of fact the questions ``parts`` ask about, each part's likeliest where the ask head more likely

@@ -178,6 +178,22 @@ KIND_WORDS: dict[str, frozenset[str]] = {
         "charcoal taupe chartreuse vermilion sienna umber sepia tangerine marigold ultramarine aubergine eggplant "
         "magnolia oxblood cerise puce vermillion greige"
     ),
+    # the animals people keep, with the breeds they name them by; a word that is as often something else keeps the
+    # untold reply away where it is said (a shepherd by trade, "chicken" for dinner): it only costs a question caught
+    "pet": _listed(
+        "pet pets cat cats kitten kittens kitty moggy dog dogs puppy puppies pup pups doggo hound hounds mutt rabbit "
+        "rabbits bunny bunnies hamster hamsters gerbil gerbils guinea pig pigs piglet mouse mice rat rats ferret ferrets "
+        "chinchilla chinchillas hedgehog hedgehogs degu degus parrot parrots parakeet parakeets budgie budgies "
+        "budgerigar cockatiel cockatiels cockatoo cockatoos canary canaries finch finches lovebird lovebirds macaw "
+        "macaws bird birds chicken chickens hen hens rooster duck ducks goose geese pigeon pigeons dove doves sparrow "
+        "quail peacock fish goldfish guppy guppies betta koi tetra tetras axolotl axolotls tortoise tortoises turtle "
+        "turtles terrapin lizard lizards gecko geckos iguana chameleon dragon snake snakes python boa frog frogs toad "
+        "tarantula spider scorpion snail snails crab crabs shrimp horse horses pony ponies donkey donkeys mule goat "
+        "goats sheep lamb cow cows calf alpaca alpacas llama llamas camel labrador retriever spaniel poodle terrier "
+        "beagle dachshund collie corgi husky greyhound whippet pug bulldog chihuahua shepherd schnauzer pomeranian "
+        "labradoodle cockapoo rottweiler boxer dalmatian mastiff setter pointer sheepdog siamese persian tabby sphynx "
+        "ragdoll bengal"
+    ),
 }
 
 

@@ -886,7 +886,8 @@ def test_a_question_about_a_kind_the_user_never_told_reads_no_imprint_and_says_s
 def test_an_unlabelled_clause_naming_a_colour_keeps_the_untold_reply_away() -> None:
     """The tagger leaves a clause like "lilac is me" unlabelled; held with its text, the persona does not say the user
     never told a colour, and the row reads its imprint as it would without the untold rule. A name alone, or the same
-    clause kept without its text (privacy), is still untold."""
+    clause kept without its text (privacy), is still untold, unless the labels alone do not decide the colour
+    (config.imprint_untold_by_label without it): then the clause kept without its text is read."""
     model = _asking_for_colour(imprint_untold=["colour"])
     rows = [list(b"what colour do I like?")] * 3
     named = _told(model, [("I am Ox", "name", 0), ("lilac is me", "unknown", 1)])
@@ -901,6 +902,12 @@ def test_an_unlabelled_clause_naming_a_colour_keeps_the_untold_reply_away() -> N
     for ours, theirs in zip(alone.layers, plain.layers, strict=True):
         assert ours is not None and theirs is not None
         assert torch.equal(ours.slot_key, theirs.slot_key) and torch.equal(ours.slot_value, theirs.slot_value)
+    model.config = replace(model.config, imprint_untold_by_label=[])
+    assert model.condition_states(states, [3, 3, 3], rows).untold == ("", "colour", "")
+    model.config = replace(model.config, imprint_untold_by_label=["colour"])
+    assert model.condition_states(states, [3, 3, 3], rows).untold == ("", "colour", "colour")
+    with pytest.raises(ValueError, match="imprint_untold_by_label"):
+        replace(model.config, imprint_untold_by_label=["pet"])  # not a kind of imprint_untold
 
 
 def test_the_words_of_a_closed_kind_are_named() -> None:
@@ -910,7 +917,10 @@ def test_the_words_of_a_closed_kind_are_named() -> None:
     assert not names_kind("colour", "my favourite colour")  # the kind's word, no value
     assert not names_kind("colour", "I'm Ruby and I love honey")  # names that are as often something else
     assert not names_kind("colour", "greenhouse")  # whole words only
-    assert not names_kind("pet", "a cat")  # a kind without a list of its own words
+    assert names_kind("pet", "My sphynx cat hates the cold") and names_kind("pet", "two guinea pigs run my home")
+    assert names_kind("pet", "my buncho sits on my shoulder, a Java sparrow")
+    assert not names_kind("pet", "I walk past the catwalk every day")  # whole words only
+    assert not names_kind("city", "I live in Lisbon")  # a kind without a list of its own words
 
 
 def _three_rows(kinds: list[list[str]]) -> ImprintEntries:

@@ -54,6 +54,7 @@ SETTINGS = (
     "imprint_ask_bias",
     "imprint_aside_weight",
     "imprint_untold",
+    "imprint_untold_by_label",
     "imprint_echo",
     "imprint_copy",
     "imprint_copy_layers",
