@@ -586,15 +586,20 @@ def test_a_wind_down_pulls_the_replys_end_nearer_at_every_token_of_its_last_n() 
             SamplingParams(wind_down=bad)  # type: ignore[arg-type]
 
 
-def test_a_wind_down_ends_replies_the_token_limit_would_cut(model: SIAModel, config: ModelConfig) -> None:
-    """The tiny model, made to like letters and spaces far above full stops and the end token, sampled to 48 tokens:
-    without a wind-down every reply runs into the limit; with the last 24 tokens winding down, every reply ends at a
-    full stop first, and each is the same as without it up to the wind-down's first token."""
+def _wordy(model: SIAModel, config: ModelConfig) -> SIAModel:
+    """The tiny model made to like letters and spaces far above full stops and the end token: its replies run on."""
     bias = torch.zeros(config.vocab_size)
     bias[ord("a") : ord("z") + 1] = 10.0
     bias[ord(" ")] = 11.0
     bias[[ord("."), *ByteTokenizer.end_ids]] = 6.0
-    liked = _biased_head(model, bias)
+    return _biased_head(model, bias)
+
+
+def test_a_wind_down_ends_replies_the_token_limit_would_cut(model: SIAModel, config: ModelConfig) -> None:
+    """The tiny model, made to like letters and spaces far above full stops and the end token, sampled to 48 tokens:
+    without a wind-down every reply runs into the limit; with the last 24 tokens winding down, every reply ends at a
+    full stop first, and each is the same as without it up to the wind-down's first token."""
+    liked = _wordy(model, config)
     params = SamplingParams(max_new_tokens=48, temperature=1.0, seed=5, wind_down=24)
     wound = generate(liked, PROMPTS, _cond(liked, config), params)
     free = generate(liked, PROMPTS, _cond(liked, config), replace(params, wind_down=0))
@@ -606,11 +611,7 @@ def test_a_wind_down_ends_replies_the_token_limit_would_cut(model: SIAModel, con
 def test_a_word_limit_shortens_a_sampled_decoding(model: SIAModel, config: ModelConfig) -> None:
     """The tiny model, made to like letters and spaces far above full stops and the end token, sampled with a limit of
     three words: every reply ends, after fewer tokens than the same seeds give without it."""
-    bias = torch.zeros(config.vocab_size)
-    bias[ord("a") : ord("z") + 1] = 10.0
-    bias[ord(" ")] = 11.0
-    bias[[ord("."), *ByteTokenizer.end_ids]] = 6.0
-    liked = _biased_head(model, bias)
+    liked = _wordy(model, config)
     params = SamplingParams(max_new_tokens=64, temperature=1.0, seed=5, max_words=3)
     limited = generate(liked, PROMPTS, _cond(liked, config), params)
     free = generate(liked, PROMPTS, _cond(liked, config), replace(params, max_words=0))
