@@ -28,8 +28,8 @@ from sia.checkpoint import load_model
 from sia.identity.imprint import KINDS
 from sia.identity.state import Dynamics, IdentityState, state_from_bytes
 from sia.identity.turn import TurnRequest, run_turn
-from sia.model.generate import SamplingParams
 from sia.model.identity_model import IdentityModel
+from sia.personas import persona_sampling
 from tests.server.api.conftest import Keys, bearer
 from tests.server.api.test_admin import error, ok, services_of
 from tests.sia.conftest import build_tiny_vocab, write_tiny_gguf
@@ -269,7 +269,7 @@ def test_privacy_mode_stores_no_text_yet_imprints_what_the_identity_reads(
     assert spans and all(s.tokens is None and s.turn == 0 for s in spans)
     assert listed["used"] == imprint.used and [s["text"] for s in listed["data"]] == [None] * len(spans)
     dynamics = Dynamics.from_config(imprinting_llama.config)
-    greedy = SamplingParams(max_new_tokens=6, temperature=0)
+    greedy = replace(persona_sampling(imprinting_llama, "sia"), max_new_tokens=6, temperature=0.0)  # as the service
     asked = [TurnRequest(s, QUESTION, dynamics, tuple(system), keep_text=False) for s in (state, replace(state, imprint=None))]
     with_words, without = (run_turn(imprinting_llama, r, greedy, tokenizer=tok) for r in asked)
     assert with_words.reply == second["reply"]  # what the service's second turn read and answered
