@@ -80,6 +80,7 @@ FIRST_WORD_TOKENS = 6  # tokens a reply's first word is waited for at most: then
 TAKEN_BACK_COLUMNS = FIRST_WORD_RETRIES * FIRST_WORD_TOKENS  # cache columns the replies taken back may take in a batch
 END_PULL = 2.0  # nats a reply's end gains for each word past ``max_words`` - 1
 WIND_PULL = 0.5  # nats a reply's end gains for each token into its last ``wind_down`` tokens
+WIND_SHARE = 4  # the wind-down takes at most this part of a reply's token limit (a quarter: 32 of 128, 3 of 12)
 
 
 @dataclass(frozen=True)
@@ -115,10 +116,10 @@ class SamplingParams:
     # and after a closing mark the end token does, so the reply ends at a point of the model's choosing soon after n
     # words (a soft limit: no word is cut); 0 is off
     max_words: int = 0
-    # n > 0: in the last n tokens the reply may take (from token max_new_tokens - n on; every token where the limit is
-    # n or less), its end is pulled nearer as ``max_words`` pulls it, by WIND_PULL nats for each token into them, so a
-    # reply the token limit would cut in a sentence ends at a sentence's end first, where the model gives one
-    # (``ReplyDecoder.sample``); 0 is off
+    # n > 0: in the last n tokens the reply may take (at most a quarter of max_new_tokens, WIND_SHARE: a short limit
+    # keeps most of its tokens free), its end is pulled nearer as ``max_words`` pulls it, by WIND_PULL nats for each
+    # token into them, so a reply the token limit would cut in a sentence ends at a sentence's end first, where the
+    # model gives one (``ReplyDecoder.sample``); 0 is off
     wind_down: int = 0
     # a reply to a message that asks about the user, with an imprint to answer from (the conditioning's ``recalls``), is
     # decoded at min(temperature, recall_temperature): a fact is recalled as the model reads it best (0: greedy); None
@@ -706,8 +707,8 @@ class ReplyDecoder:
 
     def _ended_sooner(self, logits: Tensor, params: SamplingParams) -> Tensor:
         """``logits`` with the reply's end pulled nearer once the reply holds ``max_words`` words, by END_PULL nats for
-        each word past max_words - 1, or once it is in its last ``wind_down`` tokens, by WIND_PULL nats for each token
-        into them (the larger pull where both hold): the sentence closers (not an ellipsis) where the model's most
+        each word past max_words - 1, or once it is in its last ``wind_down`` tokens (a quarter of its limit at most),
+        by WIND_PULL nats for each token into them (the larger pull where both hold): the sentence closers (not an ellipsis) where the model's most
         likely token begins a new word (so no word is cut short: a letter, a digit, an apostrophe or a hyphen goes on
         with it) and the last word is not one a sentence cannot end on (``OPEN_WORDS``), the end tokens right after a
         closer."""
@@ -715,9 +716,9 @@ class ReplyDecoder:
         pull = 0.0
         if params.max_words:
             pull = END_PULL * (len(words) - params.max_words + 1)
-        if params.wind_down:
-            begun = max(0, params.max_new_tokens - params.wind_down)  # a limit shorter than n: every token of it
-            pull = max(pull, WIND_PULL * (len(self.tokens) - begun + 1))
+        zone = min(params.wind_down, params.max_new_tokens // WIND_SHARE)
+        if zone:
+            pull = max(pull, WIND_PULL * (len(self.tokens) - params.max_new_tokens + zone + 1))
         if pull <= 0 or self.pulled is None:
             return logits
         enders, ends = self.pulled

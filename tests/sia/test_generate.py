@@ -14,6 +14,7 @@ from sia.model.generate import (
     END_PULL,
     NUCLEUS_FIRST,
     WIND_PULL,
+    WIND_SHARE,
     ReplyDecoder,
     Sampling,
     SamplingParams,
@@ -546,10 +547,10 @@ def test_a_word_limit_pulls_the_replys_end_nearer_at_every_word_past_it_and_neve
 
 
 def test_a_wind_down_pulls_the_replys_end_nearer_at_every_token_of_its_last_n() -> None:
-    """In the last ``wind_down`` tokens before ``max_new_tokens`` a sentence closer gains WIND_PULL nats for each token
-    into them, at a word's end as a word limit pulls it (never inside a word, nor after a word a sentence cannot end
-    on), and the end token does right after a closer; before those tokens, or with it off, the model's pick stands.
-    Where a word limit pulls too, the larger pull holds."""
+    """In the last ``wind_down`` tokens before ``max_new_tokens`` (a quarter of the limit at most) a sentence closer
+    gains WIND_PULL nats for each token into them, at a word's end as a word limit pulls it (never inside a word, nor
+    after a word a sentence cannot end on), and the end token does right after a closer; before those tokens, or with
+    it off, the model's pick stands. Where a word limit pulls too, the larger pull holds."""
     tok, cpu = ByteTokenizer(), torch.device("cpu")
     params = SamplingParams(temperature=0.0, max_new_tokens=40, wind_down=8)
     logits = torch.full((tok.vocab_size,), -9.0)
@@ -571,8 +572,9 @@ def test_a_wind_down_pulls_the_replys_end_nearer_at_every_token_of_its_last_n() 
     assert pick(words + " ll") == "."  # the fourth: 4 * WIND_PULL
     assert pick(words + " ll", replace(params, wind_down=0)) == " "
     assert pick(words + " ll", replace(params, max_new_tokens=60)) == " "  # far from a longer limit
-    short = replace(params, max_new_tokens=6, wind_down=8)  # a limit shorter than n: pulled from the first token on
-    assert pick("aa", short) == "." and pick("aa") == " "  # its third token: 3 * WIND_PULL
+    short = replace(params, max_new_tokens=12)  # a quarter of the limit at most: its last 3 tokens, not 8
+    assert pick("aa bb cc", short) == " " and pick("aa bb cc dd", short) == "."  # 3 * WIND_PULL at its 12th token
+    assert WIND_SHARE == 4 and pick("aa", replace(params, max_new_tokens=3)) == " "  # a quarter of 3: none
     inside = logits.clone()
     inside[ord("e")] = 9.0  # the model goes on with the word
     assert pick(words + " ll", scores=inside) == "e"
@@ -596,16 +598,16 @@ def _wordy(model: SIAModel, config: ModelConfig) -> SIAModel:
 
 
 def test_a_wind_down_ends_replies_the_token_limit_would_cut(model: SIAModel, config: ModelConfig) -> None:
-    """The tiny model, made to like letters and spaces far above full stops and the end token, sampled to 48 tokens:
+    """The tiny model, made to like letters and spaces far above full stops and the end token, sampled to 96 tokens:
     without a wind-down every reply runs into the limit; with the last 24 tokens winding down, every reply ends at a
     full stop first, and each is the same as without it up to the wind-down's first token."""
     liked = _wordy(model, config)
-    params = SamplingParams(max_new_tokens=48, temperature=1.0, seed=5, wind_down=24)
+    params = SamplingParams(max_new_tokens=96, temperature=1.0, seed=5, wind_down=24)
     wound = generate(liked, PROMPTS, _cond(liked, config), params)
     free = generate(liked, PROMPTS, _cond(liked, config), replace(params, wind_down=0))
     assert all(g.finish_reason == "length" for g in free), [g.text for g in free]
     assert all(g.finish_reason == "stop" and g.text.rstrip()[-1:] == "." for g in wound), [g.text for g in wound]
-    assert all(w.tokens[:24] == f.tokens[:24] for w, f in zip(wound, free, strict=True))
+    assert all(w.tokens[:72] == f.tokens[:72] for w, f in zip(wound, free, strict=True))
 
 
 def test_a_word_limit_shortens_a_sampled_decoding(model: SIAModel, config: ModelConfig) -> None:
