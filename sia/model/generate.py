@@ -708,10 +708,10 @@ class ReplyDecoder:
     def _ended_sooner(self, logits: Tensor, params: SamplingParams) -> Tensor:
         """``logits`` with the reply's end pulled nearer once the reply holds ``max_words`` words, by END_PULL nats for
         each word past max_words - 1, or once it is in its last ``wind_down`` tokens (a quarter of its limit at most),
-        by WIND_PULL nats for each token into them (the larger pull where both hold): the sentence closers (not an ellipsis) where the model's most
-        likely token begins a new word (so no word is cut short: a letter, a digit, an apostrophe or a hyphen goes on
-        with it) and the last word is not one a sentence cannot end on (``OPEN_WORDS``), the end tokens right after a
-        closer."""
+        by WIND_PULL nats for each token into them (the larger pull where both hold): the sentence closers (not an
+        ellipsis) where the model's most likely token begins a new word (so no word is cut short: a letter, a digit, an
+        apostrophe or a hyphen goes on with it) and the last word is not one a sentence cannot end on (``OPEN_WORDS``),
+        the end tokens right after a closer."""
         words = _WORD.findall(self.text)
         pull = 0.0
         if params.max_words:
