@@ -92,9 +92,10 @@ CHAT_SAMPLING: dict[str, object] = {
     # every turn greedy (experiments/LOG.md, 2026-12-03 (c))
     "recall_temperature": 0.0,
     # in a reply's last 32 tokens its end is pulled nearer (half a nat more at every token), so a reply the 128-token
-    # limit would cut in a sentence ends at a sentence's end first: on the easy questions' tuning part, marlow's replies
-    # cut by the limit went from about half to none, pip's from a fifth to none, with no answer lost that the reply gave
-    # before its cut (experiments/LOG.md, 2026-12-05 (o))
+    # limit would cut in a sentence ends at a sentence's end first: on the easy questions' tuning part, which chose it,
+    # marlow's replies cut by the limit went from about half to none and pip's from a fifth to none, no real answer
+    # lost; held out the same, but 8 answers given in a reply's last sentences are lost (docs/model.md, "Replies that
+    # end in a sentence"; experiments/LOG.md, 2026-12-05 (o))
     "wind_down": 32,
 }
 
