@@ -51,7 +51,8 @@ def test_a_recipe_judged_over_seeds_trains_exports_and_measures_each_run(
     assert (runs / "recipe-seed3" / "last" / "identity.safetensors").stat().st_mtime_ns == trained
     again = json.loads(out.read_text())
     assert again["trained"] == [] and result["trained"] == [3, 4]
-    assert again["summary"] == result["summary"]
+    for key, figures in result["summary"].items():  # measured again: the same up to the threads' order of sums
+        assert again["summary"][key] == pytest.approx(figures, rel=1e-5, abs=1e-6), key
 
 
 def test_measuring_one_adapter_pools_its_draws_of_held_out_episodes(config: TrainConfig, cache: Path, tmp_path: Path) -> None:
