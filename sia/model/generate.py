@@ -712,10 +712,9 @@ class ReplyDecoder:
         ellipsis) where the model's most likely token begins a new word (so no word is cut short: a letter, a digit, an
         apostrophe or a hyphen goes on with it) and the last word is not one a sentence cannot end on (``OPEN_WORDS``),
         the end tokens right after a closer."""
-        words = _WORD.findall(self.text)
         pull = 0.0
         if params.max_words:
-            pull = END_PULL * (len(words) - params.max_words + 1)
+            pull = END_PULL * (len(_WORD.findall(self.text)) - params.max_words + 1)
         zone = min(params.wind_down, params.max_new_tokens // WIND_SHARE)
         if zone:
             pull = max(pull, WIND_PULL * (len(self.tokens) - params.max_new_tokens + zone + 1))
@@ -726,7 +725,7 @@ class ReplyDecoder:
             begins = self.tok.token_text(int(likeliest(logits)))[:1]
             if begins.isalnum() or begins in "'’-":  # the model goes on with the word ("night" + "'s")
                 return logits
-            if self.text[-1].isalpha() and words[-1].lower() in OPEN_WORDS:
+            if self.text[-1].isalpha() and _WORD.findall(self.text)[-1].lower() in OPEN_WORDS:
                 return logits  # the sentence cannot end here ("that can be found in")
             return logits.index_add(0, enders, logits.new_full(enders.shape, pull))
         if self.tokens and self.tokens[-1] in self.enders:
