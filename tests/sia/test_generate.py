@@ -506,24 +506,30 @@ def test_an_address_comes_before_the_first_sentence_end_after_a_word_unless_the_
     assert Sampling(address="").over(params).address == "" and Sampling().over(params).address == ", sir"
 
 
+def _picked_after(text: str, params: SamplingParams, scores: torch.Tensor) -> str:
+    """The byte tokenizer's next token, as a character ("<end>" for the end token the tests raise), that a reply which
+    has written ``text`` picks from ``scores`` under ``params``."""
+    tok = ByteTokenizer()
+    row = ReplyDecoder(params, torch.device("cpu"), tok)
+    for t in text.encode():
+        row.push(t, params, tok.end_ids)
+    token = row.sample(scores, params)
+    return "<end>" if token == next(iter(tok.end_ids)) else chr(token)
+
+
 def test_a_word_limit_pulls_the_replys_end_nearer_at_every_word_past_it_and_never_cuts_a_word() -> None:
     """Past ``max_words`` - 1 words a sentence closer gains END_PULL nats a word where the model's likeliest token
     begins a new word, and the end token does right after a closer; inside a word (a letter or an apostrophe next),
     right after a word a sentence cannot end on ("in", "a", "The"), below the limit or with the limit off, the model's
     own pick stands."""
-    tok, cpu = ByteTokenizer(), torch.device("cpu")
+    tok = ByteTokenizer()
     params = SamplingParams(temperature=0.0, max_words=3)
     logits = torch.full((tok.vocab_size,), -9.0)
     logits[ord(" ")], logits[ord("e")], logits[ord(".")] = 4.0 + END_PULL / 2, 3.0, 0.0
-    end = next(iter(tok.end_ids))
-    logits[end] = 0.0
+    logits[next(iter(tok.end_ids))] = 0.0
 
     def pick(text: str, p: SamplingParams = params, scores: torch.Tensor = logits) -> str:
-        row = ReplyDecoder(p, cpu, tok)
-        for t in text.encode():
-            row.push(t, p, tok.end_ids)
-        token = row.sample(scores, p)
-        return "<end>" if token == end else chr(token)
+        return _picked_after(text, p, scores)
 
     assert pick("one two") == " "  # below the limit
     assert pick("one two three") == " "  # one word past limit - 1: the closer gains END_PULL, short of the space
@@ -551,19 +557,14 @@ def test_a_wind_down_pulls_the_replys_end_nearer_at_every_token_of_its_last_n() 
     gains WIND_PULL nats for each token into them, at a word's end as a word limit pulls it (never inside a word, nor
     after a word a sentence cannot end on), and the end token does right after a closer; before those tokens, or with
     it off, the model's pick stands. Where a word limit pulls too, the larger pull holds."""
-    tok, cpu = ByteTokenizer(), torch.device("cpu")
+    tok = ByteTokenizer()
     params = SamplingParams(temperature=0.0, max_new_tokens=40, wind_down=8)
     logits = torch.full((tok.vocab_size,), -9.0)
     logits[ord(" ")], logits[ord("e")], logits[ord(".")] = 2.0 * WIND_PULL, 1.0, 0.0
-    end = next(iter(tok.end_ids))
-    logits[end] = -0.5
+    logits[next(iter(tok.end_ids))] = -0.5
 
     def pick(text: str, p: SamplingParams = params, scores: torch.Tensor = logits) -> str:
-        row = ReplyDecoder(p, cpu, tok)
-        for t in text.encode():
-            row.push(t, p, tok.end_ids)
-        token = row.sample(scores, p)
-        return "<end>" if token == end else chr(token)
+        return _picked_after(text, p, scores)
 
     words = "aa bb cc dd ee ff gg hh ii jj kk"  # 32 tokens: the 33rd is the first of the last 8
     assert len(words) == 32
