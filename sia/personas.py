@@ -84,18 +84,19 @@ def persona_prompt(model: IdentityModel, name: str) -> str:
 CHAT_SAMPLING: dict[str, object] = {
     "temperature": 0.4,
     "top_p": 0.9,
-    "max_tokens": 128,
+    # 160 tokens, the last 32 winding down (below): every reply is what a 128-token limit gave up to its 128th token,
+    # and then ends its sentence (experiments/LOG.md, 2026-12-05 (q))
+    "max_tokens": 160,
     "repetition_penalty": 1.15,
     "no_repeat_ngram": 4,
     # a reply to a question about the user's facts, with an imprint to answer from, decoded greedily: the tuning part's
     # first 20 users over HTTP answer 68.5 % of their questions so, 61.1 % with every turn sampled as above, 66.7 % with
     # every turn greedy (experiments/LOG.md, 2026-12-03 (c))
     "recall_temperature": 0.0,
-    # in a reply's last 32 tokens its end is pulled nearer (half a nat more at every token), so a reply the 128-token
+    # in a reply's last 32 tokens its end is pulled nearer (half a nat more at every token), so a reply the token
     # limit would cut in a sentence ends at a sentence's end first: on the easy questions' tuning part, which chose it,
-    # marlow's replies cut by the limit went from about half to none and pip's from a fifth to none, no real answer
-    # lost; held out the same, but 8 answers given in a reply's last sentences are lost (docs/model.md, "Replies that
-    # end in a sentence"; experiments/LOG.md, 2026-12-05 (o))
+    # marlow's replies cut by the limit went from about half to none and pip's from a fifth to none (docs/model.md,
+    # "Replies that end in a sentence"; experiments/LOG.md, 2026-12-05 (o))
     "wind_down": 32,
 }
 
@@ -126,7 +127,7 @@ CHAT_WORDS: dict[str, dict[str, float]] = {}
 # the release of the default personas' defaults: a service brings a stored default persona to them once (where a field
 # still holds an earlier release's default, EARLIER_CHAT_SAMPLING and EARLIER_CHAT_PROMPTS) and records this number with
 # it, so that an admin who later sets a field back to an earlier default keeps it. Raise it whenever a default changes.
-DEFAULTS_RELEASE = 6
+DEFAULTS_RELEASE = 7
 
 
 # the decoding defaults earlier releases stored for a chat backbone's personas, field by field

@@ -79,15 +79,16 @@ def test_marlow_addresses_the_user_without_the_bias_of_earlier_releases(smollm2_
 
 
 def test_every_chat_persona_winds_down_before_its_token_limit(smollm2_cache: Path) -> None:
-    """The chat personas pull a reply's end nearer in its last 32 tokens of 128; a persona stored before the wind-down
-    (off) is brought to it, one whose admin chose another keeps it."""
+    """The chat personas pull a reply's end nearer in its last 32 tokens of 160 (a reply is what 128 tokens gave up to
+    its 128th); a persona stored before the wind-down (off) or with the earlier 128 tokens is brought to them, one whose
+    admin chose another keeps it."""
     model = load_model(DEFAULT_CHECKPOINT, cache_dir=smollm2_cache)
     for name in PERSONAS:
         params = persona_sampling(model, name)
-        assert (params.wind_down, params.max_new_tokens) == (32, 128), name
-        before = {**persona_defaults(model, name), "wind_down": 0}
-        assert outdated_defaults(model, name, before) == {"wind_down": 32}
-        assert outdated_defaults(model, name, {**before, "wind_down": 16}) == {}
+        assert (params.wind_down, params.max_new_tokens) == (32, 160), name
+        before = {**persona_defaults(model, name), "wind_down": 0, "max_tokens": 128}
+        assert outdated_defaults(model, name, before) == {"wind_down": 32, "max_tokens": 160}
+        assert outdated_defaults(model, name, {**before, "wind_down": 16, "max_tokens": 100}) == {}
 
 
 def test_sia_does_not_open_by_calling_out_its_own_name(smollm2_cache: Path) -> None:
