@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from server.core.config import Settings
@@ -230,37 +231,27 @@ def test_personas_made_before_the_reply_marks_have_them_off(settings: Settings) 
     assert names == ["new", "old"]
 
 
-def test_personas_made_before_the_word_limit_have_it_off(settings: Settings) -> None:
-    """0011 adds personas.max_words: a persona stored before has it off (0); a new or changed one keeps the value it
-    is given; downgrading drops the column and keeps the persona."""
-    _persona_stored_at(settings, "0010")
+@pytest.mark.parametrize(
+    ("before", "column", "given", "changed", "kept"),
+    [("0010", "max_words", 8, 12, {"exclaim", "address"}), ("0011", "wind_down", 32, 16, {"max_words"})],
+)
+def test_personas_made_before_a_reply_limit_have_it_off(
+    settings: Settings, before: str, column: str, given: int, changed: int, kept: set[str]
+) -> None:
+    """0011 adds personas.max_words (the word limit), 0012 personas.wind_down: a persona stored before has it off (0);
+    a new or changed one keeps the value it is given; downgrading drops the column (the one before it stays) and keeps
+    the persona."""
+    _persona_stored_at(settings, before)
     store = Store(settings)
     try:
-        assert store.get_persona("old").max_words == 0
-        assert store.create_persona("new", max_words=8).max_words == 8
-        assert store.get_persona("new").max_words == 8
-        assert store.update_persona("old", max_words=12).max_words == 12
+        assert getattr(store.get_persona("old"), column) == 0
+        assert getattr(store.create_persona("new", **{column: given}), column) == given
+        assert getattr(store.get_persona("new"), column) == given
+        assert getattr(store.update_persona("old", **{column: changed}), column) == changed
     finally:
         store.close()
-    columns, names = _downgraded(settings, "0010")
-    assert "max_words" not in columns and {"exclaim", "address"} <= columns
-    assert names == ["new", "old"]
-
-
-def test_personas_made_before_the_wind_down_have_it_off(settings: Settings) -> None:
-    """0012 adds personas.wind_down: a persona stored before has it off (0); a new or changed one keeps the value it
-    is given; downgrading drops the column and keeps the persona."""
-    _persona_stored_at(settings, "0011")
-    store = Store(settings)
-    try:
-        assert store.get_persona("old").wind_down == 0
-        assert store.create_persona("new", wind_down=32).wind_down == 32
-        assert store.get_persona("new").wind_down == 32
-        assert store.update_persona("old", wind_down=16).wind_down == 16
-    finally:
-        store.close()
-    columns, names = _downgraded(settings, "0011")
-    assert "wind_down" not in columns and "max_words" in columns
+    columns, names = _downgraded(settings, before)
+    assert column not in columns and kept <= columns
     assert names == ["new", "old"]
 
 
