@@ -91,6 +91,12 @@ def speaks_as(user: str, reply: str) -> bool:
     return re.search(r"(?i)\b(?:i'm|i’m|i am|my name is|my name's|call me)\s+" + re.escape(user) + r"\b", reply) is not None
 
 
+def other_names(persona: str, reply: str) -> list[str]:
+    """The capitalised names ``reply`` gives as its speaker's that are not the persona's ("I am Elena", "I'm Monsieur")."""
+    said = re.finditer(r"(?i:\b(?:i'm|i’m|i am|my name is|my name's|call me))\s+([A-Z][^\W\d_]*)", reply)
+    return [m.group(1) for m in said if m.group(1).lower() != persona]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--personas", nargs="+", default=sorted(PERSONAS))
@@ -111,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                     "reply": r["reply"],
                     "drifts": wrong_language(r["reply"]),
                     "as_user": speaks_as(user, r["reply"]),
+                    "other_names": other_names(persona, r["reply"]),
                 }
                 for m, r, user in zip(messages, replies, USERS, strict=True)
             ]
@@ -128,12 +135,15 @@ def main(argv: list[str] | None = None) -> int:
                         row["drifts_after_ban"] = wrong_language(reply["reply"])
             n = sum(row["drifts"] for row in rows)
             as_user = sum(row["as_user"] for row in rows)
-            run = {"drifted": n, "rate": n / len(rows), "as_user": as_user, "replies": rows}
+            named = sum(bool(row["other_names"]) for row in rows)
+            run = {"drifted": n, "rate": n / len(rows), "as_user": as_user, "other_names": named, "replies": rows}
             if args.ban_first:
                 run["drifted_after_ban"] = sum(row.get("drifts_after_ban", row["drifts"]) for row in rows)
             found["runs"][f"{persona}/{mode}"] = run
             after = f", {run['drifted_after_ban']} after banning first tokens" if args.ban_first else ""
-            sys.stdout.write(f"{persona} {mode}: {n}/{len(rows)} drift{after}; {as_user} speak as the user\n")
+            sys.stdout.write(
+                f"{persona} {mode}: {n}/{len(rows)} drift{after}; {as_user} speak as the user, {named} name another\n"
+            )
             sys.stdout.flush()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(found, indent=1, ensure_ascii=False) + "\n")

@@ -35,7 +35,7 @@ from sia.model.language import (
     recollection_reply,
     untold_reply,
 )
-from sia.model.naming import name_starts, names_self, user_names
+from sia.model.naming import name_starts, names_self, other_names, user_names
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
 
@@ -641,9 +641,11 @@ class ReplyDecoder:
         self.speaker = params.speaker.lower()  # the persona's name: never the reply's first word before a comma
         # the words the user wrote (a reply may echo them), when the reply keeps to the message's English; else None
         self.user_words = message_words(params.reply_to) if params.reply_to and english(params.reply_to) else None
-        # the tokens that begin a name the user gave as their own: never right after "I'm" (``sia.model.naming``)
-        starts = name_starts(tok, user_names(params.reply_to)) if params.reply_to else []
-        self.user_name_starts = torch.tensor(starts, dtype=torch.long, device=device) if starts else None
+        # the names the user gave as their own: never right after "I'm", nor any other than the persona's own where it
+        # has a name (``sia.model.naming``); the tokens that begin them are found when the reply first names itself
+        self.user_names = user_names(params.reply_to) if params.reply_to else []
+        self.named_speaker = params.speaker
+        self.not_names: Tensor | None = None
         self.banned_first: list[int] = []  # first tokens whose reply was taken back
         self.taken_back: int | None = None  # set by push: the reply was taken back, and this many of its tokens were read
         # the whole reply and its end, where the message asks what the persona knows of the user (their clauses quoted)
@@ -687,13 +689,13 @@ class ReplyDecoder:
         With ``address``, a sentence's end picked right after a word, while the reply does not say the address's words,
         is put off: the address's tokens come first, then that end ("Tokyo." becomes "Tokyo, sir."). A reply begun
         again never begins with a token whose reply was taken back, and where the reply names its speaker ("I'm"), the
-        user's name cannot come."""
+        user's name cannot come, nor, for a persona with a name, any name but its own."""
         if self.queued:
             return self.queued.pop(0)
         if not self.tokens and self.banned_first:
             logits = logits.index_fill(0, torch.tensor(self.banned_first, device=logits.device), float("-inf"))
-        if self.user_name_starts is not None and names_self(self.text):
-            logits = logits.index_fill(0, self.user_name_starts, float("-inf"))
+        if (self.user_names or self.named_speaker) and names_self(self.text):
+            logits = logits.index_fill(0, self._not_names(logits.device), float("-inf"))
         after_word = self.text[-1:].isalpha()
         if self.pulled is not None:
             logits = self._ended_sooner(logits, params)
@@ -704,6 +706,17 @@ class ReplyDecoder:
             self.queued = [*self.address[1:], token]
             return self.address[0]
         return token
+
+    def _not_names(self, device: torch.device) -> Tensor:
+        """The tokens that may not come right after "I'm": those beginning a name the user gave, and where the persona
+        has a name, any capitalised word but that name (``sia.model.naming.other_names``)."""
+        if self.not_names is None:
+            if self.named_speaker:
+                ids = other_names(self.tok, self.named_speaker, self.user_names)
+            else:
+                ids = name_starts(self.tok, self.user_names)
+            self.not_names = torch.tensor(ids, dtype=torch.long, device=device)
+        return self.not_names
 
     def _ended_sooner(self, logits: Tensor, params: SamplingParams) -> Tensor:
         """``logits`` with the reply's end pulled nearer once the reply holds ``max_words`` words, by END_PULL nats for

@@ -10,16 +10,22 @@ names itself ("I'm", "I am", "my name is", "call me"): the tokens that would beg
 The user's names are read from the message the reply answers: the capitalised word after "I'm", "I am", "my name is",
 "my name's" or "call me" ("I'm Ana Kowalski": Ana), the word that opens a message signed "... here" ("Esteban here",
 "hello!! olga here"). A name a greeting opens with ("Hi Sia, ...") is left alone: it is most often the persona's.
+
+A persona with a name (a chat turn's ``speaker``) gives no other name as its own either: the backbone also makes one
+up ("Oi, amo, sir! I'm Antonio", "I am Elena", "I'm Monsieur Giovanni"; 18 of ``introduction_language``'s 320 replies).
+Right after those words, no token that begins a capitalised word may come but the one that begins the persona's own
+name (``other_names``): "I'm Marlow, at your service" or "I'm so glad", never "I'm Antonio".
 """
 
 from __future__ import annotations
 
 import re
+import weakref
 
 from sia.model.language import ENGLISH
 from sia.model.tokenizer import Tokenizer
 
-__all__ = ["name_starts", "names_self", "user_names"]
+__all__ = ["capital_starts", "name_starts", "names_self", "other_names", "user_names"]
 
 _GIVEN = re.compile(r"(?i:\b(?:i'm|i’m|i am|my name is|my name's|my name’s|calls? me))\s+([A-Z][^\W\d_]*)")
 _GREETING = r"^\W*(?i:(?:hi|hey|heya|hello|good \w+)(?: there)?\W+)"
@@ -54,3 +60,40 @@ def name_starts(tok: Tokenizer, names: list[str]) -> list[int]:
                 if first is not None:
                     starts.add(first)
     return sorted(starts)
+
+
+_CAPITAL_STARTS: weakref.WeakKeyDictionary[Tokenizer, frozenset[int]] = weakref.WeakKeyDictionary()
+_OTHERS: weakref.WeakKeyDictionary[Tokenizer, dict[str, frozenset[int]]] = weakref.WeakKeyDictionary()  # per speaker
+
+
+def capital_starts(tok: Tokenizer) -> frozenset[int]:
+    """The tokens of ``tok`` that begin a capitalised word: their text, after any white space, opens with an upper-case
+    letter (" Antonio", "El", " I"). Computed once per tokenizer."""
+    found = _CAPITAL_STARTS.get(tok)
+    if found is None:
+        found = frozenset(i for i in range(tok.vocab_size) if (text := _text(tok, i)) and text[0].isupper())
+        _CAPITAL_STARTS[tok] = found
+    return found
+
+
+def other_names(tok: Tokenizer, speaker: str, users: list[str]) -> list[int]:
+    """The tokens a reply of the persona named ``speaker`` may not say right after "I'm" (``names_self``): those that
+    begin a capitalised word, except the ones that begin ``speaker`` capitalised (a persona is named "marlow": " Mar",
+    " Marl" and " Marlow" may come), and those that begin a name the user gave (``users``, in any case)."""
+    others = _OTHERS.setdefault(tok, {})
+    if speaker not in others:
+        name = speaker[:1].upper() + speaker[1:]
+        capitals = capital_starts(tok)
+        others[speaker] = capitals - {i for i in capitals if name and _begins(_text(tok, i), name)}
+    return sorted(others[speaker] | set(name_starts(tok, users)))
+
+
+def _text(tok: Tokenizer, i: int) -> str:
+    raw = tok.token_bytes(i)
+    return "" if raw is None else raw.decode("utf-8", "ignore").lstrip()
+
+
+def _begins(piece: str, name: str) -> bool:
+    """Whether a token's text ``piece`` can begin ``name``: a start of it ("Mar"), or the whole name and what follows
+    it ("Marlow," as one token)."""
+    return bool(piece) and (name.startswith(piece) or (piece.startswith(name) and not piece[len(name) :][:1].isalpha()))

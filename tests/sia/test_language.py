@@ -23,7 +23,7 @@ from sia.model.generate import (
     stream,
 )
 from sia.model.language import english, foreign_opening, message_words, of_the_persona
-from sia.model.naming import name_starts, names_self, user_names
+from sia.model.naming import capital_starts, name_starts, names_self, other_names, user_names
 from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
 from tests.conftest import random_state, tiny_config
@@ -274,3 +274,26 @@ def test_a_reply_never_gives_the_users_name_as_its_speakers() -> None:
     assert next_after("hello! i am ", "Hi! I'm Ana Kowalski.") == "S"
     assert next_after("Hello! I'm glad, ", "Hi! I'm Ana Kowalski.") == "A"  # not where a speaker names itself
     assert next_after("Hello! I'm ", "Hi! How are you?") == "A"  # the user gave no name
+
+
+def test_a_persona_gives_no_name_but_its_own() -> None:
+    """A persona with a name says no other after "I'm": no token that begins a capitalised word may come there but
+    the one that begins its own name, capitalised or as written; a lower-case word may ("I'm so glad"). Without a
+    name (a bare model), only the user's names are kept out; elsewhere in a reply every name is the model's to say."""
+    assert capital_starts(TOK) == frozenset(range(ord("A"), ord("Z") + 1))  # the byte tokenizer's capital letters
+    assert other_names(TOK, "marlow", []) == sorted(set(range(ord("A"), ord("Z") + 1)) - {ord("M")})
+    assert other_names(TOK, "marlow", ["Ana"]) == [*other_names(TOK, "marlow", []), ord("a")]
+    prefer = torch.full((TOK.vocab_size,), -10.0)
+    prefer[ord("E")], prefer[ord("M")], prefer[ord("s")] = 5.0, 4.0, 3.0
+
+    def next_after(said: str, speaker: str, message: str = "Hi! I'm Ana.") -> str:
+        params = SamplingParams(temperature=0.0, reply_to=message, speaker=speaker)
+        row = ReplyDecoder(params, CPU, TOK)
+        for t in said.encode():
+            row.push(t, params, TOK.end_ids)
+        return chr(row.sample(prefer, params))
+
+    assert next_after("Good day! I am ", "marlow") == "M"  # "Elena" is not its name; "Marlow" is
+    assert next_after("Good day! I am ", "sia") == "s"  # no name of its own starts there: the model's next choice
+    assert next_after("Good day! I am ", "") == "E"  # a bare model: only the user's name is banned
+    assert next_after("Good day! I met ", "marlow") == "E"  # not where a speaker names itself
