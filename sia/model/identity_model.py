@@ -18,7 +18,7 @@ from sia.identity.state import IdentityState, SelfUpdate, TurnSummary
 from sia.model.conditioning import Conditioning
 from sia.model.config import AnyConfig
 from sia.model.kv_cache import KVCache
-from sia.model.language import about_the_user, asked_parts, names_kind, of_the_persona
+from sia.model.language import about_the_user, asked_parts, asks, names_kind, of_the_persona
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
@@ -157,14 +157,17 @@ class IdentityModel(nn.Module):
         user's message, whose asked kind moves the imprint's entries (config.imprint_ask_bias; asked only where some
         row's imprint holds an entry of known kind, or a kept token the copy read weighs). A message that speaks of
         the persona and not of its writer ("What's your name?", ``sia.model.language.of_the_persona``) reads no imprint:
-        the user's words answer questions about the user, never about the persona. Nor does a message asking about a
-        kind of fact (config.imprint_untold) that the imprint holds nothing of (``ImprintEntries.untold``: no span so
-        labelled, and none whose kept text names such a value, ``sia.model.language.names_kind``; where the imprint
-        keeps no text, only the kinds of config.imprint_untold_by_label): its row's reply says the user has not told
-        it (``Conditioning.untold``). A row asking about a kind of config.imprint_echo,
-        with an imprint to answer from, opens its reply by saying back the user's words (``Conditioning.echo``). A row whose
-        message asks what the persona knows of the user as a whole (``sia.model.language.about_the_user``), with the text
-        of labelled spans kept, is answered with those clauses (``Conditioning.recollection``)."""
+        the user's words answer questions about the user, never about the persona. Nor does a message that asks nothing
+        (``sia.model.language.asks``: "On weekends I go bouldering", "I moved to York last month"): the imprint answers
+        questions, and the reply to what a user tells is the persona's own, not an answer about their facts ("You're
+        Priya, unless you've changed it since!"). Nor does a message asking about a kind of fact
+        (config.imprint_untold) that the imprint holds nothing of (``ImprintEntries.untold``: no span so labelled, and
+        none whose kept text names such a value, ``sia.model.language.names_kind``; where the imprint keeps no text, only
+        the kinds of config.imprint_untold_by_label): its row's reply says the user has not told it
+        (``Conditioning.untold``). A row asking about a kind of config.imprint_echo, with an imprint to answer from,
+        opens its reply by saying back the user's words (``Conditioning.echo``). A row whose message asks what the
+        persona knows of the user as a whole (``sia.model.language.about_the_user``), with the text of labelled spans
+        kept, is answered with those clauses (``Conditioning.recollection``)."""
         if not states:
             raise ValueError("need at least one identity state")
         for state in states:
@@ -175,7 +178,8 @@ class IdentityModel(nn.Module):
             if messages is not None and len(messages) != len(states):
                 raise ValueError(f"need one message per state; got {len(messages)} for {len(states)}")
             texts = None if messages is None else [self.tokenizer.decode(list(m)) for m in messages]
-            unread = [False] * len(states) if texts is None else [of_the_persona(t) for t in texts]
+            # a message of the persona's, or one that asks nothing, reads no imprint
+            unread = [False] * len(states) if texts is None else [of_the_persona(t) or not asks(t) for t in texts]
             held = [None if quiet else s.imprint for s, quiet in zip(states, unread, strict=True)]
             readable = list(held)  # what each row may answer from: nothing for a message of the persona's
             entries = ImprintEntries.stack(held, self.config.imprint_shape, torch.float32)

@@ -54,6 +54,7 @@ __all__ = [
     "UNTOLD",
     "about_the_user",
     "asked_parts",
+    "asks",
     "english",
     "foreign_opening",
     "message_words",
@@ -138,6 +139,55 @@ def of_the_persona(text: str) -> bool:
         return False
     said = [w.strip("'") for w in re.findall(r"[a-z']+", _REQUEST_ME.sub(" ", lowered))]  # "'you'" is "you"
     return any(w in SECOND_PERSON for w in said) and not any(w in FIRST_PERSON for w in said)
+
+
+# the words a question or a request opens with ("what's my name", "remind me where I live", "name the town I work in",
+# "guess my colour"); an auxiliary verb opens one only before its subject ("do you remember", not "had a long day"),
+# "where" and "when" only before an auxiliary ("where do I live", not "when I'm not working")
+_OPENERS = _listed(
+    "what what's whats why how how's hows which who who's whos whom whose where's wheres when's whens tell "
+    "explain give recommend suggest describe list show teach write remind guess name say pick choose recall repeat spell "
+    "quiz test any"
+)
+_WHERE = _listed("where when")
+# a question inside a sentence: a question word, at most two words, an auxiliary and its subject ("if u got me a shirt
+# what colour should it be"; not "in Lyon, where the food is great")
+_EMBEDDED = re.compile(
+    r"\b(?:what|which|who|where|when|why|how)(?: [a-z']+){0,2} "
+    r"(?:is|are|am|was|were|do|does|did|can|could|would|should|will|shall) (?:i|you|u|we|they|he|she|it|my|your|there)\b"
+)
+_AUXILIARIES = _listed("is are am was were do does did have has had can could would should will shall may might must")
+_SUBJECTS = _listed("i you u ya we they he she it my your there this that these those anyone anybody someone somebody everyone")
+# what a sentence may open with before its question ("ok so what's my name", "wait whats my name lol", "go on, say it")
+_INTERJECTIONS = _listed("ok okay so wait hey heyy hi hello oh well and but alright right lol hmm um uh now then go on")
+_RECALLING = re.compile(
+    r"(?:you|u|ya)\s+(?:still\s+)?(?:remember|recall)|remind\s+me|remember\s+(?:my|me|what|where|who|when|how|which)"
+)
+
+
+def asks(text: str) -> bool:
+    """Whether a message asks the persona something: it holds a question mark, asks whether the persona remembers
+    ("you remember my name", "remind me where I live"), or one of its sentences opens, after any interjection ("ok
+    so", "wait", "go on,"), with a question word or a request ("what's my name", "name the town I work in", "guess my
+    colour") or with an auxiliary verb before its subject ("do you know", "is it"), or holds a question after a
+    condition ("if u got me a shirt what colour should it be"). A message that asks nothing tells: "On weekends I go
+    bouldering with my sister.", "I moved to York last month." Read widely: what it calls a question, the imprint may
+    answer (``sia.model.identity_model``)."""
+    if "?" in text:
+        return True
+    lowered = text.lower().replace("\u2019", "'")
+    if _RECALLING.search(lowered):
+        return True
+    for part in re.split(r"[.!;:\n…]+", lowered):  # a sentence, not a clause: ", which I love" asks nothing
+        words = re.findall(r"[a-z']+", part)
+        while words and words[0] in _INTERJECTIONS:
+            words.pop(0)
+        first, then = [*words, "", ""][:2]
+        if first in _OPENERS or (first in _AUXILIARIES and then in _SUBJECTS) or (first in _WHERE and then in _AUXILIARIES):
+            return True
+        if _EMBEDDED.search(" ".join(words)):
+            return True
+    return False
 
 
 # per kind of fact: what the user has not told, and the question that asks for it (``untold_reply``)

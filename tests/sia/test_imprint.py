@@ -904,6 +904,23 @@ def test_a_question_of_the_persona_reads_no_imprint(hf_model: LlamaForCausalLM) 
         assert not torch.equal(both.layers[layer].slot_key[1], alone[1].layers[layer].slot_key[0])
 
 
+def test_a_message_that_asks_nothing_reads_no_imprint(hf_model: LlamaForCausalLM) -> None:
+    """ "I moved to York last month." tells; the imprint answers questions: the row is conditioned as a blank imprint's
+    (logits bit for bit), while "Remind me where I live." (a request, no question mark) reads it."""
+    model = _copying(hf_model)
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, "Ana Kowalski, Lisbon"))
+    blank = replace(state, imprint=IdentityState.fresh(model.config).imprint)
+
+    def logits(message: str, s: IdentityState) -> torch.Tensor:
+        row = [model.tokenizer.encode(message)]
+        with torch.no_grad():
+            return model(torch.tensor(row), model.condition_states([s], messages=row)).logits
+
+    told, asked = "I moved to York last month.", "Remind me where I live."
+    assert torch.equal(logits(told, state), logits(told, blank))
+    assert float((logits(asked, state) - logits(asked, blank)).abs().max()) > 1e-3
+
+
 def test_a_turn_that_asks_the_persona_keeps_what_the_user_told(hf_model: LlamaForCausalLM) -> None:
     """The turn of "What's your name?" reads no imprint, but its new state still holds every span the user told."""
     model = build(hf_model)

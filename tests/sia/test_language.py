@@ -22,7 +22,7 @@ from sia.model.generate import (
     reply_events,
     stream,
 )
-from sia.model.language import english, foreign_opening, message_words, of_the_persona
+from sia.model.language import asks, english, foreign_opening, message_words, of_the_persona
 from sia.model.naming import capital_starts, name_starts, names_self, other_names, user_names
 from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
@@ -297,3 +297,27 @@ def test_a_persona_gives_no_name_but_its_own() -> None:
     assert next_after("Good day! I am ", "sia") == "s"  # no name of its own starts there: the model's next choice
     assert next_after("Good day! I am ", "") == "E"  # a bare model: only the user's name is banned
     assert next_after("Good day! I met ", "marlow") == "E"  # not where a speaker names itself
+
+
+@pytest.mark.parametrize(
+    ("message", "asking"),
+    [
+        ("What's my name?", True),
+        ("ok so what's my name", True),  # interjections first, no question mark
+        ("Remind me where I live.", True),
+        ("Go on, say my name so I know you were paying attention.", True),
+        ("Name the town I work in.", True),
+        ("do u remember my job", True),
+        ("where am i originally from", True),
+        ("Tell me a joke.", True),
+        ("if u got me a shirt what colour should it be", True),  # a question after a condition
+        ("On weekends I go bouldering with my sister.", False),
+        ("Actually I should say, I moved to York last month, so I commute now.", False),
+        ("Had a long day.", False),  # an auxiliary before no subject
+        ("When I'm not working I fish.", False),  # "when" before no auxiliary
+        ("I live in Lyon, where the food is great.", False),  # a question word inside a sentence
+        ("I know what you are thinking.", False),
+    ],
+)
+def test_a_message_asks_when_it_holds_a_question_or_a_request(message: str, asking: bool) -> None:
+    assert asks(message) is asking
