@@ -61,7 +61,7 @@ def play(part: str, depth: int, batch: int = 8) -> list[dict[str, Any]]:
     def talk(pairs: list[tuple[str, str]]) -> None:
         for a in range(0, len(pairs), batch):
             chunk = pairs[a : a + batch]
-            held = [states[uid].imprint is not None and states[uid].imprint.used > 0 for uid, _ in chunk]
+            held = [(imprint := states[uid].imprint) is not None and imprint.used > 0 for uid, _ in chunk]
             requests = [TurnRequest(states[uid], text, dynamics, system, True) for uid, text in chunk]
             for (uid, text), had, result in zip(
                 chunk, held, stream_turns(model, requests, TALK, tokenizer=tok).finish(), strict=True
