@@ -188,7 +188,8 @@ def test_a_prefill_runs_on_its_own_thread_while_the_batch_goes_on_stepping(
     from sia.model.batching import DecodeBatch
 
     requests = requests_for(model, 5)
-    long = SamplingParams(max_new_tokens=30, temperature=0.0)
+    # long enough that the rows still decode when the later turns join, however fast the steps go
+    long = SamplingParams(max_new_tokens=90, temperature=0.0)
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     hold, release, holding = threading.Event(), threading.Event(), threading.Event()
     threads: list[str] = []
