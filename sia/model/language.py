@@ -161,13 +161,13 @@ _SUBJECTS = _listed("i you u ya we they he she it my your there this that these 
 # what a sentence may open with before its question ("ok so what's my name", "wait whats my name lol", "go on, say it")
 _INTERJECTIONS = _listed("ok okay so wait hey heyy hi hello oh well and but alright right lol hmm um uh now then go on")
 _RECALLING = re.compile(
-    r"(?:you|u|ya)\s+(?:still\s+)?(?:remember|recall)|remind\s+me|remember\s+(?:my|me|what|where|who|when|how|which)"
+    r"\b(?:you|u|ya)\s+(?:still\s+)?(?:remember|recall)\b|\bremember\s+(?:my|me|what|where|who|when|how|which)\b"
 )
 
 
 def asks(text: str) -> bool:
     """Whether a message asks the persona something: it holds a question mark, asks whether the persona remembers
-    ("you remember my name", "remind me where I live"), or one of its sentences opens, after any interjection ("ok
+    ("you remember my name", "remember where I live"), or one of its sentences opens, after any interjection ("ok
     so", "wait", "go on,"), with a question word or a request ("what's my name", "name the town I work in", "guess my
     colour") or with an auxiliary verb before its subject ("do you know", "is it"), or holds a question after a
     condition ("if u got me a shirt what colour should it be"). A message that asks nothing tells: "On weekends I go

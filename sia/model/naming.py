@@ -12,7 +12,7 @@ The user's names are read from the message the reply answers: the capitalised wo
 "hello!! olga here"). A name a greeting opens with ("Hi Sia, ...") is left alone: it is most often the persona's.
 
 A persona with a name (a chat turn's ``speaker``) gives no other name as its own either: the backbone also makes one
-up ("Oi, amo, sir! I'm Antonio", "I am Elena", "I'm Monsieur Giovanni"; 18 of ``introduction_language``'s 320 replies).
+up ("Oi, amo, sir! I'm Antonio", "I am Elena", "I'm Monsieur Giovanni"; 19 of ``introduction_language``'s 320 replies).
 Right after those words, no token that begins a capitalised word may come but the one that begins the persona's own
 name (``other_names``): "I'm Marlow, at your service" or "I'm so glad", never "I'm Antonio".
 """

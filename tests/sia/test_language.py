@@ -311,6 +311,8 @@ def test_a_persona_gives_no_name_but_its_own() -> None:
         ("where am i originally from", True),
         ("Tell me a joke.", True),
         ("if u got me a shirt what colour should it be", True),  # a question after a condition
+        ("bet you still remember where I live", True),  # whether the persona remembers
+        ("I hope it will remind me of home.", False),
         ("On weekends I go bouldering with my sister.", False),
         ("Actually I should say, I moved to York last month, so I commute now.", False),
         ("Had a long day.", False),  # an auxiliary before no subject
