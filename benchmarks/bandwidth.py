@@ -79,7 +79,8 @@ class _Products(TorchFunctionMode):
 
 def step_weight_bytes(model: LlamaModel, prompt: list[int], state: IdentityState) -> dict[str, float]:
     """The bytes of the weights of every linear map one decoding step runs (during the second token): forward hooks
-    on the model's linear modules, and every ``F.linear`` called outside them."""
+    on the model's linear modules and its stacked products (``LlamaModel.stacks``), and every ``F.linear`` called
+    outside them."""
     counted: list[int] = []
     live = [False]
     inside = [0]  # within a linear module: its own F.linear is the hook's to count
@@ -94,7 +95,8 @@ def step_weight_bytes(model: LlamaModel, prompt: list[int], state: IdentityState
             counted.append(module.weight.numel() * module.weight.element_size())
 
     passes: list[int] = []  # the first layer's calls while counting: the forward passes the count covers
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    stacked = [stack.linear() for stack in model.stacks]  # the query, key and value maps (and gate and up) as one
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)] + stacked
     handles = [m.register_forward_pre_hook(enter) for m in linears] + [m.register_forward_hook(leave) for m in linears]
     handles.append(model.blocks[0].register_forward_hook(lambda *_: passes.append(1) if live[0] else None))
     try:

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sia.backbones.packed_linear import Linear, cast
+from sia.backbones.packed_linear import Linear, Stacked, cast
 from sia.backbones.slot_maps import LowRank, slot_map
 from sia.model.attention import attend
 from sia.model.config import LlamaConfig
@@ -75,12 +75,12 @@ class InferenceMaps:
     """What ``InjectedAttention._infer`` multiplies in one layer for one turn, made once in the turn's dtype (each cast
     or scaling of a small tensor costs a decoding step a few microseconds per layer): the weight (n, C) and bias (n,)
     whose product with a token's input gives the augmented query's tail and the read adapter's down maps and scale
-    logit, the adapter's up maps (None without them), the metric as 2M and -M (None in a layer without a trace: the
-    query's and the key's columns then need no products), the rows' adapter gate (B, 1, 1) where some row holds
-    no imprint (None where every row does: the gate is then 1 and its product is left out), and the output adapter's
-    down (r, H·d) and up (C, r) maps; with the imprint's gate, both up maps doubled (the adapter's scale is
-    2·sigmoid: the sigmoid is taken at each step, the 2 here once). All in the dtype the state's small products run in
-    (``small_products``)."""
+    logit, the adapter's up maps (H·d + 2·H_kv·d, 2r) with zero rows for the keys (None without them), the metric as
+    2M and -M (None in a layer without a trace: the query's and the key's columns then need no products), the rows'
+    adapter gate (B, 1, 1) where some row holds no imprint (None where every row does: the gate is then 1 and its
+    product is left out), and the output adapter's down (r, H·d) and up (C, r) maps; with the imprint's gate, both up
+    maps doubled (the adapter's scale is 2·sigmoid: the sigmoid is taken at each step, the 2 here once). All in the
+    dtype the state's small products run in (``small_products``)."""
 
     weight: Tensor
     bias: Tensor
@@ -130,10 +130,11 @@ def small_products(dtype: torch.dtype, device: torch.device) -> torch.dtype:
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE in the rotate-half layout: x (B, heads, L, d), cos/sin (B, 1, L, d)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    """RoPE in the rotate-half layout: x (B, heads, L, d), cos and the signed sin (B, 1, L, d) (``LlamaModel.rope``).
+
+    The rotate-half form x·cos + [-x₂, x₁]·[sin, sin] written as x·cos + [x₂, x₁]·[-sin, sin]: the same numbers bit for
+    bit (a sign moves exactly), with the halves swapped by one ``roll`` instead of two slices, a negation and a join."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 def _row_by_row(m: nn.Module, s: Tensor, alone: bool) -> Tensor:
@@ -166,6 +167,7 @@ class InjectedAttention(nn.Module):
         self.k_proj = Linear(C, self.H_kv * d, bias=False)
         self.v_proj = Linear(C, self.H_kv * d, bias=False)
         self.o_proj = Linear(self.H * d, C, bias=False)
+        self.qkv = Stacked([self.q_proj, self.k_proj, self.v_proj])  # inference's one product of the three
         if self.stateful:
             self.self_key = slot_map(config.d_self, self.H_kv * self.S * d, config.slot_rank)
             self.self_value = slot_map(config.d_self, self.H_kv * self.S * d, config.slot_rank)
@@ -269,31 +271,21 @@ class InjectedAttention(nn.Module):
         B, L, _ = x.shape
         H, H_kv, d, w = self.H, self.H_kv, self.d, self.w
         cos, sin = rope
-        reading = lc is not None and lc.reading
-        if lc is not None and not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
             return self._infer(x, lc, rope, cache, layer, attn_mask, starts, capture, unread, reads)
+        reading = lc is not None and lc.reading
         gate = None  # (B, L, H + 1): the imprint's read gate, where some row's entries are filled (else they are closed:
         # their weights are exactly 0 whatever the gate adds)
         q, v = self.q_proj(x), self.v_proj(x)
         if reading:  # the read adapter, in the rows that hold an imprint
             assert lc is not None and lc.imprinted is not None
             adapted = lc.imprinted.to(x.dtype)  # (B, 1, 1), or per token (B, L, 1): 2·sigmoid(gate), 1 at zero
-            if self.read_rank and not torch.is_grad_enabled():
-                down, bias, up = self._fused_read()
-                h = F.linear(x, down.to(x.dtype), None if bias is None else bias.to(x.dtype))  # (B, L, 2r [+ H + 1])
-                r2 = 2 * self.read_rank
-                if self.imprint_gated:
-                    gate = h[..., r2:]
-                    adapted = adapted * 2.0 * torch.sigmoid(gate[..., self.H :])
-                both = adapted * F.linear(h[..., :r2], up.to(x.dtype))  # (B, L, H·d + H_kv·d)
-                q, v = q + both[..., : q.shape[-1]], v + both[..., q.shape[-1] :]
-            else:
-                if self.imprint_gated:
-                    gate = self.imprint_gate(x)
-                    adapted = adapted * 2.0 * torch.sigmoid(gate[..., self.H :])
-                if self.read_rank:
-                    q = q + adapted * self.imprint_read_q(x)
-                    v = v + adapted * self.imprint_read_v(x)
+            if self.imprint_gated:
+                gate = self.imprint_gate(x)
+                adapted = adapted * 2.0 * torch.sigmoid(gate[..., self.H :])
+            if self.read_rank:
+                q = q + adapted * self.imprint_read_q(x)
+                v = v + adapted * self.imprint_read_v(x)
         q = q.view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
         k = self.k_proj(x).view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
         v = v.view(B, L, H_kv, d).transpose(1, 2)
@@ -417,7 +409,7 @@ class InjectedAttention(nn.Module):
     def _infer(
         self,
         x: Tensor,
-        lc: InjectedLayer,
+        lc: InjectedLayer | None,
         rope: tuple[Tensor, Tensor],
         cache: KVCache | None,
         layer: int,
@@ -427,58 +419,62 @@ class InjectedAttention(nn.Module):
         unread: Tensor | None,
         reads: EntryReads | None = None,
     ) -> Tensor:
-        """``forward`` with a state and without gradients, in fewer operators (each costs a few microseconds, the
-        state's share of a decoding step): one product gives every head's augmented query after its rotated (and
-        metric) blocks, the read gates included, and the read adapter's down maps with its scale; the same
-        arithmetic as ``forward``'s training form, to within rounding. The state's small products run in
-        ``small_products``' dtype (float32 on a CPU), their results cast to the model's."""
+        """``forward`` without gradients, in fewer operators (each costs a few microseconds, and a decoding step calls
+        this 30 times): the query, key and value maps as one product (``Stacked``), queries and keys rotated (and
+        normalised) together; with a state, one more product gives every head's augmented query after its rotated (and
+        metric) blocks, the read gates included, and the read adapter's down maps with its scale. The same arithmetic
+        as ``forward``'s training form, to within rounding. The state's small products run in ``small_products``'
+        dtype (float32 on a CPU), their results cast to the model's."""
         B, L, _ = x.shape
         H, H_kv, d = self.H, self.H_kv, self.d
-        if not lc.maps:
-            lc.maps.append(self._inference_maps(lc, x.dtype, x.device))
-        maps = lc.maps[0]
-        small = maps.weight.dtype
-        xs = cast(x, small)
-        t = self.tail
-        mixed = F.linear(xs, maps.weight, maps.bias)  # (B, L, H·t [+ 2r (+ 1)])
-        tail = cast(mixed[..., : H * t].view(B, L, H, t).transpose(1, 2), x.dtype)  # (B, H, L, t): 1, g·x, a·x + c, zeros
-        if unread is not None:  # the closed gate where a token does not read the imprint
-            tail = tail.clone()
-            tail[..., self.unread_at - self.w + t] += unread.to(x.dtype).view(B, 1, L) * CLOSED_GATE
-        q, v = self.q_proj(x), self.v_proj(x)
-        scale = None
-        if maps.up is not None:  # the read adapter, in the rows that hold an imprint
-            r2 = 2 * self.read_rank
-            down = mixed[..., H * t : H * t + r2]  # (B, L, 2r)
-            scale = maps.imprinted  # (B, 1, 1) where some row holds nothing, or per token (B, L, 1): 2·sigmoid(a_H·x + c_H)
-            if self.imprint_gated:  # the gate's factor 2 is in the up maps (``_inference_maps``)
-                gate = torch.sigmoid(mixed[..., H * t + r2 :])
-                scale = gate if scale is None else scale * gate
-            if scale is not None:
-                down = down * scale
-            both = cast(F.linear(down, maps.up), x.dtype)  # (B, L, H·d + H_kv·d)
-            q, v = q + both[..., : q.shape[-1]], v + both[..., q.shape[-1] :]
-        q = q.view(B, L, H, d).transpose(1, 2)  # (B, H, L, d) pre-rotation
-        k = self.k_proj(x).view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
-        v = v.view(B, L, H_kv, d).transpose(1, 2)
+        qkv = self.qkv(x)  # (B, L, (H + 2·H_kv)·d): the queries, keys and values, pre-rotation
+        maps = scale = tail = None
+        if lc is not None:
+            if not lc.maps:
+                lc.maps.append(self._inference_maps(lc, x.dtype, x.device))
+            maps = lc.maps[0]
+            t = self.tail
+            mixed = F.linear(cast(x, maps.weight.dtype), maps.weight, maps.bias)  # (B, L, H·t [+ 2r (+ 1)])
+            tail = cast(mixed[..., : H * t].view(B, L, H, t).transpose(1, 2), x.dtype)  # (B, H, L, t): 1, g·x, a·x + c
+            if unread is not None:  # the closed gate where a token does not read the imprint
+                tail = tail.clone()
+                tail[..., self.unread_at - self.w + t] += unread.to(x.dtype).view(B, 1, L) * CLOSED_GATE
+            if maps.up is not None:  # the read adapter, in the rows that hold an imprint
+                r2 = 2 * self.read_rank
+                down = mixed[..., H * t : H * t + r2]  # (B, L, 2r)
+                scale = maps.imprinted  # (B, 1, 1) where some row holds nothing, or per token (B, L, 1)
+                if self.imprint_gated:  # 2·sigmoid(a_H·x + c_H): the gate's factor 2 is in the up maps
+                    gate = torch.sigmoid(mixed[..., H * t + r2 :])
+                    scale = gate if scale is None else scale * gate
+                if scale is not None:
+                    down = down * scale
+                qkv = qkv + cast(F.linear(down, maps.up), x.dtype)  # the up maps' key rows are zero
+        n = (H + H_kv) * d
+        qk = qkv[..., :n].view(B, L, H + H_kv, d).transpose(1, 2)  # (B, H + H_kv, L, d) queries then keys
+        v = qkv[..., n:].view(B, L, H_kv, d).transpose(1, 2)  # (B, H_kv, L, d)
         if capture is not None:
-            capture.append((k, v))
-        cos, sin = rope
-        q_parts = [rotate(q, cos, sin) / math.sqrt(d)]
-        k_rot = rotate(k, cos, sin)
+            capture.append((qk[:, H:], v))
+        rotated = rotate(qk, *rope)
+        q_rot, k_rot = rotated[:, :H] / math.sqrt(d), rotated[:, H:]  # the base scale folded into the queries
+        if maps is None:  # the base model
+            base: Tensor = self.o_proj(self._attend(q_rot, k_rot, v, lc, cache, layer, attn_mask, starts, reads))
+            return base
+        assert tail is not None
         if maps.metric2 is not None and maps.neg_metric is not None:  # (B, H_kv, d, d): 2M and -M, exactly
-            u = F.normalize(cast(q, small), dim=-1).reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by kv head
-            q_parts.append(cast((u @ maps.metric2).view(B, H, L, d), x.dtype))  # 2 M u (M symmetric)
-            w_k = F.normalize(cast(k, small), dim=-1)  # (B, H_kv, L, d)
+            unit = F.normalize(cast(qk, maps.metric2.dtype), dim=-1)  # unit pre-rotation queries and keys
+            u = unit[:, :H].reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by their key/value head
+            w_k = unit[:, H:]  # (B, H_kv, L, d)
+            metric_q = cast((u @ maps.metric2).view(B, H, L, d), x.dtype)  # 2 M u (M symmetric)
             k_bias = ((w_k @ maps.neg_metric) * w_k).sum(-1, keepdim=True)  # (B, H_kv, L, 1) = -w^T M w
+            q_aug = torch.cat([q_rot, metric_q, tail], dim=-1)  # (B, H, L, w)
             k_aug = F.pad(torch.cat([k_rot, cast(w_k, x.dtype), cast(k_bias, x.dtype)], dim=-1), (0, self.w - 2 * d - 1))
         else:
+            q_aug = torch.cat([q_rot, tail], dim=-1)
             k_aug = F.pad(k_rot, (0, self.w - d))  # the bias column is 0: no metric
-        q_aug = torch.cat([*q_parts, tail], dim=-1)  # (B, H, L, w)
         y = self._attend(q_aug, k_aug, F.pad(v, (0, self.w - d)), lc, cache, layer, attn_mask, starts, reads)
         out: Tensor = self.o_proj(y)
         if maps.out_down is not None and maps.out_up is not None:
-            down = F.linear(cast(y, small), maps.out_down)
+            down = F.linear(cast(y, maps.out_down.dtype), maps.out_down)
             out = out + cast(F.linear(down if scale is None else down * scale, maps.out_up), x.dtype)
         return out
 
@@ -500,7 +496,8 @@ class InjectedAttention(nn.Module):
             out_down, out_up = self.imprint_read_o.down.weight.to(small), self.imprint_read_o.up.weight.to(small)
             if self.imprint_gated:  # the scale 2·sigmoid(a_H·x + c_H): its 2 taken once here, exactly (a power of two)
                 up, out_up = 2.0 * up, 2.0 * out_up
-            up = up.to(small)
+            q_rows = self.H * self.d  # zero rows for the keys, so that the product adds to the stacked q, k, v at once
+            up = torch.cat([up[:q_rows], up.new_zeros(self.H_kv * self.d, up.shape[1]), up[q_rows:]]).to(small)
         return InferenceMaps(weight.to(small), bias.to(small), up, metric2, neg_metric, imprinted, out_down, out_up)
 
     def _query_maps(self, reading: bool) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -603,10 +600,14 @@ def injected_attention_reference(
     angles = positions.float().unsqueeze(-1) * inv_freq  # (B, L, d/2)
     angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)  # (B, 1, L, d)
     cos, sin = angles.cos(), angles.sin()
+
+    def rotate_half(t: Tensor) -> Tensor:  # RoPE's rotate-half form, written out
+        return t * cos + torch.cat([-t[..., d // 2 :], t[..., : d // 2]], dim=-1) * sin
+
     q = attn.q_proj(x).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d)
     k = attn.k_proj(x).view(B, L, H_kv, d).transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, L, d)
     v = attn.v_proj(x).view(B, L, H_kv, d).transpose(1, 2).repeat_interleave(G, dim=1)
-    base = rotate(q, cos, sin) @ rotate(k, cos, sin).transpose(-1, -2) / math.sqrt(d)  # (B, H, L, L)
+    base = rotate_half(q) @ rotate_half(k).transpose(-1, -2) / math.sqrt(d)  # (B, H, L, L)
     if lc.metric is not None:
         metric = lc.metric.repeat_interleave(G, dim=1)  # (B, H, d, d)
         diff = F.normalize(q, dim=-1).unsqueeze(3) - F.normalize(k, dim=-1).unsqueeze(2)  # (B, H, L, L, d)
@@ -617,7 +618,7 @@ def injected_attention_reference(
     k_s = attn.self_key(s).view(B, H_kv, S, d).repeat_interleave(G, dim=1)  # (B, H, S, d)
     energy = s.square().mean(-1)  # (B,)
     gate = torch.where(energy > 0, energy.clamp_min(1e-30).log(), torch.full_like(energy, CLOSED_GATE))
-    q_rot = rotate(q, cos, sin)
+    q_rot = rotate_half(q)
     slot = (
         q_rot @ k_s.transpose(-1, -2) / math.sqrt(d)
         + gate.view(B, 1, 1, 1)

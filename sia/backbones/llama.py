@@ -25,6 +25,7 @@ from sia.backbones.packed_linear import (
     NO_BFLOAT16_PACKING,
     PACKED_DTYPES,
     Linear,
+    Stacked,
     bfloat16_packing_available,
     cast,
     packing_available,
@@ -77,9 +78,15 @@ class SwiGLU(nn.Module):
         self.gate_proj = Linear(config.n_embd, config.intermediate_size, bias=False)
         self.up_proj = Linear(config.n_embd, config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.n_embd, bias=False)
+        self.gate_up = Stacked([self.gate_proj, self.up_proj])  # inference's one product of the two
 
     def forward(self, x: Tensor) -> Tensor:
-        out: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if torch.is_grad_enabled():
+            out: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return out
+        both = self.gate_up(x)  # (..., 2·I): the gate's and the up map's products
+        n = self.gate_proj.out_features
+        out = self.down_proj(F.silu(both[..., :n]) * both[..., n:])
         return out
 
 
@@ -197,6 +204,7 @@ class LlamaModel(IdentityModel):
         blocks = [Block(config, i in self.trace_layers) for i in range(config.n_layer)]
         self.blocks = nn.ModuleList(blocks)
         self.attentions = [block.attn for block in blocks]  # typed views of the registered modules
+        self.stacks = [stack for block in blocks for stack in (block.attn.qkv, block.mlp.gate_up)]  # inference's products
         self.norm_f = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -277,22 +285,23 @@ class LlamaModel(IdentityModel):
         self.exact_rows = dtype == torch.bfloat16
         self.forget_prefix_reads()  # they were read with the products as they were
         if dtype == torch.float32:
-            return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
+            return sum(m.pack() for m in self.products())
         # the head in float32, but with its copy for one row too: a row's logits then come from the same kernel
         # whether it decodes alone or batched, as every bfloat16 product does
-        return sum(
-            m.pack(torch.float32, every_row=True) if m is self.lm_head else m.pack(dtype)
-            for m in self.modules()
-            if isinstance(m, Linear)
-        )
+        return sum(m.pack(torch.float32, every_row=True) if m is self.lm_head else m.pack(dtype) for m in self.products())
 
     def unpack_weights(self) -> None:
         """Drop every packed copy ``pack_weights`` made."""
         self.exact_rows = False
         self.forget_prefix_reads()
-        for m in self.modules():
-            if isinstance(m, Linear):
-                m.unpack()
+        for m in self.products():
+            m.unpack()
+
+    def products(self) -> list[Linear | Stacked]:
+        """The products inference runs: each ``Stacked`` product (the query, key and value maps; the MLP's gate and up
+        maps) and every other ``Linear``; the stacked maps' own copies would never be read."""
+        stacked = {id(part) for stack in self.stacks for part in stack.parts}
+        return [*self.stacks, *(m for m in self.modules() if isinstance(m, Linear) and id(m) not in stacked)]
 
     def set_read_shift(self, shift: float) -> None:
         """The read's strength: every self slot's logit lowered by ``shift`` (its attention weight times about
@@ -612,11 +621,14 @@ class LlamaModel(IdentityModel):
 
     # --- forward ---
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """cos and sin (B, 1, L, d) for positions (B, L)."""
+        """cos and the signed sin (B, 1, L, d) for positions (B, L), what ``rotate`` takes: the rotate-half layout's
+        angles [θ, θ], and the sin negated on the first half ([-sin θ, sin θ])."""
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # (B, L, d/2)
         angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # (B, 1, L, d)
         dtype = self.wte.weight.dtype
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        sin = angles.sin()
+        sin[..., : freqs.shape[-1]] *= -1.0
+        return angles.cos().to(dtype), sin.to(dtype)
 
     def forward(
         self,

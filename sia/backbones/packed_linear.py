@@ -1,12 +1,15 @@
 """``Linear``: the backbone's matrix products, with faster paths for float32 inference on a CPU: a few rows as W·xᵀ,
 and products with a copy of the weight packed in oneDNN's blocked layout (float32 or bfloat16); with the checks of
-what this torch build and this CPU can pack (docs/performance.md).
+what this torch build and this CPU can pack (docs/performance.md). ``Stacked``: several such products of one input as
+one.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import time
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +20,7 @@ __all__ = [
     "PACKED_MIN_ROWS",
     "SMALL_PRODUCT_ROWS",
     "Linear",
+    "Stacked",
     "bfloat16_packing_available",
     "bfloat16_products_fast",
     "cast",
@@ -162,3 +166,83 @@ class Linear(nn.Linear):
         if self.bias is not None:  # the products above multiply only; a bias is added as nn.Linear adds it
             out = out + self.bias
         return out.view(*x.shape[:-1], w.shape[0])
+
+
+_STACKING = threading.Lock()  # a stack is (re)built by one thread at a time (a prefill and the decoding steps may race)
+
+
+class Stacked:
+    """The products of several ``Linear`` maps of one input (a layer's query, key and value maps; the MLP's gate and up
+    maps) as one: their weights stacked as the rows of one matrix, which the parts' weights then are views of (no second
+    copy), so that an inference step multiplies once instead of once per part (each product costs a decoding step
+    5-8 operators besides its arithmetic). The parts stay the modules that training, loading and the state dict see;
+    their products are this one's output split by rows.
+
+    Rebuilt when a part's weight is no longer its view (after ``Module.to``, or a weight assigned anew), and packed again
+    as ``pack`` last asked. In-place changes of a part (an optimiser's step, ``load_state_dict``) are changes of the
+    stack: they share its memory (and its version counter, which retires a packed copy made before them)."""
+
+    def __init__(self, parts: Sequence[Linear]) -> None:
+        if not parts or any(p.bias is not None for p in parts) or len({p.in_features for p in parts}) != 1:
+            raise ValueError("a stack needs one or more bias-free Linear maps of one input width")
+        self.parts = list(parts)
+        self.product: Linear | None = None
+        self.packing: tuple[torch.dtype, bool] | None = None  # what ``pack`` asked for: dtype, every_row
+
+    @property
+    def sizes(self) -> list[int]:
+        """Each part's share of the product's columns, in order."""
+        return [p.out_features for p in self.parts]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x (..., C) -> the parts' products side by side (..., sum of their out_features)."""
+        out: Tensor = self.linear()(x)
+        return out
+
+    def linear(self) -> Linear:
+        """The stacked product, (re)built if a part's weight is no longer its view."""
+        product = self.product
+        if product is None or not self._shared(product.weight):
+            with _STACKING:
+                product = self.product
+                if product is None or not self._shared(product.weight):
+                    product = self.product = self._build()
+        return product
+
+    def _shared(self, stack: Tensor) -> bool:
+        """Whether every part's weight is its rows of ``stack``."""
+        at = stack.data_ptr()
+        for p in self.parts:
+            w = p.weight
+            if w.dtype != stack.dtype or w.device != stack.device or w.data_ptr() != at:
+                return False
+            at += w.numel() * w.element_size()
+        return True
+
+    def _build(self) -> Linear:
+        with torch.inference_mode(False), torch.no_grad():  # the parts' new memory must serve training too
+            stack = torch.cat([p.weight.detach() for p in self.parts])  # (sum of out_features, C)
+            at = 0
+            for p in self.parts:
+                n = p.out_features
+                p.weight.data = stack[at : at + n]  # the same parameter, its memory now the stack's
+                at += n
+            product = Linear(stack.shape[1], stack.shape[0], bias=False, device="meta")
+            product.weight = nn.Parameter(stack, requires_grad=False)
+        if self.packing is not None and stack.device.type == "cpu" and stack.dtype == torch.float32:
+            dtype, every_row = self.packing
+            product.pack(dtype, every_row=every_row)
+        return product
+
+    def pack(self, dtype: torch.dtype = torch.float32, *, every_row: bool = False) -> int:
+        """``Linear.pack`` of the stacked product, kept across rebuilds; returns the copy's bytes."""
+        self.packing = None
+        bytes_ = self.linear().pack(dtype, every_row=every_row)
+        self.packing = (dtype, every_row)
+        return bytes_
+
+    def unpack(self) -> None:
+        """Drop the packed copy, now and after rebuilds."""
+        self.packing = None
+        if self.product is not None:
+            self.product.unpack()

@@ -439,9 +439,10 @@ def test_row_starts_reads_left_padded_masks_and_refuses_any_other() -> None:
 
 
 def test_a_packed_model_answers_as_the_unpacked_one(hf_model: LlamaForCausalLM) -> None:
-    """``pack_weights`` packs every backbone matrix (the tied head included) and changes no reply: cached batched
-    decoding gives the unpacked model's tokens and log-likelihoods; ``unpack_weights`` drops the copies."""
-    from sia.backbones.packed_linear import Linear, bfloat16_packing_available, packing_available
+    """``pack_weights`` packs every backbone matrix (the tied head included; the query, key and value maps and the
+    MLP's gate and up maps as their stacked products) and changes no reply: cached batched decoding gives the unpacked
+    model's tokens and log-likelihoods; ``unpack_weights`` drops the copies."""
+    from sia.backbones.packed_linear import Linear, Stacked, bfloat16_packing_available, packing_available
 
     if not packing_available():
         pytest.skip("this torch build has no oneDNN to pack weights with")
@@ -451,7 +452,11 @@ def test_a_packed_model_answers_as_the_unpacked_one(hf_model: LlamaForCausalLM) 
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     before = generate(model, prompts, model.condition_states(states), params)
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    assert model.pack_weights() == sum(m.weight.numel() * 4 for m in linears)
+    assert model.pack_weights() == sum(m.weight.numel() * 4 for m in linears)  # every matrix once
+    stacked = {id(part) for stack in model.stacks for part in stack.parts}
+    assert len(model.stacks) == 2 * model.config.n_layer and len(stacked) == 5 * model.config.n_layer
+    linears = [p.linear() if isinstance(p, Stacked) else p for p in model.products()]  # what the products multiply
+    assert not stacked & {id(m) for m in linears} and len(linears) == len(model.products())
     assert all(m.packed is not None for m in linears) and model.lm_head.weight is model.wte.weight
     after = generate(model, prompts, model.condition_states(states), params)
     for a, b in zip(before, after, strict=True):
@@ -518,3 +523,20 @@ def test_rms_norm_is_the_pretrained_models_formula_bit_for_bit(dtype: torch.dtyp
         h = x.float()
         expected = norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
         assert torch.equal(norm(x), expected)
+
+
+def test_rope_rotates_as_the_rotate_half_form_bit_for_bit(hf_model: LlamaForCausalLM) -> None:
+    """``rotate`` with ``LlamaModel.rope``'s cos and signed sin computes RoPE's rotate-half form, x·cos + [-x₂, x₁]·sin,
+    to the bit (the sign moved onto the sin is exact)."""
+    from sia.backbones.injected_attention import rotate
+
+    model = build(hf_model, self_slots=2)
+    d = model.config.head_dim
+    positions = torch.tensor([[0, 3, 17, 250]])
+    angles = torch.cat([positions.float().unsqueeze(-1) * model.inv_freq] * 2, dim=-1).unsqueeze(1)  # (1, 1, 4, d)
+    cos, signed = model.rope(positions)
+    assert torch.equal(cos, angles.cos())
+    assert torch.equal(signed, torch.cat([-angles.sin()[..., : d // 2], angles.sin()[..., d // 2 :]], dim=-1))
+    x = torch.randn(1, 5, 4, d, generator=torch.Generator().manual_seed(0))
+    expected = x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1) * angles.sin()
+    assert torch.equal(rotate(x, cos, signed), expected)

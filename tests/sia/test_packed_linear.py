@@ -128,3 +128,83 @@ def test_a_bias_is_added_on_every_path_as_nn_linear_adds_it(rows: int, packed: b
         got = layer(x)
         torch.testing.assert_close(got, plain(x), atol=1e-4, rtol=1e-5)
         assert int(got.argmin(-1).unique().item()) == 7
+
+
+def _parts(seed: int) -> list[torch.nn.Module]:
+    from sia.backbones.packed_linear import Linear
+
+    g = torch.Generator().manual_seed(seed)
+    parts = [Linear(24, n, bias=False) for n in (16, 8, 8)]
+    with torch.no_grad():
+        for p in parts:
+            p.weight.copy_(torch.randn(p.weight.shape, generator=g))
+    return parts
+
+
+def test_a_stack_multiplies_once_what_its_parts_multiply_and_keeps_no_second_copy() -> None:
+    """``Stacked``: one product whose columns are the parts' products side by side (to rounding); the parts' weights
+    become views of its matrix (the same parameters, no second copy), so an in-place change of a part, as an
+    optimiser's step makes, is the stack's too."""
+    from sia.backbones.packed_linear import Stacked
+
+    parts = _parts(0)
+    params = [p.weight for p in parts]
+    expected_weights = [w.detach().clone() for w in params]
+    x = torch.randn(3, 5, 24, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = torch.cat([p(x) for p in parts], dim=-1)
+    stack = Stacked(parts)
+    assert stack.sizes == [16, 8, 8]
+    with torch.inference_mode():
+        got = stack(x)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert got.shape == (3, 5, 32)
+    matrix = stack.linear().weight
+    assert [p.weight for p in parts] == params  # the same parameter objects (an optimiser holding them still works)
+    for p, w, at in zip(parts, expected_weights, (0, 16, 24), strict=True):
+        assert torch.equal(p.weight, w) and p.weight.untyped_storage().data_ptr() == matrix.untyped_storage().data_ptr()
+        assert p.weight.data_ptr() == matrix.data_ptr() + at * 24 * 4
+    # training after inference: the parts' products with gradients, an optimiser's step seen by the stack
+    optimiser = torch.optim.SGD(params, lr=0.5)
+    loss = sum(p(x).square().mean() for p in parts)
+    assert isinstance(loss, torch.Tensor)
+    loss.backward()
+    assert all(w.grad is not None and w.grad.abs().sum() > 0 for w in params)
+    optimiser.step()
+    assert stack.linear().weight is matrix  # not rebuilt: the step changed its memory in place
+    with torch.no_grad():
+        torch.testing.assert_close(stack(x), torch.cat([p(x) for p in parts], dim=-1), atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(stack(x), expected, atol=1e-3)
+
+
+def test_a_stack_is_built_again_when_its_parts_are_converted_or_replaced_and_packs_again() -> None:
+    """After ``Module.to`` (new memory for each part) or a weight assigned anew the stack is built again from the
+    parts as they are, and packed again as it was; a part with a bias or another input width is refused."""
+    from sia.backbones.packed_linear import Linear, Stacked, packing_available
+
+    parts = _parts(2)
+    holder = torch.nn.ModuleList(parts)
+    stack = Stacked(parts)
+    x = torch.randn(4, 24, generator=torch.Generator().manual_seed(3))
+    first = stack.linear()
+    holder.to(torch.float64)
+    with torch.no_grad():
+        got = stack(x.double())
+        torch.testing.assert_close(got, torch.cat([p(x.double()) for p in parts], dim=-1))
+    assert stack.linear() is not first and stack.linear().weight.dtype == torch.float64
+    holder.to(torch.float32)
+    with torch.no_grad():
+        parts[1].weight = torch.nn.Parameter(torch.zeros(8, 24))
+        assert torch.equal(stack(x)[:, 16:24], torch.zeros(4, 8))
+        assert parts[1].weight.data_ptr() == stack.linear().weight.data_ptr() + 16 * 24 * 4
+    if packing_available():
+        assert stack.pack() == 32 * 24 * 4 and stack.linear().packed is not None
+        holder.to(torch.float64)
+        holder.to(torch.float32)  # new memory: built again, and packed again
+        assert stack.linear().packed is not None and stack.packing == (torch.float32, False)
+        stack.unpack()
+        assert stack.linear().packed is None and stack.packing is None
+    with pytest.raises(ValueError, match="bias-free"):
+        Stacked([Linear(24, 8, bias=True)])
+    with pytest.raises(ValueError, match="one input width"):
+        Stacked([Linear(24, 8, bias=False), Linear(16, 8, bias=False)])
