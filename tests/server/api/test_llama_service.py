@@ -320,8 +320,9 @@ def test_the_served_model_packs_its_matrices_unless_told_not_to(settings: Settin
         model = load_model(tiny.path, cache_dir=tmp_path / "models")
         assert isinstance(model, LlamaModel)
         served_model(settings.model_copy(update=update), model=model)
-        up = model.blocks[0].mlp.up_proj
+        up = model.blocks[0].mlp.gate_up.linear()  # the MLP's gate and up maps, packed as their stacked product
         assert (model.lm_head.packed is not None) is (want is not None) and (up.packed is not None) is (want is not None)
+        assert model.blocks[0].mlp.up_proj.packed is None  # the stacked maps' own copies would never be read
         if want is not None:
             assert up.packed_dtype == want and model.exact_rows is (want == torch.bfloat16)
     assert Settings(packed_weights=True).packed_weights == "float32"  # type: ignore[arg-type]
