@@ -35,7 +35,7 @@ from sia.model.language import (
     recollection_reply,
     untold_reply,
 )
-from sia.model.naming import name_starts, names_self, other_names, user_names
+from sia.model.naming import continuations, gives_name, name_starts, names_self, other_names, own_name, user_names
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
 
@@ -679,6 +679,7 @@ class ReplyDecoder:
         self.finish_reason: str | None = None
         # tokens written before the model's next one (the address's rest, then its pick; a whole reply; an opening)
         self.queued: list[int] = [*self.whole, *self.opening]
+        self.named = False  # the persona's name was just queued after "my name is": the word ends with it
         self.held: list[StreamEvent] = []  # events of the first word, until it is judged
         judged = (self.user_words is not None or bool(self.speaker)) and not self.queued
         self.judging = judged and len(self.banned_first) < FIRST_WORD_RETRIES
@@ -689,9 +690,19 @@ class ReplyDecoder:
         With ``address``, a sentence's end picked right after a word, while the reply does not say the address's words,
         is put off: the address's tokens come first, then that end ("Tokyo." becomes "Tokyo, sir."). A reply begun
         again never begins with a token whose reply was taken back, and where the reply names its speaker ("I'm"), the
-        user's name cannot come, nor, for a persona with a name, any name but its own."""
+        user's name cannot come, nor, for a persona with a name, any name but its own; where it says "my name is", a
+        persona's name comes whole, and no token goes on its last word."""
         if self.queued:
             return self.queued.pop(0)
+        if self.named_speaker and gives_name(self.text):
+            name = own_name(self.named_speaker)
+            self.queued = self.tok.encode(name if self.text[-1:].isspace() else " " + name)
+            self.named = True
+            return self.queued.pop(0)
+        if self.named:  # the name just written ends there ("Pip, and", not "Pipa")
+            self.named = False
+            ids = sorted(continuations(self.tok))
+            logits = logits.index_fill(0, torch.tensor(ids, dtype=torch.long, device=logits.device), float("-inf"))
         if not self.tokens and self.banned_first:
             logits = logits.index_fill(0, torch.tensor(self.banned_first, device=logits.device), float("-inf"))
         if (self.user_names or self.named_speaker) and names_self(self.text):

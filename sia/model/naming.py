@@ -15,6 +15,10 @@ A persona with a name (a chat turn's ``speaker``) gives no other name as its own
 up ("Oi, amo, sir! I'm Antonio", "I am Elena", "I'm Monsieur Giovanni"; 19 of ``introduction_language``'s 320 replies).
 Right after those words, no token that begins a capitalised word may come but the one that begins the persona's own
 name (``other_names``): "I'm Marlow, at your service" or "I'm so glad", never "I'm Antonio".
+
+Where it says "my name is" (or "my name's") its name comes next, whole, and ends there (``gives_name``; the token after
+it may not go on the word: "My name is Pip, and", not "Pipa"): kept from every other name, the backbone trailed off
+there instead ("My name is... (pausing)", "My name is a"; 7 of ``introduction_language``'s 320 replies, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -25,13 +29,23 @@ import weakref
 from sia.model.language import ENGLISH
 from sia.model.tokenizer import Tokenizer
 
-__all__ = ["capital_starts", "name_starts", "names_self", "other_names", "user_names"]
+__all__ = [
+    "capital_starts",
+    "continuations",
+    "gives_name",
+    "name_starts",
+    "names_self",
+    "other_names",
+    "own_name",
+    "user_names",
+]
 
 _GIVEN = re.compile(r"(?i:\b(?:i'm|i’m|i am|my name is|my name's|my name’s|calls? me))\s+([A-Z][^\W\d_]*)")
 _GREETING = r"^\W*(?i:(?:hi|hey|heya|hello|good \w+)(?: there)?\W+)"
 # "Esteban here", "hello!! olga here" (a name after a greeting alone, "Hi Sia, ...", is most often the persona's)
 _SIGNED = re.compile(_GREETING + r"?([^\W\d_]+)(?:\s+[^\W\d_]+)?\s+(?i:here)\b")
 _NAMES_SELF = re.compile(r"(?:^|\W)(?:i'm|i’m|i am|my name is|my name's|my name’s|call me)\s*$", re.IGNORECASE)
+_GIVES_NAME = re.compile(r"(?:^|\W)my name(?: is|'s|’s)\s*$", re.IGNORECASE)
 
 
 def user_names(message: str) -> list[str]:
@@ -46,6 +60,16 @@ def user_names(message: str) -> list[str]:
 def names_self(text: str) -> bool:
     """Whether a reply so far ends where its speaker's name comes next ("Hello! I'm", "my name is ")."""
     return _NAMES_SELF.search(text) is not None
+
+
+def gives_name(text: str) -> bool:
+    """Whether a reply so far ends where its speaker's name must come next ("Good evening, my name is")."""
+    return _GIVES_NAME.search(text) is not None
+
+
+def own_name(speaker: str) -> str:
+    """A persona's name as a reply writes it: ``speaker`` ("marlow") capitalised."""
+    return speaker[:1].upper() + speaker[1:]
 
 
 def name_starts(tok: Tokenizer, names: list[str]) -> list[int]:
@@ -63,6 +87,7 @@ def name_starts(tok: Tokenizer, names: list[str]) -> list[int]:
 
 
 _CAPITAL_STARTS: weakref.WeakKeyDictionary[Tokenizer, frozenset[int]] = weakref.WeakKeyDictionary()
+_CONTINUATIONS: weakref.WeakKeyDictionary[Tokenizer, frozenset[int]] = weakref.WeakKeyDictionary()
 _OTHERS: weakref.WeakKeyDictionary[Tokenizer, dict[str, frozenset[int]]] = weakref.WeakKeyDictionary()  # per speaker
 
 
@@ -76,13 +101,25 @@ def capital_starts(tok: Tokenizer) -> frozenset[int]:
     return found
 
 
+def continuations(tok: Tokenizer) -> frozenset[int]:
+    """The tokens of ``tok`` that go on a word rather than begin one: their first byte is a letter, a digit or a byte
+    beyond ASCII (a piece of a character); computed once per tokenizer."""
+    found = _CONTINUATIONS.get(tok)
+    if found is None:
+        found = frozenset(
+            i for i in range(tok.vocab_size) if (head := tok.token_bytes(i)) and (head[0] >= 0x80 or chr(head[0]).isalnum())
+        )
+        _CONTINUATIONS[tok] = found
+    return found
+
+
 def other_names(tok: Tokenizer, speaker: str, users: list[str]) -> list[int]:
     """The tokens a reply of the persona named ``speaker`` may not say right after "I'm" (``names_self``): those that
     begin a capitalised word, except the ones that begin ``speaker`` capitalised (a persona is named "marlow": " Mar",
     " Marl" and " Marlow" may come), and those that begin a name the user gave (``users``, in any case)."""
     others = _OTHERS.setdefault(tok, {})
     if speaker not in others:
-        name = speaker[:1].upper() + speaker[1:]
+        name = own_name(speaker)
         capitals = capital_starts(tok)
         others[speaker] = capitals - {i for i in capitals if name and _begins(_text(tok, i), name)}
     return sorted(others[speaker] | set(name_starts(tok, users)))

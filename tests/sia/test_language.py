@@ -23,7 +23,7 @@ from sia.model.generate import (
     stream,
 )
 from sia.model.language import asks, english, foreign_opening, message_words, of_the_persona
-from sia.model.naming import capital_starts, name_starts, names_self, other_names, user_names
+from sia.model.naming import capital_starts, continuations, gives_name, name_starts, names_self, other_names, user_names
 from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
 from tests.conftest import random_state, tiny_config
@@ -297,6 +297,34 @@ def test_a_persona_gives_no_name_but_its_own() -> None:
     assert next_after("Good day! I am ", "sia") == "s"  # no name of its own starts there: the model's next choice
     assert next_after("Good day! I am ", "") == "E"  # a bare model: only the user's name is banned
     assert next_after("Good day! I met ", "marlow") == "E"  # not where a speaker names itself
+
+
+def test_a_persona_that_says_my_name_is_says_its_own_name_whole() -> None:
+    """After "my name is" (or "my name's"), in any case, a persona with a name writes that name, whatever the model would
+    pick (it trailed off there: "My name is... (pausing)"), the next token does not go on its word ("Pip, and", not
+    "Pipa"), and then the reply goes on as the model picks; a bare model, and the other ways a speaker names itself
+    ("I'm", "call me"), are left to the model."""
+    assert gives_name("Good evening, my name is") and gives_name("MY NAME'S ") and gives_name("my name’s")
+    assert not gives_name("I'm") and not gives_name("call me") and not gives_name("Anonymy name is")
+    assert not gives_name("my name is Marlow")
+    prefer = torch.full((TOK.vocab_size,), -10.0)
+    prefer[ord("a")], prefer[ord(".")] = 6.0, 5.0  # a letter would go on the name: "Marlowa"
+
+    def reply_after(said: str, speaker: str, lowercase: bool = False) -> str:
+        params = SamplingParams(temperature=0.0, reply_to="Hi! How are you?", speaker=speaker, lowercase=lowercase)
+        row = ReplyDecoder(params, CPU, TOK)
+        for t in said.encode():
+            row.push(t, params, TOK.end_ids)
+        for _ in range(9):
+            row.push(row.sample(prefer, params), params, TOK.end_ids)
+        return row.text
+
+    assert reply_after("Good evening, my name is", "marlow") == "Good evening, my name is Marlow.a"
+    assert reply_after("So. My name's ", "pip") == "So. My name's Pip.aaaaa"  # no second space
+    assert reply_after("hey. my name is", "bolt", lowercase=True) == "hey. my name is bolt.aaa"
+    assert reply_after("Good evening, my name is", "") == "Good evening, my name isaaaaaaaaa"  # a bare model
+    assert reply_after("Good evening, call me", "marlow") == "Good evening, call meaaaaaaaaa"
+    assert continuations(TOK) == frozenset(i for i in range(256) if i >= 0x80 or chr(i).isalnum())  # bytes, no specials
 
 
 @pytest.mark.parametrize(
