@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
 import json
 import logging
 import math
@@ -32,7 +33,6 @@ import gguf
 import numpy as np
 import torch
 from safetensors.numpy import save_file
-from safetensors.torch import load_file
 
 from sia.backbones.chat_tokenizer import build_gguf_tokenizer
 
@@ -47,6 +47,7 @@ __all__ = [
     "file_sha256",
     "gguf_to_hf",
     "read_hf",
+    "read_safetensors",
     "resolve_base",
 ]
 
@@ -404,6 +405,69 @@ def write_random_weights(directory: str | Path, *, seed: int = 0, std: float = 0
     return directory
 
 
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+_MAX_HEADER = 100 * 2**20  # a safetensors header is JSON of names, shapes and offsets: far less than this
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, each read into memory of its own (not a view of the file mapped into the
+    process, as ``safetensors.torch.load_file`` gives them: a tensor later copied elsewhere, as inference's stacked
+    products copy the query, key and value maps, would leave its pages of the mapping resident for as long as any other
+    tensor of the file lives). The header is checked: known dtypes, each tensor's bytes its shape's, within the file
+    and overlapping no other."""
+    path = Path(path)
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 2 <= n <= min(_MAX_HEADER, size - 8):
+            raise ValueError(f"{path} is not a safetensors file (its header length {n} does not fit its {size} bytes)")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: the safetensors header is not JSON: {e}") from None
+        if not isinstance(header, dict):
+            raise ValueError(f"{path}: the safetensors header is not a JSON object")
+        header.pop("__metadata__", None)
+        start, end_of_data = 8 + n, size - 8 - n
+        tensors: dict[str, torch.Tensor] = {}
+        spans: list[tuple[int, int, str]] = []
+        for name, info in header.items():
+            try:
+                dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+                shape = [int(x) for x in info["shape"]]
+                begin, end = (int(x) for x in info["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                raise ValueError(f"{path}: tensor {name!r} has an unreadable or unsupported entry {info!r}") from None
+            t = torch.empty(shape, dtype=dtype)
+            if min(shape, default=0) < 0 or not 0 <= begin <= end <= end_of_data or end - begin != t.numel() * t.element_size():
+                raise ValueError(f"{path}: tensor {name!r} has offsets {begin}..{end} that do not hold {dtype} {shape}")
+            spans.append((begin, end, name))
+            tensors[name] = t
+        spans.sort()
+        for (_, end, a), (begin, _, b) in itertools.pairwise(spans):
+            if begin < end:
+                raise ValueError(f"{path}: tensors {a!r} and {b!r} overlap")
+        for begin, end, name in spans:
+            if end > begin:
+                f.seek(start + begin)
+                view = tensors[name].view(-1).view(torch.uint8).numpy().data  # the tensor's own bytes
+                if f.readinto(view) != end - begin:
+                    raise ValueError(f"{path}: tensor {name!r} ends past the file")
+    return tensors
+
+
 def _weight_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
@@ -437,7 +501,7 @@ def read_hf(directory: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tens
     expected = _expected_shapes(config)
     tensors: dict[str, torch.Tensor] = {}
     for path in _weight_files(directory):
-        tensors |= load_file(path)
+        tensors |= read_safetensors(path)
     unexpected = sorted(k for k in tensors if k not in expected and not k.endswith("rotary_emb.inv_freq"))
     missing = sorted(k for k in expected if k not in tensors)
     if missing or unexpected:

@@ -370,3 +370,56 @@ def test_random_weights_fill_a_config_with_the_models_shapes(make_tiny_gguf: Mak
         weights.write_random_weights(shaped)
     with pytest.raises(ValueError, match=r"no config\.json"):
         weights.write_random_weights(tmp_path / "nowhere")
+
+
+def test_read_safetensors_reads_what_safetensors_wrote_each_tensor_in_memory_of_its_own(tmp_path: Path) -> None:
+    """Every dtype the backbones use, an empty and a 0-d tensor: the values safetensors' own reader gives, bit for bit,
+    each tensor in a storage of its own bytes (nothing shared with the file or with another tensor)."""
+    g = torch.Generator().manual_seed(0)
+    written = {
+        "a.f32": torch.randn(5, 7, generator=g),
+        "b.bf16": torch.randn(3, 4, generator=g).to(torch.bfloat16),
+        "c.f16": torch.randn(6, generator=g).half(),
+        "d.i64": torch.arange(9).view(3, 3),
+        "e.bool": torch.tensor([True, False, True]),
+        "f.empty": torch.zeros(0, 4),
+        "g.scalar": torch.tensor(2.5),
+    }
+    path = tmp_path / "model.safetensors"
+    save_file(written, str(path), metadata={"format": "pt"})
+    read = weights.read_safetensors(path)
+    expected = load_file(str(path))
+    assert set(read) == set(written)
+    for name, t in read.items():
+        assert t.dtype == expected[name].dtype and t.shape == expected[name].shape and torch.equal(t, expected[name])
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    assert len({t.untyped_storage().data_ptr() for t in read.values() if t.numel()}) == 6
+
+
+def test_read_safetensors_refuses_a_hostile_header(tmp_path: Path) -> None:
+    """A header that is not JSON, names an unknown dtype, gives a tensor bytes that its shape does not take, points past
+    the file or makes two tensors overlap is refused with a ValueError naming the file; so is a file too short."""
+    path = tmp_path / "model.safetensors"
+    save_file({"a": torch.ones(4), "b": torch.zeros(2, 2)}, str(path))
+    good = path.read_bytes()
+    n = int.from_bytes(good[:8], "little")
+    header, data = json.loads(good[8 : 8 + n]), good[8 + n :]
+
+    cases: list[tuple[object, bytes, str]] = [
+        ({**header, "a": {**header["a"], "dtype": "F8_E4M3X"}}, data, "unsupported"),
+        ({**header, "a": {**header["a"], "shape": [5]}}, data, "do not hold"),
+        ({**header, "b": {**header["b"], "data_offsets": [16, 1000]}}, data, "do not hold"),
+        ({**header, "b": {**header["b"], "data_offsets": [8, 24]}}, data, "overlap"),
+        (header, data[:20], "do not hold"),
+    ]
+    for h, body, match in cases:
+        text = json.dumps(h).encode()
+        path.write_bytes(len(text).to_bytes(8, "little") + text + body)
+        with pytest.raises(ValueError, match=match):
+            weights.read_safetensors(path)
+    path.write_bytes(b"\x10\x00")
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        weights.read_safetensors(path)
+    path.write_bytes((5).to_bytes(8, "little") + b"{oops" + data)
+    with pytest.raises(ValueError, match="not JSON"):
+        weights.read_safetensors(path)
