@@ -135,7 +135,7 @@ def natural_users(part: str, n: int, between: int) -> list[tuple[list[str], list
     users, fillers = natural_set.load_users(part)[:n], natural_set.load_fillers(part)
     conversations = []
     for i, user in enumerate(users):
-        said = [*user.messages, *(fillers[(7 * i + j) % len(fillers)] for j in range(between))]
+        said = [*user.messages, *(natural_set.filler(fillers, i, j) for j in range(between))]
 
         def check(kind: str, user: natural_set.NaturalUser = user) -> Callable[[str], bool]:
             return lambda reply: natural_set.answered(reply, user, kind)

@@ -40,7 +40,7 @@ from sia.backbones.llama import LlamaModel
 from sia.checkpoint import load_model
 from sia.identity.state import Dynamics, IdentityState, state_from_bytes, state_to_bytes
 from sia.identity.turn import TurnRequest, stream_turns
-from sia.learn.natural import ASK, TALK, answered, load_fillers, load_users
+from sia.learn.natural import ASK, TALK, answered, filler, load_fillers, load_users
 from sia.personas import PERSONAS
 
 _REC: dict[str, Any] = {"on": False, "layers": {}}  # layer -> (B, H, N) weights on the imprint at the last query
@@ -168,11 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     kept = args.states is not None and args.states.is_dir()
     if kept:
         states = {u.id: state_from_bytes((args.states / u.id).read_bytes(), model.config) for u in users}
-    turns = (
-        []
-        if kept
-        else [[*u.messages, *(fillers[(7 * n + j) % len(fillers)] for j in range(args.depth))] for n, u in enumerate(users)]
-    )
+    turns = [] if kept else [[*u.messages, *(filler(fillers, n, j) for j in range(args.depth))] for n, u in enumerate(users)]
     for i in range(max((len(t) for t in turns), default=0)):
         order = [u for u, t in zip(users, turns, strict=True) if i < len(t)]
         said = {u.id: t[i] for u, t in zip(users, turns, strict=True) if i < len(t)}

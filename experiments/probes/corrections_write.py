@@ -23,7 +23,7 @@ from typing import Any
 from sia.checkpoint import load_model
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, stream_turns
-from sia.learn.natural import ASK, SPLITS, TALK, TRAIN, _user, answered, load_fillers, load_users, mentions
+from sia.learn.natural import ASK, SPLITS, TALK, TRAIN, _user, answered, filler, load_fillers, load_users, mentions
 from sia.personas import PERSONAS
 
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ask:
         fillers = load_fillers("tune")
         for j in range(4):
-            tell({u.id: fillers[(7 * n + j) % len(fillers)] for n, u in enumerate(users)})
+            tell({u.id: filler(fillers, n, j) for n, u in enumerate(users)})
         by_user = {u.id: u for u in users}
         for r in rows:
             user = by_user[r["user"]]

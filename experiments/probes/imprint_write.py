@@ -32,7 +32,7 @@ import sia.identity.imprint as imprint_module
 from sia.checkpoint import DEFAULT_CACHE, DEFAULT_CHECKPOINT, load_llama_checkpoint
 from sia.identity.imprint import KINDS, Imprint
 from sia.learn.imprint_read import imprint_turns
-from sia.learn.natural import TRAIN, load_fillers, load_users, mentions
+from sia.learn.natural import TRAIN, filler, load_fillers, load_users, mentions
 from sia.personas import PERSONAS
 
 
@@ -78,7 +78,7 @@ def main() -> None:
     labels: Counter[str] = Counter()
     filler_labels: list[tuple[str, str, str]] = []
     for n, user in enumerate(users):
-        messages = [*user.messages, *(fillers[(7 * n + j) % len(fillers)] for j in range(args.depth))]
+        messages = [*user.messages, *(filler(fillers, n, j) for j in range(args.depth))]
         imprint, chosen = Imprint.empty(c), []
         for turn, (after, choices) in enumerate(imprint_turns(model, system, messages, keep_text=True)):
             imprint = after

@@ -55,7 +55,7 @@ from sia.checkpoint import load_model
 from sia.identity import imprint
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, stream_turns
-from sia.learn.natural import ASK, TALK, NaturalUser, answered, load_fillers, load_users, mentions
+from sia.learn.natural import ASK, TALK, NaturalUser, answered, filler, load_fillers, load_users, mentions
 from sia.personas import PERSONAS
 
 _BIAS: list[Tensor | None] = [None]  # (B, N) added to the entries' logits while set
@@ -404,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return out
 
     started = time.perf_counter()
-    turns = [[*u.messages, *(fillers[(7 * n + j) % len(fillers)] for j in range(args.depth))] for n, u in enumerate(users)]
+    turns = [[*u.messages, *(filler(fillers, n, j) for j in range(args.depth))] for n, u in enumerate(users)]
     for i in range(max(len(t) for t in turns)):
         order = [u for u, t in zip(users, turns, strict=True) if i < len(t)]
         said = {u.id: t[i] for u, t in zip(users, turns, strict=True) if i < len(t)}

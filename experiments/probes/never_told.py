@@ -22,25 +22,20 @@ from typing import Any
 
 import torch
 
-from sia.checkpoint import load_model
+from experiments.probes.natural_play import Played
 from sia.identity import imprint
-from sia.identity.state import Dynamics, IdentityState
+from sia.identity.state import IdentityState
 from sia.identity.turn import TurnRequest, stream_turns, turn_prompt
-from sia.learn.natural import ASK, MAIN_KINDS, TALK, answered, load_fillers, load_users
-from sia.personas import PERSONAS
+from sia.learn.natural import ASK, MAIN_KINDS, TALK, answered, filler
 
 SAID_UNTOLD = "I don't think you've told me"  # sia.model.language.untold_reply's opening
 
 
 def play(part: str, depth: int, batch: int = 8) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
     """Every question's row, and per user the spans their imprint holds with the tagger's probabilities (``_tagged``)."""
-    model = load_model(None)
-    tok = model.tokenizer
-    system = tuple(tok.system_prompt(PERSONAS["sia"].system_prompt))
-    users = load_users(part)
-    fillers = load_fillers(part)
-    dynamics = Dynamics.from_config(model.config)
-    states = {u.id: IdentityState.fresh(model.config) for u in users}
+    game = Played.load(part)
+    model, tok, system, dynamics = game.model, game.tok, game.system, game.dynamics
+    users, fillers, states = game.users, game.fillers, game.states
 
     def turns(pairs: list[tuple[str, str]], params: Any) -> list[tuple[str, IdentityState]]:
         out: list[tuple[str, IdentityState]] = []
@@ -53,11 +48,9 @@ def play(part: str, depth: int, batch: int = 8) -> tuple[list[dict[str, Any]], d
         for (uid, _), (_, state) in zip(pairs, turns(pairs, TALK), strict=True):
             states[uid] = state
 
-    for i in range(max(len(u.messages) for u in users)):
-        talk([(u.id, u.messages[i]) for u in users if i < len(u.messages)])
-    for j in range(depth):
-        talk([(u.id, fillers[(7 * n + j) % len(fillers)]) for n, u in enumerate(users)])
-    said = {u.id: [*u.messages, *(fillers[(7 * n + j) % len(fillers)] for j in range(depth))] for n, u in enumerate(users)}
+    for pairs in game.rounds(depth):
+        talk(pairs)
+    said = {u.id: [*u.messages, *(filler(fillers, n, j) for j in range(depth))] for n, u in enumerate(users)}
     tagged = {u.id: _tagged(model, system, states[u.id], said[u.id]) for u in users}
     asked_of = {k: [q.text for u in users for q in u.questions if q.kind == k] for k in MAIN_KINDS}
     rows: list[dict[str, Any]] = []

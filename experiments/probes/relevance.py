@@ -39,7 +39,7 @@ from sia.checkpoint import load_model
 from sia.identity.imprint import KINDS
 from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, stream_turns
-from sia.learn.natural import ASK, TALK, NaturalUser, answered, load_fillers, load_users, mentions
+from sia.learn.natural import ASK, TALK, NaturalUser, answered, filler, load_fillers, load_users, mentions
 from sia.personas import PERSONAS
 
 
@@ -70,7 +70,7 @@ def play(model: LlamaModel, users: Sequence[NaturalUser], depth: int, batch: int
     fillers = load_fillers("tune")
     dynamics = Dynamics.from_config(model.config)
     states = {u.id: IdentityState.fresh(model.config) for u in users}
-    turns = [[*u.messages, *(fillers[(7 * n + j) % len(fillers)] for j in range(depth))] for n, u in enumerate(users)]
+    turns = [[*u.messages, *(filler(fillers, n, j) for j in range(depth))] for n, u in enumerate(users)]
     for i in range(max(len(t) for t in turns)):
         order = [u for u, t in zip(users, turns, strict=True) if i < len(t)]
         said = {u.id: t[i] for u, t in zip(users, turns, strict=True) if i < len(t)}

@@ -20,12 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sia.checkpoint import load_model
-from sia.identity.state import Dynamics, IdentityState
+from experiments.probes.natural_play import Played
 from sia.identity.turn import TurnRequest, stream_turns
-from sia.learn.natural import TALK, load_fillers, load_users
+from sia.learn.natural import TALK
 from sia.model.language import ECHO_OPENING, asks
-from sia.personas import PERSONAS
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "sia" / "learn" / "data" / "read_templates.json"
 SAID_UNTOLD = "I don't think you've told me"
@@ -48,13 +46,8 @@ def recalls(reply: str, forms: list[re.Pattern[str]]) -> bool:
 
 
 def play(part: str, depth: int, batch: int = 8) -> list[dict[str, Any]]:
-    model = load_model(None)
-    tok = model.tokenizer
-    system = tuple(tok.system_prompt(PERSONAS["sia"].system_prompt))
-    users = load_users(part)
-    fillers = load_fillers(part)
-    dynamics = Dynamics.from_config(model.config)
-    states = {u.id: IdentityState.fresh(model.config) for u in users}
+    game = Played.load(part)
+    model, tok, states = game.model, game.tok, game.states
     forms = recall_forms()
     rows: list[dict[str, Any]] = []
 
@@ -62,7 +55,7 @@ def play(part: str, depth: int, batch: int = 8) -> list[dict[str, Any]]:
         for a in range(0, len(pairs), batch):
             chunk = pairs[a : a + batch]
             held = [(imprint := states[uid].imprint) is not None and imprint.used > 0 for uid, _ in chunk]
-            requests = [TurnRequest(states[uid], text, dynamics, system, True) for uid, text in chunk]
+            requests = [TurnRequest(states[uid], text, game.dynamics, game.system, True) for uid, text in chunk]
             for (uid, text), had, result in zip(
                 chunk, held, stream_turns(model, requests, TALK, tokenizer=tok).finish(), strict=True
             ):
@@ -72,10 +65,8 @@ def play(part: str, depth: int, batch: int = 8) -> list[dict[str, Any]]:
                     sys.stdout.write(f"{'RECALL ' if rows[-1]['recalls'] else '       '}{text[:70]!r} -> {result.reply!r}\n")
                     sys.stdout.flush()
 
-    for i in range(max(len(u.messages) for u in users)):
-        talk([(u.id, u.messages[i]) for u in users if i < len(u.messages)])
-    for j in range(depth):
-        talk([(u.id, fillers[(7 * n + j) % len(fillers)]) for n, u in enumerate(users)])
+    for pairs in game.rounds(depth):
+        talk(pairs)
     return rows
 
 

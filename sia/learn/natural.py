@@ -39,6 +39,7 @@ __all__ = [
     "Question",
     "UserResult",
     "answered",
+    "filler",
     "kept",
     "load_fillers",
     "load_users",
@@ -133,6 +134,12 @@ def load_fillers(split: str, data: Path = DATA) -> list[str]:
         raise ValueError(f"the natural set's parts are {SPLITS}; got {split!r}")
     path = data / f"fillers_{split}.jsonl"
     return [str(json.loads(line)["text"]) for line in path.read_text().splitlines() if line]
+
+
+def filler(fillers: Sequence[str], n: int, j: int) -> str:
+    """The j-th unrelated turn told to the n-th user of a part, between its messages and its questions: each user
+    goes through the part's fillers in an order of its own."""
+    return fillers[(7 * n + j) % len(fillers)]
 
 
 def mentions(reply: str, accept: str) -> bool:
@@ -323,7 +330,7 @@ def recall_by_depth(
     results, done = [], 0
     for depth in depths:
         for j in range(done, depth):
-            talk_all({u.id: fillers[(7 * n + j) % len(fillers)] for n, u in enumerate(users)})
+            talk_all({u.id: filler(fillers, n, j) for n, u in enumerate(users)})
         done = depth
         results.append(ask_all(depth))
     return results
