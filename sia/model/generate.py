@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import islice
 from typing import Generic, TypeVar
 
 import torch
@@ -28,8 +29,10 @@ from sia.model.kv_cache import KVCache
 from sia.model.language import (
     ECHO_OPENING,
     OPEN_WORDS,
+    OPENING_WORDS,
     UNTOLD,
     english,
+    english_opener,
     foreign_opening,
     message_words,
     recollection_reply,
@@ -77,7 +80,8 @@ MAX_RECOLLECTION = 4096  # characters of the user's clauses a recollection quote
 _WORD = re.compile(r"[^\W\d_]+")  # a run of letters
 FIRST_WORD_RETRIES = 5  # first tokens a reply may lose to its first word (another language, the speaker's name) then it is let be
 FIRST_WORD_TOKENS = 6  # tokens a reply's first word is waited for at most: then the letters so far are judged
-TAKEN_BACK_COLUMNS = FIRST_WORD_RETRIES * FIRST_WORD_TOKENS  # cache columns the replies taken back may take in a batch
+OPENING_TOKENS = 12  # tokens a reply's opening (its first OPENING_WORDS words) is waited for at most: then its whole words
+TAKEN_BACK_COLUMNS = FIRST_WORD_RETRIES * OPENING_TOKENS  # cache columns the replies taken back may take in a batch
 END_PULL = 2.0  # nats a reply's end gains for each word past ``max_words`` - 1
 WIND_PULL = 0.5  # nats a reply's end gains for each token into its last ``wind_down`` tokens
 WIND_SHARE = 4  # the wind-down takes at most this part of a reply's token limit (a quarter: 32 of 128, 3 of 12)
@@ -126,8 +130,10 @@ class SamplingParams:
     # is off
     recall_temperature: float | None = None
     # the user's message this replies to ("": none; a turn sets it, sia.identity.turn). A reply to an English message
-    # keeps to English: its first word is read once whole (``sia.model.language``), and when it is another language's
-    # the reply is taken back and begun again without its first token, at most FIRST_WORD_RETRIES times. And the reply
+    # keeps to English: its first word is read once whole, and where that is no common English word its opening
+    # (``OPENING_WORDS`` words) once the word after it begins (``sia.model.language.foreign_opening``); where either is
+    # another language's the reply is taken back and begun again without its first token, at most FIRST_WORD_RETRIES
+    # times. And the reply
     # never gives a name the user gave as their own as its speaker's ("I'm Rafael": ``sia.model.naming``)
     reply_to: str = ""
     # the persona's own name ("": none; a persona's turn sets it). A reply never opens by calling its speaker by name:
@@ -619,10 +625,14 @@ class ReplyDecoder:
     text begins at its first character that is not white space (a reply whose first token is " Lisbon" reads
     "Lisbon"); the tokens are the model's, as sampled.
 
-    With ``reply_to`` an English message or a ``speaker``, the reply's first word is held back until it is whole; when
-    it is another language's (``sia.model.language.foreign_opening``) or the speaker's name before a comma, the reply is
-    taken back: ``taken_back`` then counts its tokens the model has already read, which the caller forgets before the
-    row samples its first token again, that token now banned (``reply_events``)."""
+    With ``reply_to`` an English message or a ``speaker``, the reply's first word is held back until it is whole, and
+    with an English message, where that word is no common English opener (``english_opener``), its opening
+    (``OPENING_WORDS`` words) until the word after it begins (each of its words is judged once the next has begun);
+    when the first word is another language's or the speaker's name before a comma, or a word of the opening is
+    another language's
+    (``sia.model.language.foreign_opening``), the reply is taken back: ``taken_back`` then counts its tokens the model
+    has already read, which the caller forgets before the row samples its first token again, that token now banned
+    (``reply_events``)."""
 
     def __init__(self, params: SamplingParams, device: torch.device, tok: Tokenizer) -> None:
         self.tok = tok
@@ -680,9 +690,11 @@ class ReplyDecoder:
         # tokens written before the model's next one (the address's rest, then its pick; a whole reply; an opening)
         self.queued: list[int] = [*self.whole, *self.opening]
         self.named = False  # the persona's name was just queued after "my name is": the word ends with it
-        self.held: list[StreamEvent] = []  # events of the first word, until it is judged
+        self.held: list[StreamEvent] = []  # events of the opening, until it is judged
         judged = (self.user_words is not None or bool(self.speaker)) and not self.queued
         self.judging = judged and len(self.banned_first) < FIRST_WORD_RETRIES
+        self.first_passed = False  # the first word is judged and kept
+        self.held_on = False  # and it is no common English word: the opening's other words are waited for
 
     def sample(self, logits: Tensor, params: SamplingParams) -> int:
         """The row's next token from its (V,) logits: with ``exclaim``, a full stop right after a word is an exclamation
@@ -788,29 +800,43 @@ class ReplyDecoder:
             self.text += lowered(self.decoder.flush(), params.lowercase)
             self.finish_reason = "length"
         if self.judging and not self._judged():
-            return ""  # the first word is not whole yet: nothing is shown
+            return ""  # the opening is not judged yet: nothing is shown
         visible = len(self.text) if self.finish_reason else _visible_text(self.text, self.stops)
         delta, self.emitted = self.text[self.emitted : visible], max(self.emitted, visible)
         return delta
 
     def _judged(self) -> bool:
-        """Whether the first word can be judged now; if it can and it is another language's, or the speaker's name
-        calling out before a comma ("Sia, I'm glad"), the reply is taken back (``taken_back``, and the reply begins
-        again empty)."""
-        found = _WORD.search(self.text)
-        whole = found is not None and found.end() < len(self.text)
-        if not (whole or self.finish_reason or len(self.tokens) >= FIRST_WORD_TOKENS):
-            return False
+        """Whether the reply's opening is judged and kept. The first word is judged once whole, the opening's other
+        words (with an English message, after a first word that is no common English opener) once the word after them
+        begins; the reply is taken back (``taken_back``, and
+        the reply begins again empty) where the first word is another language's or the speaker's name calling out
+        before a comma ("Sia, I'm glad"), or a word of the opening is another language's ("Zurich, das ist")."""
+        found = list(islice(_WORD.finditer(self.text), OPENING_WORDS + 1))
+        ended = self.finish_reason is not None
+        if not self.first_passed:
+            whole = bool(found) and found[0].end() < len(self.text)
+            if not (whole or ended or len(self.tokens) >= FIRST_WORD_TOKENS):
+                return False
+            word = found[0].group() if found else ""
+            if self._calls_speaker() or (self.user_words is not None and foreign_opening(word, self.user_words)):
+                return self._take_back()
+            self.first_passed = True
+            self.held_on = not english_opener(word)  # "The", "I", "Oh" open English: nothing more is waited for
+        if self.user_words is not None and self.held_on:
+            if foreign_opening(self.text, self.user_words, ended=ended):  # each word judged once the next has begun
+                return self._take_back()
+            if not (len(found) > OPENING_WORDS or ended or len(self.tokens) >= OPENING_TOKENS):
+                return False
         self.judging = False
-        word = "" if found is None else found.group()
-        foreign = self.user_words is not None and foreign_opening(word, self.user_words)
-        if foreign or self._calls_speaker():
-            self.banned_first.append(self.tokens[0])
-            read = len(self.tokens) - 1  # every token but the newest went through the model
-            self._begin()
-            self.taken_back = read
-            return False
         return True
+
+    def _take_back(self) -> bool:
+        """The reply taken back: its first token banned, the reply begun again empty, ``taken_back`` its tokens read."""
+        self.banned_first.append(self.tokens[0])
+        read = len(self.tokens) - 1  # every token but the newest went through the model
+        self._begin()
+        self.taken_back = read
+        return False
 
     def _calls_speaker(self) -> bool:
         """Whether the reply opens with the speaker's name and a comma: "Sia, ..." ("Sia is ..." and "Sia." stay)."""

@@ -17,6 +17,14 @@ speaks of English only, since that is the language whose words it knows.
   openers of a reply in Portuguese or Czech). A greeting is no sign ("Bonjour, welcome to Lyon" goes on in English).
   A name with an accent that the user wrote in an earlier turn ("José") can be taken for one; the reply begun again
   then names it after its first word ("Your name is José").
+* A greeting that goes on in its language is caught by the words after it: a reply **opens** in another language when
+  its first word is foreign or one of the next ``OPENING_WORDS - 1`` is ("Zurich, das ist ein heiße Buch.", "O que
+  não é muito", "Gracias a la manera de esto"). A word after the first counts where it is written in lower case (or
+  opens a sentence) and is one of those languages' common words, or is lower case with a letter outside ASCII; a name
+  ("Los Angeles", "José") does not count, nor a particle inside one ("Rio de Janeiro": the word after it is
+  capitalised), nor English words spelt with an accent ("a café"; ``LOANS``). A reply that opens with a common English
+  word ("The", "I", "Oh": ``OPENERS``) is English from there (``english_opener``): only the others wait for their next
+  words before they are shown.
 * A message speaks **of the persona** when it says "you" (or "your", "yourself", "u") and nothing of its writer ("I",
   "my", "me", "we"): "What's your name?", "Where do you live?", "Tell me about yourself" ask the persona, whatever
   kind's word they hold, and "Can you recommend a film?" is a request put to it; neither is answered from what the
@@ -50,12 +58,16 @@ from collections.abc import Sequence
 __all__ = [
     "ECHO_OPENING",
     "KIND_WORDS",
+    "LOANS",
+    "OPENERS",
+    "OPENING_WORDS",
     "OPEN_WORDS",
     "UNTOLD",
     "about_the_user",
     "asked_parts",
     "asks",
     "english",
+    "english_opener",
     "foreign_opening",
     "message_words",
     "names_kind",
@@ -98,6 +110,27 @@ FOREIGN = _listed(
     "und une você vous wir"
 )
 
+# the words after a reply's first judged as the first is (``foreign_opening``): English's own "die" aside
+FOREIGN_LATER = FOREIGN - {"die"}
+# English words spelt with a letter outside ASCII: no sign of another language after a reply's first word
+LOANS = _listed(
+    "café cafés naïve naïvely naïveté résumé résumés fiancé fiancée façade façades déjà crème brûlée jalapeño jalapeños "
+    "piñata piñatas entrée entrées décor cliché clichés sauté sautéed soufflé protégé rosé touché doppelgänger über"
+)
+OPENING_WORDS = 3  # a reply's words judged for its language (``foreign_opening``)
+# the English words most replies open with: a reply that opens with one is English from its first word, so nothing
+# after it is held back (``english_opener``); a reply opening otherwise ("Zurich,", "Gracias", "O") is held until its
+# opening is judged
+OPENERS = (
+    ENGLISH
+    | OPEN_WORDS
+    | _listed(
+        "absolutely ah aha alright amazing aw aww awesome certainly dear double good great half hello hey hmm indeed "
+        "let minus nice no oh okay please plus sorry sure thank thanks there those times today two three four five "
+        "six seven eight nine ten well welcome what why wow yes yeah"
+    )
+)
+
 
 def message_words(text: str) -> frozenset[str]:
     """The words of ``text``, lower-cased: what a reply may echo without being foreign."""
@@ -114,10 +147,47 @@ def english(text: str) -> bool:
     return sum(w in FOREIGN for w in said) <= sum(w in ENGLISH for w in said)
 
 
-def foreign_opening(word: str, user_words: frozenset[str] = frozenset()) -> bool:
-    """Whether a reply to an English message that opens with ``word`` (letters only) opens in another language."""
+def _first_foreign(word: str, user_words: frozenset[str]) -> bool:
     w = word.lower()
     return (w in FOREIGN or not w.isascii()) and w not in user_words and w not in ENGLISH
+
+
+def _later_foreign(word: str, user_words: frozenset[str], opens_sentence: bool, before_name: bool) -> bool:
+    w = word.lower()
+    if w in user_words or w in ENGLISH or w in LOANS:
+        return False
+    lower = word == w
+    if w in FOREIGN_LATER:
+        return (lower and not before_name) or opens_sentence  # "Rio de Janeiro", "Welcome to Los Angeles" are names
+    return lower and not w.isascii()  # "heiße", "não"; not "José" nor "Zürich"
+
+
+def english_opener(word: str) -> bool:
+    """Whether a reply whose first word is ``word`` opens in English beyond doubt (``OPENERS``: "The", "I", "Oh",
+    "Welcome"), so that its next words need no judging."""
+    return word.lower() in OPENERS
+
+
+def foreign_opening(opening: str, user_words: frozenset[str] = frozenset(), *, ended: bool = False) -> bool:
+    """Whether a reply to an English message opens in another language: ``opening`` is the reply so far, at least its
+    first word, which is judged whole. Of the next words up to the OPENING_WORDS-th, a word is judged once the word after
+    it has begun (its case tells a name's particle), or where ``ended`` (the reply ends with ``opening``).
+    ``user_words``: the message's words (``message_words``), which a reply may echo."""
+    found = list(WORD.finditer(opening))[: OPENING_WORDS + 1]
+    if not found:
+        return False
+    if _first_foreign(found[0].group(), user_words):
+        return True
+    for i in range(1, min(len(found), OPENING_WORDS)):
+        word, nxt = found[i], found[i + 1] if i + 1 < len(found) else None
+        if nxt is None and not ended:
+            break  # the next word's case is not known yet (the word may not even be whole)
+        before = opening[: word.start()].rstrip()
+        opens_sentence = bool(before) and before[-1] in ".!?…"
+        before_name = nxt is not None and nxt.group()[:1].isupper()
+        if _later_foreign(word.group(), user_words, opens_sentence, before_name):
+            return True
+    return False
 
 
 # the second person, and the words by which a message's writer speaks of themself (or of a "we" they belong to)

@@ -435,9 +435,9 @@ def test_turns_in_the_batcher_keep_to_their_messages_language_as_they_do_alone(m
     alone is (the batcher decodes each turn as a reply to its own message), and stream only the reply they keep."""
     model = llama(2, 2)
     requests = requests_for(model, 3)
-    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: False)
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda opening, user, ended=False: False)
     unjudged = run_turn(model, requests[0], PARAMS[0])
-    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: True)
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda opening, user, ended=False: True)
     alone = [run_turn(model, r, p) for r, p in zip(requests, PARAMS, strict=False)]
     assert alone[0].reply != unjudged.reply  # the rule really took the reply back
     for b in batcher_of(model):

@@ -190,7 +190,7 @@ def test_with_bfloat16_packed_weights_a_row_whose_reply_is_taken_back_is_bit_for
     """A reply taken back forgets the tokens it read: alone, its cache drops them; in a batch, the row's earlier columns
     move over them, so its tokens stay one run of columns and it attends alone, as every row beside it, in every
     forward; each row is exactly what it is alone."""
-    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: True)
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda opening, user, ended=False: True)
     seen = counting_row_starts(monkeypatch)
     model = wider_bfloat16()
     params = [replace(p, max_new_tokens=10) for p in PARAMS]
@@ -206,7 +206,7 @@ def test_with_bfloat16_packed_weights_generate_of_several_rows_is_each_row_alone
     """``generate`` of left-padded rows with ``exact_rows``: after the prefill each row's self slots are mirrored just
     before its first token (``KVCache.mirror``), so each row's keys are one view; every row, two of them taken back,
     is its solo run bit for bit (tokens, prompt NLL, the turn's sums)."""
-    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: True)
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda opening, user, ended=False: True)
     mirrored: list[list[int]] = []
     mirror = KVCache.mirror
 
@@ -252,7 +252,7 @@ def test_with_bfloat16_packed_weights_a_row_copying_from_its_imprint_is_bit_for_
 ) -> None:
     """The copy read's weights on the imprint's entries are computed row by row too, over each row's own keys (a reply
     taken back included): a batched row that copies is exactly the row alone."""
-    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: True)
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda opening, user, ended=False: True)
     model = wider_bfloat16(imprint_tokens=24, imprint_span=16, imprint_min_shock=0.0, imprint_copy=4.0, imprint_copy_layers=[1])
     identity = []
     for i, (state, words) in enumerate(
@@ -398,7 +398,7 @@ def test_rows_whose_replies_are_taken_back_decode_in_a_batch_as_they_would_alone
 ) -> None:
     """Every first word judged another language's: the guarded rows are taken back and begun again (their tokens read
     hidden in the batch's columns) while other rows step beside them; each ends as it does alone, sums included."""
-    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: True)
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda opening, user, ended=False: True)
     model = build()  # type: ignore[operator]
     identity = states(model, len(PROMPTS))
     params = [replace(p, max_new_tokens=10) for p in PARAMS]

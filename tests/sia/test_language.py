@@ -1,5 +1,6 @@
 """A reply keeps to its user's English (sia.model.language, ReplyDecoder): the first word of a reply is judged once
-whole, and a reply that opens in another language is taken back and begun again without its first token. And it never
+whole and its first OPENING_WORDS words once the next begins, and a reply that opens in another language is taken back
+and begun again without its first token. And it never
 gives the user's name as its speaker's (sia.model.naming), nor calls out its speaker's own name ("Sia, ...")."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from sia.identity.state import Dynamics, IdentityState
 from sia.identity.turn import TurnRequest, reply_params
 from sia.model.generate import (
     FIRST_WORD_RETRIES,
+    OPENING_TOKENS,
     Generation,
     ReplyDecoder,
     SamplingParams,
@@ -22,7 +24,15 @@ from sia.model.generate import (
     reply_events,
     stream,
 )
-from sia.model.language import asks, english, foreign_opening, message_words, of_the_persona
+from sia.model.language import (
+    OPENING_WORDS,
+    asks,
+    english,
+    english_opener,
+    foreign_opening,
+    message_words,
+    of_the_persona,
+)
 from sia.model.naming import capital_starts, continuations, gives_name, name_starts, names_self, other_names, user_names
 from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
@@ -78,6 +88,44 @@ def test_a_first_word_is_foreign_when_another_language_says_it_and_the_user_did_
     assert not foreign_opening("Lucía", message_words("hey, I'm Lucía, I teach in Seville"))  # the user's own name
 
 
+@pytest.mark.parametrize(
+    ("opening", "foreign"),
+    [
+        ("Zurich, das ist ein", True),  # a greeting or a place, then another language's words
+        ("O que não é muito", True),
+        ("Gracias a la manera", True),
+        ("Bien sûr, welcome", True),
+        ("Nice. Das ist", True),  # a sentence that opens with one
+        ("Rio de Janeiro is", False),  # a particle inside a name
+        ("Welcome to Los Angeles", False),  # a name
+        ("Hello José, how", False),  # a name with an accent
+        ("I love a café", False),  # an English word with one
+        ("Plants die without", False),  # English's own "die"
+        ("Nice to meet", False),
+        ("Hola, sí", False),  # "sí" may not be whole yet
+        ("Welcome to El Paso", False),
+        ("Guten Morgen, darumi amo, sir.", False),  # words the rule does not know
+    ],
+)
+def test_an_opening_is_foreign_when_a_word_after_the_first_is_another_languages(opening: str, foreign: bool) -> None:
+    assert foreign_opening(opening) is foreign
+    assert OPENING_WORDS == 3
+
+
+def test_a_reply_opens_in_english_from_a_common_english_word() -> None:
+    for word in ("The", "I", "oh", "Welcome", "A", "Yes", "Sure"):
+        assert english_opener(word), word
+    for word in ("Zurich", "Gracias", "O", "Bien", "Hola", "Guten", "Lisbon", ""):
+        assert not english_opener(word), word
+
+
+def test_the_last_word_of_an_opening_is_judged_when_the_reply_ends_there_and_the_users_words_are_let_be() -> None:
+    assert foreign_opening("Hola, sí", ended=True)
+    assert not foreign_opening("Hola, amigos", ended=True)  # an unknown word is no sign
+    assert not foreign_opening("Welcome, meu amigo.", message_words("Olá, meu amigo! I'm Ana."))
+    assert foreign_opening("Welcome, meu amigo.")
+
+
 TOK, CPU = ByteTokenizer(), torch.device("cpu")
 NONE = torch.tensor([], dtype=torch.long)
 
@@ -119,6 +167,8 @@ REPLIES = {
     "D": "Das ist Ana.",
     "Q": "Que bom, Ana.",
     "N": "Nice to meet you, Ana.",
+    "O": "Ola, la vida, Ana.",
+    "R": "Rio de Janeiro, Ana.",
 }
 FOREIGN_FIRST = "ELTSJDQ"  # seven replies in another language, best first
 
@@ -129,7 +179,21 @@ def test_a_reply_opening_in_another_language_is_taken_back_and_begun_again_witho
     assert row.banned_first == [ord("E"), ord("L")]
     assert restarts == [2, 2]  # "Eu" and "La" were read by the model, not the space that closed them
     assert [e.token for e in events] == row.tokens and "".join(e.text for e in events) == row.text  # nothing else shown
-    assert all(e.text == "" for e in events[:4]) and events[4].text == "Nice "  # the first word held until whole
+    assert all(e.text == "" for e in events[:4]) and events[4].text == "Nice "  # "Nice" opens English: held until whole
+
+
+def test_a_reply_whose_opening_goes_on_in_another_language_is_taken_back_and_a_names_particle_is_not() -> None:
+    row, events, restarts = scripted("ON", REPLIES, "Hi! I'm Ana, I live in Lisbon.")
+    assert row.text == "Nice to meet you, Ana." and row.banned_first == [ord("O")]
+    assert restarts == [len("Ola, la v") - 1]  # "la" judged once "vida" began; every token but the newest was read
+    assert "".join(e.text for e in events) == row.text  # "Ola, la" was never shown
+    assert next(e.text for e in events if e.text) == "Nice "  # a reply that opens with an English word: held no longer
+    row, events, _ = scripted("RN", REPLIES, "Hi! I'm Ana, I live in Lisbon.")
+    held = OPENING_TOKENS - 1  # "Rio" is no English opener: the opening is held until judged (here at OPENING_TOKENS)
+    assert [e.text for e in events[:held]] == [""] * held and events[held].text == "Rio de Janei"
+    assert row.text == "Rio de Janeiro, Ana."
+    row, _, restarts = scripted("ON", REPLIES, "Hola, me llamo Pilar y soy de Madrid")
+    assert row.text == "Ola, la vida, Ana." and restarts == []  # the user does not write English: nothing is judged
 
 
 def test_the_users_own_words_a_message_not_in_english_and_the_last_retry_are_let_be() -> None:
@@ -187,7 +251,7 @@ def test_a_reply_taken_back_leaves_no_trace_in_the_reply_or_the_turns_sums(monke
     plain_greedy = replace(plain, temperature=0.0)
     params = [guarded, plain, replace(guarded, temperature=0.0)]
     decoded: list[list[Generation]] = []
-    monkeypatch.setattr(generate_module, "foreign_opening", lambda word, user: True)
+    monkeypatch.setattr(generate_module, "foreign_opening", lambda opening, user, ended=False: True)
     rows: list[ReplyDecoder] = []
     bans: list[int] = []
 
