@@ -41,6 +41,7 @@ from sia.model.language import (
 from sia.model.naming import continuations, gives_name, name_starts, names_self, other_names, own_name, user_names
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
+from sia.model.unsaid import STEMS, UnsaidWords, said_stems, unsaid_words
 
 __all__ = [
     "Generation",
@@ -138,7 +139,8 @@ class SamplingParams:
     reply_to: str = ""
     # the persona's own name ("": none; a persona's turn sets it). A reply never opens by calling its speaker by name:
     # a first word that is this name followed by a comma ("Sia, I'm glad you're here", where the small backbone echoes
-    # its prompt's "You are Sia, ...") is taken back as a foreign first word is, and begun again without its first token
+    # its prompt's "You are Sia, ...") is taken back as a foreign first word is, and begun again without its first token.
+    # Nor does a persona's reply write profanity or a slur the user did not (``sia.model.unsaid``)
     speaker: str = ""
     # the kind of fact the message asks about that the user never told ("": none; the conditioning sets it per row,
     # ``Conditioning.untold``): the reply is ``sia.model.language.untold_reply`` in this reply's form, then it ends
@@ -609,6 +611,14 @@ def padded_inputs(key_valid: Tensor, n: int, prefix_len: int, n_memory: int = 0)
     return positions, (causal & keys[:, None, :]).unsqueeze(1)
 
 
+def _last_word(text: str) -> str:
+    """The letters ``text`` ends with, lower case ("" where it ends with anything else)."""
+    n = len(text)
+    while n and text[n - 1].isalpha():
+        n -= 1
+    return text[n:].lower()
+
+
 def _visible_text(text: str, stops: Sequence[str]) -> int:
     """Length of the prefix of ``text`` that cannot turn into a stop string with more text."""
     hold = 0
@@ -656,6 +666,11 @@ class ReplyDecoder:
         self.user_names = user_names(params.reply_to) if params.reply_to else []
         self.named_speaker = params.speaker
         self.not_names: Tensor | None = None
+        # a persona's reply never writes a word of profanity or a slur the user did not (``sia.model.unsaid``); the
+        # tokens banned per word being written: "" after a space, a prefix of a stem, or None for any other word
+        self.unsaid: UnsaidWords | None = unsaid_words(tok) if params.speaker else None
+        self.user_stems = said_stems(params.reply_to)
+        self.unsaid_ids: dict[str | None, Tensor | None] = {}
         self.banned_first: list[int] = []  # first tokens whose reply was taken back
         self.taken_back: int | None = None  # set by push: the reply was taken back, and this many of its tokens were read
         # the whole reply and its end, where the message asks what the persona knows of the user (their clauses quoted)
@@ -703,7 +718,8 @@ class ReplyDecoder:
         is put off: the address's tokens come first, then that end ("Tokyo." becomes "Tokyo, sir."). A reply begun
         again never begins with a token whose reply was taken back, and where the reply names its speaker ("I'm"), the
         user's name cannot come, nor, for a persona with a name, any name but its own; where it says "my name is", a
-        persona's name comes whole, and no token goes on its last word."""
+        persona's name comes whole, and no token goes on its last word. A persona's reply writes no profanity or slur
+        the user did not (``sia.model.unsaid``)."""
         if self.queued:
             return self.queued.pop(0)
         if self.named_speaker and gives_name(self.text):
@@ -719,6 +735,9 @@ class ReplyDecoder:
             logits = logits.index_fill(0, torch.tensor(self.banned_first, device=logits.device), float("-inf"))
         if (self.user_names or self.named_speaker) and names_self(self.text):
             logits = logits.index_fill(0, self._not_names(logits.device), float("-inf"))
+        unsaid = self._unsaid(logits.device)
+        if unsaid is not None:
+            logits = logits.index_fill(0, unsaid, float("-inf"))
         after_word = self.text[-1:].isalpha()
         if self.pulled is not None:
             logits = self._ended_sooner(logits, params)
@@ -740,6 +759,19 @@ class ReplyDecoder:
                 ids = name_starts(self.tok, self.user_names)
             self.not_names = torch.tensor(ids, dtype=torch.long, device=device)
         return self.not_names
+
+    def _unsaid(self, device: torch.device) -> Tensor | None:
+        """The tokens that may not come next in a persona's reply: those that would write a stem of
+        ``sia.model.unsaid.STEMS`` (the user's own aside) in the word the reply is writing, or begin a word with one;
+        None where there are none."""
+        if self.unsaid is None:
+            return None
+        word = _last_word(self.text)
+        key = word if word == "" or any(stem.startswith(word) for stem in STEMS) else None
+        if key not in self.unsaid_ids:
+            banned = self.unsaid.banned("x" if key is None else key, self.user_stems)  # "x": a word no stem goes on
+            self.unsaid_ids[key] = torch.tensor(banned, dtype=torch.long, device=device) if banned else None
+        return self.unsaid_ids[key]
 
     def _ended_sooner(self, logits: Tensor, params: SamplingParams) -> Tensor:
         """``logits`` with the reply's end pulled nearer once the reply holds ``max_words`` words, by END_PULL nats for
