@@ -22,7 +22,8 @@ speaks of English only, since that is the language whose words it knows.
   não é muito", "Gracias a la manera de esto"). A word after the first counts where it is written in lower case (or
   opens a sentence) and is one of those languages' common words, or is lower case with a letter outside ASCII; a name
   ("Los Angeles", "José") does not count, nor a particle inside one ("Rio de Janeiro": the word after it is
-  capitalised), nor English words spelt with an accent ("a café"; ``LOANS``). A reply that opens with a common English
+  capitalised), nor English words spelt with an accent ("a café"; ``LOANS``), nor the second word of a greeting
+  ("Bien sûr, I'd say it's Paris": ``GREETINGS``). A reply that opens with a common English
   word ("The", "I", "Oh": ``OPENERS``) is English from there (``english_opener``): only the others wait for their next
   words before they are shown.
 * A message speaks **of the persona** when it says "you" (or "your", "yourself", "u") and nothing of its writer ("I",
@@ -57,6 +58,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "ECHO_OPENING",
+    "GREETINGS",
     "KIND_WORDS",
     "LOANS",
     "OPENERS",
@@ -116,6 +118,24 @@ FOREIGN_LATER = FOREIGN - {"die"}
 LOANS = _listed(
     "café cafés naïve naïvely naïveté résumé résumés fiancé fiancée façade façades déjà crème brûlée jalapeño jalapeños "
     "piñata piñatas entrée entrées décor cliché clichés sauté sautéed soufflé protégé rosé touché doppelgänger über"
+)
+# greetings and courtesies of two words that a reply in English may open with ("Bien sûr, I'd say it's Paris."): their
+# second word is no sign of another language (a third word still is: "Bien sûr, das ist…")
+GREETINGS = frozenset(
+    tuple(phrase.split())
+    for phrase in (
+        "bien sûr",
+        "bon appétit",
+        "bon voyage",
+        "très bien",
+        "buenos días",
+        "buenas tardes",
+        "buenas noches",
+        "muchas gracias",
+        "muito obrigado",
+        "muito obrigada",
+        "bom dia",
+    )
 )
 OPENING_WORDS = 3  # a reply's words judged for its language (``foreign_opening``)
 # the English words most replies open with: a reply that opens with one is English from its first word, so nothing
@@ -178,7 +198,8 @@ def foreign_opening(opening: str, user_words: frozenset[str] = frozenset(), *, e
         return False
     if _first_foreign(found[0].group(), user_words):
         return True
-    for i in range(1, min(len(found), OPENING_WORDS)):
+    greeted = len(found) > 1 and (found[0].group().lower(), found[1].group().lower()) in GREETINGS
+    for i in range(2 if greeted else 1, min(len(found), OPENING_WORDS)):
         word, nxt = found[i], found[i + 1] if i + 1 < len(found) else None
         if nxt is None and not ended:
             break  # the next word's case is not known yet (the word may not even be whole)

@@ -94,7 +94,8 @@ def test_a_first_word_is_foreign_when_another_language_says_it_and_the_user_did_
         ("Zurich, das ist ein", True),  # a greeting or a place, then another language's words
         ("O que não é muito", True),
         ("Gracias a la manera", True),
-        ("Bien sûr, welcome", True),
+        ("Bien sûr, welcome", False),  # a greeting's second word
+        ("Bien sûr, das ist", True),  # and then another language's
         ("Nice. Das ist", True),  # a sentence that opens with one
         ("Rio de Janeiro is", False),  # a particle inside a name
         ("Welcome to Los Angeles", False),  # a name
