@@ -636,13 +636,12 @@ class ReplyDecoder:
     "Lisbon"); the tokens are the model's, as sampled.
 
     With ``reply_to`` an English message or a ``speaker``, the reply's first word is held back until it is whole, and
-    with an English message, where that word is no common English opener (``english_opener``), its opening
-    (``OPENING_WORDS`` words) until the word after it begins (each of its words is judged once the next has begun);
-    when the first word is another language's or the speaker's name before a comma, or a word of the opening is
-    another language's
-    (``sia.model.language.foreign_opening``), the reply is taken back: ``taken_back`` then counts its tokens the model
-    has already read, which the caller forgets before the row samples its first token again, that token now banned
-    (``reply_events``)."""
+    with an English message, where that word is no common English opener (``english_opener``) nor one the user wrote in
+    lower case, its opening (``OPENING_WORDS`` words) until the word after it begins (each of its words is judged once
+    the next has begun); when the first word is another language's or the speaker's name before a comma, or a word of
+    the opening is another language's (``sia.model.language.foreign_opening``), the reply is taken back:
+    ``taken_back`` then counts its tokens the model has already read, which the caller forgets before the row samples
+    its first token again, that token now banned (``reply_events``)."""
 
     def __init__(self, params: SamplingParams, device: torch.device, tok: Tokenizer) -> None:
         self.tok = tok
@@ -661,6 +660,9 @@ class ReplyDecoder:
         self.speaker = params.speaker.lower()  # the persona's name: never the reply's first word before a comma
         # the words the user wrote (a reply may echo them), when the reply keeps to the message's English; else None
         self.user_words = message_words(params.reply_to) if params.reply_to and english(params.reply_to) else None
+        # the words the user wrote in lower case ("bees" of "How do bees make honey?"): a reply that opens with one
+        # ("Bees make honey...") opens in the message's English, as one opening with a common English word does
+        self.user_plain = frozenset(w for w in _WORD.findall(params.reply_to) if w.islower())
         # the names the user gave as their own: never right after "I'm", nor any other than the persona's own where it
         # has a name (``sia.model.naming``); the tokens that begin them are found when the reply first names itself
         self.user_names = user_names(params.reply_to) if params.reply_to else []
@@ -839,10 +841,10 @@ class ReplyDecoder:
 
     def _judged(self) -> bool:
         """Whether the reply's opening is judged and kept. The first word is judged once whole, the opening's other
-        words (with an English message, after a first word that is no common English opener) once the word after them
-        begins; the reply is taken back (``taken_back``, and
-        the reply begins again empty) where the first word is another language's or the speaker's name calling out
-        before a comma ("Sia, I'm glad"), or a word of the opening is another language's ("Zurich, das ist")."""
+        words (with an English message, after a first word that is no common English opener nor the user's own lower
+        case word) once the word after them begins; the reply is taken back (``taken_back``, and the reply begins again
+        empty) where the first word is another language's or the speaker's name calling out before a comma ("Sia, I'm
+        glad"), or a word of the opening is another language's ("Zurich, das ist")."""
         found = list(islice(_WORD.finditer(self.text), OPENING_WORDS + 1))
         ended = self.finish_reason is not None
         if not self.first_passed:
@@ -853,7 +855,8 @@ class ReplyDecoder:
             if self._calls_speaker() or (self.user_words is not None and foreign_opening(word, self.user_words)):
                 return self._take_back()
             self.first_passed = True
-            self.held_on = not english_opener(word)  # "The", "I", "Oh" open English: nothing more is waited for
+            # "The", "I", "Oh" or the user's own "bees" open English: nothing more is waited for
+            self.held_on = not (english_opener(word) or word.lower() in self.user_plain)
         if self.user_words is not None and self.held_on:
             if foreign_opening(self.text, self.user_words, ended=ended):  # each word judged once the next has begun
                 return self._take_back()

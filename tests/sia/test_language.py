@@ -192,6 +192,8 @@ def test_a_reply_whose_opening_goes_on_in_another_language_is_taken_back_and_a_n
     row, events, _ = scripted("RN", REPLIES, "Hi! I'm Ana, I live in Lisbon.")
     held = OPENING_TOKENS - 1  # "Rio" is no English opener: the opening is held until judged (here at OPENING_TOKENS)
     assert [e.text for e in events[:held]] == [""] * held and events[held].text == "Rio de Janei"
+    row, events, _ = scripted("RN", REPLIES, "Is rio a river?")  # the user's own word, in lower case: shown at once
+    assert next(e.text for e in events if e.text) == "Rio "
     assert row.text == "Rio de Janeiro, Ana."
     row, _, restarts = scripted("ON", REPLIES, "Hola, me llamo Pilar y soy de Madrid")
     assert row.text == "Ola, la vida, Ana." and restarts == []  # the user does not write English: nothing is judged
