@@ -134,8 +134,8 @@ class SamplingParams:
     # keeps to English: its first word is read once whole, and where that is no common English word its opening
     # (``OPENING_WORDS`` words) once the word after it begins (``sia.model.language.foreign_opening``); where either is
     # another language's the reply is taken back and begun again without its first token, at most FIRST_WORD_RETRIES
-    # times. And the reply
-    # never gives a name the user gave as their own as its speaker's ("I'm Rafael": ``sia.model.naming``)
+    # times. And the reply never gives a name the user gave as their own as its speaker's ("I'm Rafael":
+    # ``sia.model.naming``)
     reply_to: str = ""
     # the persona's own name ("": none; a persona's turn sets it). A reply never opens by calling its speaker by name:
     # a first word that is this name followed by a comma ("Sia, I'm glad you're here", where the small backbone echoes
@@ -711,7 +711,7 @@ class ReplyDecoder:
         judged = (self.user_words is not None or bool(self.speaker)) and not self.queued
         self.judging = judged and len(self.banned_first) < FIRST_WORD_RETRIES
         self.first_passed = False  # the first word is judged and kept
-        self.held_on = False  # and it is no common English word: the opening's other words are waited for
+        self.held_on = False  # and it is no common English word nor the user's: the opening's other words are waited for
 
     def sample(self, logits: Tensor, params: SamplingParams) -> int:
         """The row's next token from its (V,) logits: with ``exclaim``, a full stop right after a word is an exclamation
@@ -764,8 +764,8 @@ class ReplyDecoder:
 
     def _unsaid(self, device: torch.device) -> Tensor | None:
         """The tokens that may not come next in a persona's reply: those that would write a stem of
-        ``sia.model.unsaid.STEMS`` (the user's own aside) in the word the reply is writing, or begin a word with one;
-        None where there are none."""
+        ``sia.model.unsaid.STEMS`` (but the ones the user's message holds) in the word the reply is writing, or begin
+        a word with one; None where there are none."""
         if self.unsaid is None:
             return None
         word = _last_word(self.text)
