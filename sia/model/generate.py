@@ -41,7 +41,7 @@ from sia.model.language import (
 from sia.model.naming import continuations, gives_name, name_starts, names_self, other_names, own_name, user_names
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
-from sia.model.unsaid import STEMS, UnsaidWords, said_stems, unsaid_words
+from sia.model.unsaid import UnsaidWords, goes_on_a_stem, said_stems, unsaid_words, word_written
 
 __all__ = [
     "Generation",
@@ -611,14 +611,6 @@ def padded_inputs(key_valid: Tensor, n: int, prefix_len: int, n_memory: int = 0)
     return positions, (causal & keys[:, None, :]).unsqueeze(1)
 
 
-def _last_word(text: str) -> str:
-    """The letters ``text`` ends with, lower case ("" where it ends with anything else)."""
-    n = len(text)
-    while n and text[n - 1].isalpha():
-        n -= 1
-    return text[n:].lower()
-
-
 def _visible_text(text: str, stops: Sequence[str]) -> int:
     """Length of the prefix of ``text`` that cannot turn into a stop string with more text."""
     hold = 0
@@ -669,7 +661,7 @@ class ReplyDecoder:
         self.named_speaker = params.speaker
         self.not_names: Tensor | None = None
         # a persona's reply never writes a word of profanity or a slur the user did not (``sia.model.unsaid``); the
-        # tokens banned per word being written: "" after a space, a prefix of a stem, or None for any other word
+        # tokens banned per word being written: "" after a space or a prefix of a stem, or None for any other word
         self.unsaid: UnsaidWords | None = unsaid_words(tok) if params.speaker else None
         self.user_stems = said_stems(params.reply_to)
         self.unsaid_ids: dict[str | None, Tensor | None] = {}
@@ -768,10 +760,10 @@ class ReplyDecoder:
         a word with one; None where there are none."""
         if self.unsaid is None:
             return None
-        word = _last_word(self.text)
-        key = word if word == "" or any(stem.startswith(word) for stem in STEMS) else None
+        word = word_written(self.text)
+        key = word if goes_on_a_stem(word) else None  # every other word bans the same tokens
         if key not in self.unsaid_ids:
-            banned = self.unsaid.banned("x" if key is None else key, self.user_stems)  # "x": a word no stem goes on
+            banned = self.unsaid.banned(word, self.user_stems)
             self.unsaid_ids[key] = torch.tensor(banned, dtype=torch.long, device=device) if banned else None
         return self.unsaid_ids[key]
 

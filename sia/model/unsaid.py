@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from sia.model.tokenizer import Tokenizer
 
-__all__ = ["STEMS", "UnsaidWords", "said_stems", "unsaid_words"]
+__all__ = ["STEMS", "UnsaidWords", "goes_on_a_stem", "said_stems", "unsaid_words", "word_written"]
 
 STEMS = (
     "fuck",
@@ -47,6 +47,21 @@ STEMS = (
     "nigga",
     "faggot",
 )
+
+
+def word_written(text: str) -> str:
+    """The word a reply so far is writing: the letters ``text`` ends with, lower case ("" where it ends with anything
+    else: the next token begins a word)."""
+    n = len(text)
+    while n and text[n - 1].isalpha():
+        n -= 1
+    return text[n:].lower()
+
+
+def goes_on_a_stem(word: str) -> bool:
+    """Whether a token after ``word`` (``word_written``) can complete a stem in it: ``word`` is "" or a proper prefix of
+    a stem. After any other word only the tokens that begin a word with a stem are banned, the same for all of them."""
+    return any(len(word) < len(stem) and stem.startswith(word) for stem in STEMS)
 
 
 def said_stems(message: str) -> frozenset[str]:
@@ -73,8 +88,7 @@ class UnsaidWords:
             if stem in allowed:
                 continue
             ids |= self.starts[stem]
-            if len(word) < len(stem) and stem.startswith(word):
-                ids |= self.goes_on.get((stem, word), frozenset())
+            ids |= self.goes_on.get((stem, word), frozenset())  # a key only where ``word`` is a proper prefix of it
         return sorted(ids)
 
 

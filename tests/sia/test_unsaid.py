@@ -10,7 +10,7 @@ import torch
 from sia.checkpoint import DEFAULT_CHECKPOINT, load_model
 from sia.model.generate import ReplyDecoder, SamplingParams, reply_events
 from sia.model.tokenizer import ByteTokenizer
-from sia.model.unsaid import STEMS, said_stems, unsaid_words
+from sia.model.unsaid import STEMS, goes_on_a_stem, said_stems, unsaid_words, word_written
 
 TOK, CPU = ByteTokenizer(), torch.device("cpu")
 NONE = torch.tensor([], dtype=torch.long)
@@ -45,6 +45,8 @@ def test_a_persona_never_completes_a_stem_the_user_did_not_write() -> None:
 def test_the_users_own_word_and_a_reply_without_a_persona_are_let_be() -> None:
     assert spelled("yes, a bitch is a female dog.", "Is my dog a bitch?") == "yes, a bitch is a female dog."
     assert said_stems("What the FUCK, Bitch") == frozenset({"fuck", "bitch"})
+    assert word_written("i'm a bitc") == "bitc" and word_written("i'm a ") == ""
+    assert goes_on_a_stem("bitc") and goes_on_a_stem("") and not goes_on_a_stem("bitch") and not goes_on_a_stem("bee")
     assert spelled("i'm a bitch.", "hi", speaker="") == "i'm a bitch."  # the bare model: no persona, no rule
 
 
@@ -60,15 +62,8 @@ def test_the_bundled_tokenizers_pieces_of_a_stem_are_banned_where_they_would_wri
     for stem in STEMS:  # every stem's own spelling is stopped at one of its tokens, in lower case and capitalised
         for form in (" " + stem, " " + stem.capitalize(), stem):
             ids = tok.encode(form)
-            assert any(t in words.banned(_word(tok.decode(ids[:i]))) for i, t in enumerate(ids)), form
+            assert any(t in words.banned(word_written(tok.decode(ids[:i]))) for i, t in enumerate(ids)), form
     text = " Ask about the cockatiel in Scunthorpe, Nigeria, the shiitake, assess Dickens or a bass switch."
     ids = tok.encode(text)
     for i, t in enumerate(ids):
-        assert t not in words.banned(_word(tok.decode(ids[:i]))), tok.decode(ids[: i + 1])
-
-
-def _word(text: str) -> str:
-    n = len(text)
-    while n and text[n - 1].isalpha():
-        n -= 1
-    return text[n:].lower()
+        assert t not in words.banned(word_written(tok.decode(ids[:i]))), tok.decode(ids[: i + 1])
