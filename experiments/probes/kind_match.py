@@ -62,11 +62,13 @@ _BIAS: list[Tensor | None] = [None]  # (B, N) added to the entries' logits while
 _original = injected_attention.InjectedAttention._imprinted
 
 
-def _biased(self: injected_attention.InjectedAttention, metric: Tensor | None, k: Tensor, *rest: Any) -> tuple[Tensor, Tensor]:
+def _biased(
+    self: injected_attention.InjectedAttention, metric: tuple[Tensor, Tensor] | None, k: Tensor, *rest: Any
+) -> tuple[Tensor, Tensor]:
     keys, values = _original(self, metric, k, *rest)
     bias = _BIAS[0]
     if bias is not None:
-        col = self.d + (self.d if metric is not None else 0)  # the bias column, where the query holds 1
+        col = self.d + self.mid  # the bias column, where the query holds 1
         keys = keys.clone()
         keys[..., col] += bias.to(keys.dtype).view(bias.shape[0], 1, bias.shape[1])
     return keys, values

@@ -16,15 +16,17 @@ The pretrained logits stay; the identity adds to them (docs/attention.md, "Injec
                                                     scales the token's read adapter by 2·sigmoid(a_H·x_i + c_H)
 
 M is the injected metric of the stored trace (sia.identity.state.stabilised_metric with offset 0, so M = 0 for a zero
-trace). Expanding the square drops the row constant u_i^T M u_i, so each layer is one fused kernel call over
+trace), carried as its r eigenpairs largest in magnitude, M = V Λ V^T with V (d, r) orthonormal (config.metric_rank;
+all d by default; sia.identity.state.metric_factors). Expanding the square drops the row constant u_i^T M u_i, so each
+layer is one fused kernel call over
 
-    q~_i = [R_i q_i / sqrt(d), 2 M u_i, 1, g·x_i, a·x_i + c]      k~_j = [R_j k_j, w_j, -w_j^T M w_j, 0, 0]
-    k~_s = [k_s, 0, gate(s), 1, 0]      k~_n = [R_n k_n, w_n, -w_n^T M w_n - shift, 0, 1]
+    q~_i = [R_i q_i / sqrt(d), 2 Λ V^T u_i, 1, g·x_i, a·x_i + c]      k~_j = [R_j k_j, V^T w_j, -w_j^T M w_j, 0, 0]
+    k~_s = [k_s, 0, gate(s), 1, 0]      k~_n = [R_n k_n, V^T w_n, -w_n^T M w_n - shift, 0, 1]
 
-(the middle block only in trace layers, the g·x column only with the read gate, the last column a·x_i + c with the
-imprint's gate, plus the closed gate on the persona prompt's tokens; zero-padded to a multiple of 8). A fresh
-identity has M = 0, the slot's gate at -1e4, whose softmax weight is exactly 0, and no entries: the logits are the
-base model's, whatever the gates add.
+(the middle block, r wide, only in trace layers, the g·x column only with the read gate, the last column a·x_i + c
+with the imprint's gate, plus the closed gate on the persona prompt's tokens; zero-padded to a multiple of 8). A
+fresh identity has M = 0, the slot's gate at -1e4, whose softmax weight is exactly 0, and no entries: the logits are
+the base model's, whatever the gates add.
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ class InferenceMaps:
     """What ``InjectedAttention._infer`` multiplies in one layer for one turn, made once in the turn's dtype (each cast
     or scaling of a small tensor costs a decoding step a few microseconds per layer): the weight (n, C) and bias (n,)
     whose product with a token's input gives the augmented query's tail and the read adapter's down maps and scale
-    logit, the adapter's up maps (H·d + 2·H_kv·d, 2r) with zero rows for the keys (None without them), the metric as
-    2M and -M (None in a layer without a trace: the query's and the key's columns then need no products), the rows'
+    logit, the adapter's up maps (H·d + 2·H_kv·d, 2r) with zero rows for the keys (None without them), the metric's
+    basis scaled for the queries, V·2Λ, and as it is, V (B, H_kv, d, r), and -Λ as a column (B, H_kv, r, 1) (None in a
+    layer without a trace: the query's and the key's columns then need no products), the rows'
     adapter gate (B, 1, 1) where some row holds no imprint (None where every row does: the gate is then 1 and its
     product is left out), and the output adapter's down (r, H·d) and up (C, r) maps; with the imprint's gate, both up
     maps doubled (the adapter's scale is 2·sigmoid: the sigmoid is taken at each step, the 2 here once). All in the
@@ -85,8 +88,9 @@ class InferenceMaps:
     weight: Tensor
     bias: Tensor
     up: Tensor | None
-    metric2: Tensor | None
-    neg_metric: Tensor | None
+    metric_q: Tensor | None
+    metric_k: Tensor | None
+    neg_spectrum: Tensor | None
     imprinted: Tensor | None
     out_down: Tensor | None
     out_up: Tensor | None
@@ -96,7 +100,10 @@ class InferenceMaps:
 class InjectedLayer:
     """One layer's share of a turn's conditioning, per batch row."""
 
-    metric: Tensor | None  # (B, H_kv, d, d) M per key/value head; None in a layer without a trace
+    # M per key/value head as V Λ V^T: its basis V (B, H_kv, d, r) and eigenvalues Λ (B, H_kv, r) (metric_factors);
+    # None in a layer without a trace
+    basis: Tensor | None
+    spectrum: Tensor | None
     slot_key: Tensor  # (B, H_kv, S [+ N], w) augmented self-slot keys, S = config.self_slots, then the imprint's N
     slot_value: Tensor  # (B, H_kv, S [+ N], w)
     reads_from: Tensor | None = None  # (B,) the first position that reads the imprint (the persona's prompt does not)
@@ -107,6 +114,13 @@ class InjectedLayer:
     copy_tokens: Tensor | None = None
     copy_after: Tensor | None = None
     copy_weight: Tensor | None = None
+
+    @property
+    def metric(self) -> Tensor | None:
+        """M (B, H_kv, d, d) as the layer carries it, V Λ V^T; None without a trace."""
+        if self.basis is None or self.spectrum is None:
+            return None
+        return (self.basis * self.spectrum.unsqueeze(-2)) @ self.basis.transpose(-1, -2)
 
     @cached_property
     def reading(self) -> bool:
@@ -155,12 +169,14 @@ class InjectedAttention(nn.Module):
         self.has_trace = has_trace
         self.stateful = config.attention == "trace"
         self.gated = self.stateful and config.slot_gate
-        # kernel width: rotated block, (pre-rotation block,) bias column, (read gate column,) the imprint's column, zero
+        # the metric's block: its eigenpairs carried (config.metric_rank), in a trace layer
+        self.mid = (config.metric_rank or self.d) if has_trace and self.stateful else 0
+        # kernel width: rotated block, (metric block,) bias column, (read gate column,) the imprint's column, zero
         # padding. The imprint's column: 1 on its entries, and on a query 0 where it reads them, the closed gate where not
-        self.w = _round8(self.d + (self.d if has_trace else 0) + 2 + int(self.gated)) if self.stateful else self.d
-        self.unread_at = self.d + (self.d if has_trace else 0) + 1 + int(self.gated)
+        self.w = _round8(self.d + self.mid + 2 + int(self.gated)) if self.stateful else self.d
+        self.unread_at = self.d + self.mid + 1 + int(self.gated)
         # a stateful query's columns after its rotated (and metric) blocks
-        self.tail = self.w - self.d - (self.d if has_trace else 0)
+        self.tail = self.w - self.d - self.mid
         C, d = config.n_embd, config.head_dim
         self.S = config.self_slots
         self.q_proj = Linear(C, self.H * d, bias=False)
@@ -186,7 +202,7 @@ class InjectedAttention(nn.Module):
 
     def condition(
         self,
-        metric: Tensor | None,
+        metric: tuple[Tensor, Tensor] | None,
         s: Tensor,
         shift: float = 0.0,
         rows_alone: bool = False,
@@ -196,7 +212,8 @@ class InjectedAttention(nn.Module):
         imprint_shift: float = 0.0,
         entry_bias: Tensor | None = None,
     ) -> InjectedLayer:
-        """metric (B, H_kv, d, d) or None, s (B, d_s) -> this layer's InjectedLayer; every slot's logit lowered by
+        """metric: M's basis (B, H_kv, d, r) and eigenvalues (B, H_kv, r) (``InjectedLayer.basis``) or None, s (B, d_s) ->
+        this layer's InjectedLayer; every slot's logit lowered by
         ``shift`` (the model's read_shift); ``rows_alone``: each row's slots computed as if it were alone.
 
         ``imprint``: this layer's imprinted entries, pre-rotation keys and values (B, H_kv, N, d) and which are filled
@@ -208,7 +225,7 @@ class InjectedAttention(nn.Module):
         gate = torch.where(energy > 0, torch.log(energy.clamp_min(1e-30)), torch.full_like(energy, CLOSED_GATE))
         k_s = _row_by_row(self.self_key, s, rows_alone).view(B, H_kv, S, d)  # (B, H_kv, S, d)
         bias = gate.view(B, 1, 1, 1) + (self.slot_bias - shift).view(1, H_kv, S, 1)  # (B, H_kv, S, 1)
-        mid = d if self.has_trace else 0  # the slots have no pre-rotation key: the metric does not score them
+        mid = self.mid  # the slots have no pre-rotation key: the metric does not score them
         ones = s.new_ones(B, H_kv, S, int(self.gated))  # the read gate's column: the query's g·x lands on the slots only
         zeros = s.new_zeros(B, H_kv, S, mid), s.new_zeros(B, H_kv, S, w - d - mid - 1 - ones.shape[-1])
         slot_key = torch.cat([k_s, zeros[0], bias.to(s.dtype), ones, zeros[1]], dim=-1)  # (B, H_kv, S, w)
@@ -220,11 +237,12 @@ class InjectedAttention(nn.Module):
         imprinted = None
         if imprint is not None and self.read_rank:
             imprinted = imprint[2].any(-1).to(s.dtype).view(B, 1, 1)
-        return InjectedLayer(metric, slot_key, slot_value, reads_from, imprinted)
+        basis, spectrum = (None, None) if metric is None else metric
+        return InjectedLayer(basis, spectrum, slot_key, slot_value, reads_from, imprinted)
 
     def _imprinted(
         self,
-        metric: Tensor | None,
+        metric: tuple[Tensor, Tensor] | None,
         k: Tensor,
         v: Tensor,
         filled: Tensor,
@@ -239,9 +257,10 @@ class InjectedAttention(nn.Module):
         parts = [rotate(k, *rope)]  # (B, H_kv, N, d)
         bias = k.new_zeros(B, H_kv, N, 1)
         if metric is not None:
-            w_k = F.normalize(k, dim=-1)  # (B, H_kv, N, d) unit pre-rotation keys
+            basis, spectrum = metric[0].to(k.dtype), metric[1].to(k.dtype)
+            w_k = F.normalize(k, dim=-1) @ basis  # (B, H_kv, N, r): unit pre-rotation keys in the metric's basis
             parts.append(w_k)
-            bias = -((w_k @ metric.to(k.dtype)) * w_k).sum(-1, keepdim=True)  # -w^T M w
+            bias = w_k.square() @ -spectrum.unsqueeze(-1)  # (B, H_kv, N, 1) = -w^T M w
         opened = -shift if entry_bias is None else entry_bias.to(k.dtype) - shift  # (B, N) or a number
         closed = torch.where(filled, opened, CLOSED_GATE).to(k.dtype).view(B, 1, N, 1)
         parts.append(bias + closed)
@@ -297,14 +316,15 @@ class InjectedAttention(nn.Module):
             q_aug, k_aug, v_aug = q_rot, k_rot, v
         else:
             q_parts, k_parts = [q_rot], [k_rot]
-            if lc.metric is not None:
-                metric = lc.metric.to(q.dtype)  # (B, H_kv, d, d)
+            if lc.basis is not None and lc.spectrum is not None:
+                basis, spectrum = lc.basis.to(q.dtype), lc.spectrum.to(q.dtype)  # (B, H_kv, d, r), (B, H_kv, r)
                 u = F.normalize(q, dim=-1)  # (B, H, L, d) unit pre-rotation queries
                 u = u.reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by their key/value head
-                q_parts.append((2.0 * u @ metric).view(B, H, L, d))  # 2 M u (M symmetric)
-                w_k = F.normalize(k, dim=-1)  # (B, H_kv, L, d)
+                metric_q = u @ (basis * (2.0 * spectrum).unsqueeze(-2))  # 2 Λ V^T u
+                q_parts.append(metric_q.view(B, H, L, self.mid))
+                w_k = F.normalize(k, dim=-1) @ basis  # (B, H_kv, L, r): V^T w
                 k_parts.append(w_k)
-                k_bias = -((w_k @ metric) * w_k).sum(-1, keepdim=True)  # (B, H_kv, L, 1) = -w^T M w
+                k_bias = w_k.square() @ -spectrum.unsqueeze(-1)  # (B, H_kv, L, 1) = -w^T M w
             else:
                 k_bias = k.new_zeros(B, H_kv, L, 1)
             q_parts.append(q.new_ones(B, H, L, 1))
@@ -460,14 +480,15 @@ class InjectedAttention(nn.Module):
             base: Tensor = self.o_proj(self._attend(q_rot, k_rot, v, lc, cache, layer, attn_mask, starts, reads))
             return base
         assert tail is not None
-        if maps.metric2 is not None and maps.neg_metric is not None:  # (B, H_kv, d, d): 2M and -M, exactly
-            unit = F.normalize(cast(qk, maps.metric2.dtype), dim=-1)  # unit pre-rotation queries and keys
+        if maps.metric_q is not None and maps.metric_k is not None and maps.neg_spectrum is not None:
+            unit = F.normalize(cast(qk, maps.metric_q.dtype), dim=-1)  # unit pre-rotation queries and keys
             u = unit[:, :H].reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by their key/value head
-            w_k = unit[:, H:]  # (B, H_kv, L, d)
-            metric_q = cast((u @ maps.metric2).view(B, H, L, d), x.dtype)  # 2 M u (M symmetric)
-            k_bias = ((w_k @ maps.neg_metric) * w_k).sum(-1, keepdim=True)  # (B, H_kv, L, 1) = -w^T M w
+            metric_q = cast((u @ maps.metric_q).view(B, H, L, self.mid), x.dtype)  # 2 Λ V^T u
+            w_k = unit[:, H:] @ maps.metric_k  # (B, H_kv, L, r): V^T w
+            k_bias = w_k.square() @ maps.neg_spectrum  # (B, H_kv, L, 1) = -w^T M w
             q_aug = torch.cat([q_rot, metric_q, tail], dim=-1)  # (B, H, L, w)
-            k_aug = F.pad(torch.cat([k_rot, cast(w_k, x.dtype), cast(k_bias, x.dtype)], dim=-1), (0, self.w - 2 * d - 1))
+            k_aug = torch.cat([k_rot, cast(w_k, x.dtype), cast(k_bias, x.dtype)], dim=-1)
+            k_aug = F.pad(k_aug, (0, self.w - k_aug.shape[-1]))
         else:
             q_aug = torch.cat([q_rot, tail], dim=-1)
             k_aug = F.pad(k_rot, (0, self.w - d))  # the bias column is 0: no metric
@@ -480,15 +501,15 @@ class InjectedAttention(nn.Module):
 
     def _inference_maps(self, lc: InjectedLayer, dtype: torch.dtype, device: torch.device) -> InferenceMaps:
         """``InferenceMaps`` of this layer for the turn ``lc`` conditions, for a model computing in ``dtype`` on
-        ``device`` (the maps in ``small_products``' dtype): ``_query_maps``' products, the metric's two forms (2M and
-        -M are M's own numbers scaled exactly, so the products agree bit for bit with ``forward``'s 2·(u M) and
-        -(w M)·w), the adapter's gate where not every row reads, and the output adapter's maps."""
+        ``device`` (the maps in ``small_products``' dtype): ``_query_maps``' products, the metric's three forms (V·2Λ,
+        V and -Λ, as ``forward`` makes them, so that the products agree with its), the adapter's gate where not every
+        row reads, and the output adapter's maps."""
         small = small_products(dtype, device)
         weight, bias, up = self._query_maps(lc.reading)
-        metric2 = neg_metric = None
-        if lc.metric is not None:
-            metric = lc.metric.to(small)
-            metric2, neg_metric = 2.0 * metric, -metric
+        metric_q = metric_k = neg_spectrum = None
+        if lc.basis is not None and lc.spectrum is not None:
+            metric_k, spectrum = lc.basis.to(small), lc.spectrum.to(small)
+            metric_q, neg_spectrum = metric_k * (2.0 * spectrum).unsqueeze(-2), -spectrum.unsqueeze(-1)
         imprinted = out_down = out_up = None
         if up is not None:
             assert lc.imprinted is not None
@@ -498,7 +519,7 @@ class InjectedAttention(nn.Module):
                 up, out_up = 2.0 * up, 2.0 * out_up
             q_rows = self.H * self.d  # zero rows for the keys, so that the product adds to the stacked q, k, v at once
             up = torch.cat([up[:q_rows], up.new_zeros(self.H_kv * self.d, up.shape[1]), up[q_rows:]]).to(small)
-        return InferenceMaps(weight.to(small), bias.to(small), up, metric2, neg_metric, imprinted, out_down, out_up)
+        return InferenceMaps(weight.to(small), bias.to(small), up, metric_q, metric_k, neg_spectrum, imprinted, out_down, out_up)
 
     def _query_maps(self, reading: bool) -> tuple[Tensor, Tensor, Tensor | None]:
         """The maps ``_infer`` multiplies: a weight (n, C) and bias (n,) whose product with a token's input gives, per
@@ -609,7 +630,7 @@ def injected_attention_reference(
     v = attn.v_proj(x).view(B, L, H_kv, d).transpose(1, 2).repeat_interleave(G, dim=1)
     base = rotate_half(q) @ rotate_half(k).transpose(-1, -2) / math.sqrt(d)  # (B, H, L, L)
     if lc.metric is not None:
-        metric = lc.metric.repeat_interleave(G, dim=1)  # (B, H, d, d)
+        metric = lc.metric.repeat_interleave(G, dim=1)  # (B, H, d, d) as the layer carries it
         diff = F.normalize(q, dim=-1).unsqueeze(3) - F.normalize(k, dim=-1).unsqueeze(2)  # (B, H, L, L, d)
         base = base - torch.einsum("bhijd,bhde,bhije->bhij", diff, metric, diff)
     causal = torch.ones(L, L, dtype=torch.bool).tril()

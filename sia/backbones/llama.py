@@ -32,7 +32,7 @@ from sia.backbones.packed_linear import (
 )
 from sia.backbones.slot_maps import LowRank, init_slot_map
 from sia.identity.imprint import KINDS, ImprintEntries, asks_a_fact
-from sia.identity.state import SelfUpdate, TurnSummary, stabilised_metric
+from sia.identity.state import SelfUpdate, TurnSummary, metric_factors
 from sia.model.conditioning import Conditioning
 from sia.model.config import LlamaConfig
 from sia.model.generate import likeliest
@@ -460,8 +460,10 @@ class LlamaModel(IdentityModel):
         if not self.stateful:
             return Conditioning(layers=[None] * c.n_layer, self_state=self_state)
         B = trace.shape[0]
-        metric = stabilised_metric(trace.detach(), c)  # (B, n_trace, trace heads, d, d), float32
-        metric = metric.expand(B, metric.shape[1], c.n_kv_head, c.head_dim, c.head_dim)  # shared trace: every head
+        basis, spectrum = metric_factors(trace.detach(), c, c.metric_rank)  # (B, n_trace, trace heads, d, r), (..., r)
+        r = spectrum.shape[-1]
+        basis = basis.expand(B, basis.shape[1], c.n_kv_head, c.head_dim, r)  # a shared trace: every head
+        spectrum = spectrum.expand(B, spectrum.shape[1], c.n_kv_head, r)
         slot_of = {layer: i for i, layer in enumerate(self.trace_layers)}
         dtype = self.wte.weight.dtype
         N = c.imprint_tokens
@@ -485,7 +487,9 @@ class LlamaModel(IdentityModel):
             assert imprint is not None
             tokens, after = imprint.token.to(self_state.device), self.copy_after(imprint).to(self_state.device)
         for layer, attn in enumerate(self.attentions):
-            m = metric[:, slot_of[layer]].contiguous() if layer in slot_of else None  # once, not at every step
+            m = None
+            if layer in slot_of:  # contiguous once, not at every step
+                m = basis[:, slot_of[layer]].contiguous(), spectrum[:, slot_of[layer]].contiguous()
             entries = None
             if imprint is not None:
                 at = imprint.keys.device

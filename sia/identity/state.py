@@ -38,6 +38,7 @@ __all__ = [
     "advance",
     "distance",
     "low_rank_cleanup",
+    "metric_factors",
     "self_step",
     "stabilised_metric",
     "state_from_bytes",
@@ -137,6 +138,16 @@ def _check_tensor(name: str, tensor: Tensor, shape: tuple[int, ...], dtype: torc
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _trace_eigen(trace: Tensor) -> tuple[Tensor, Tensor]:
+    """The eigenvalues (..., d) and eigenvectors (..., d, d) (columns) of sym(T), float64 on the CPU."""
+    # A GPU decomposes a batch of small float64 matrices slowly (a SmolLM2 identity's 30: 25 ms on an H200, 12 ms on
+    # its host's CPU; eight identities 175 against 78 ms): the metric is computed on the CPU and handed back.
+    trace = trace.float().cpu()
+    sym = 0.5 * (trace + trace.transpose(-1, -2))  # (..., d, d)
+    eigvals, eigvecs = torch.linalg.eigh(sym.double())
+    return eigvals, eigvecs
+
+
 def stabilised_metric(trace: Tensor, config: AnyConfig) -> Tensor:
     """M = c (o I + rho U tanh(Lambda / tau) U^T) for sym(T) = U Lambda U^T; any leading batch dims; float32 out.
 
@@ -146,17 +157,36 @@ def stabilised_metric(trace: Tensor, config: AnyConfig) -> Tensor:
     """
     d = trace.shape[-1]
     device = trace.device
-    # A GPU decomposes a batch of small float64 matrices slowly (a SmolLM2 identity's 30: 25 ms on an H200, 12 ms on
-    # its host's CPU; eight identities 175 against 78 ms): the metric is computed on the CPU and handed back.
-    trace = trace.float().cpu()
-    sym = 0.5 * (trace + trace.transpose(-1, -2))  # (..., d, d)
-    eigvals, eigvecs = torch.linalg.eigh(sym.double())  # (..., d), (..., d, d)
+    eigvals, eigvecs = _trace_eigen(trace)
     squashed = torch.tanh(eigvals / config.metric_temperature)  # (..., d), in (-1, 1)
     deform = (eigvecs * squashed.unsqueeze(-2)) @ eigvecs.transpose(-1, -2)  # U diag(.) U^T
     eye = torch.eye(d, dtype=torch.float64)
     metric = config.metric_base * (config.metric_offset * eye + config.metric_max_deform * deform)
     symmetric: Tensor = 0.5 * (metric + metric.transpose(-1, -2))
     return symmetric.to(device, torch.float32)
+
+
+def metric_factors(trace: Tensor, config: AnyConfig, rank: int | None = None) -> tuple[Tensor, Tensor]:
+    """The ``rank`` eigenpairs of the injected metric M (offset 0) largest in magnitude: an orthonormal basis (..., d, r)
+    and its eigenvalues (..., r), float32 on the trace's device, M ~ basis diag(values) basis^T; None: all d (exactly
+    M, to within rounding). Eigenvalues lie in c·rho·(-1, 1) and each turn adds a rank-1 term to T, two to sym(T): a
+    trace of t turns has at most 2t that are not 0 (the storage dtype's rounding aside), and the decay shrinks the
+    oldest. Leaving out eigenvalues of magnitude at most m moves a logit by at most 4m (|u - w|^2 <= 4 for unit u,
+    w; docs/attention.md)."""
+    if config.metric_offset != 0.0:
+        raise ValueError(f"metric_factors is the injected metric's (offset 0); this config's offset is {config.metric_offset}")
+    d = trace.shape[-1]
+    r = d if rank is None else rank
+    if not 1 <= r <= d:
+        raise ValueError(f"rank must be in [1, {d}]; got {rank}")
+    device = trace.device
+    eigvals, eigvecs = _trace_eigen(trace)
+    values = config.metric_base * config.metric_max_deform * torch.tanh(eigvals / config.metric_temperature)  # (..., d)
+    if r < d:
+        top = values.abs().topk(r, dim=-1).indices.sort(dim=-1).values  # (..., r), in eigh's order
+        values = values.gather(-1, top)
+        eigvecs = eigvecs.gather(-1, top.unsqueeze(-2).expand(*eigvecs.shape[:-1], r))
+    return eigvecs.to(device, torch.float32), values.to(device, torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------------------

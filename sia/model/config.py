@@ -238,6 +238,10 @@ class LlamaConfig(IdentityConfig):
     trace_per_head: bool = True  # a trace per key/value head, or one shared by the layer's heads
     state_dtype: str = "float16"  # storage dtype of the trace: float32, float16 or bfloat16
     metric_scale: float = 2.0  # c: the metric's eigenvalues stay in c·rho·(-1, 1); logits move by at most 4·c·rho
+    # the eigenpairs of each trace layer's metric that attention carries, the largest in magnitude (a trace layer's keys
+    # are this much wider than the base model's, not head_dim); the ones left out move a logit by at most 4 times their
+    # largest magnitude (sia.identity.state.metric_factors). None: all head_dim, the metric exactly
+    metric_rank: int | None = None
     # --- the imprint (sia.identity.imprint): the user's own words as key/value entries, read beside the self slots ---
     imprint_tokens: int = 0  # N: entries (tokens) per layer and key/value head; 0: no imprint
     imprint_bits: int = 8  # an entry's key and value: 8 (int8) or 4 (two a byte), one float16 scale per vector
@@ -329,6 +333,9 @@ class LlamaConfig(IdentityConfig):
             raise ValueError(f"state_dtype must be one of {sorted(STATE_DTYPES)}; got {self.state_dtype!r}")
         if not self.metric_scale > 0.0:
             raise ValueError(f"metric_scale must be > 0; got {self.metric_scale}")
+        rank = self.metric_rank
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= self.head_dim):
+            raise ValueError(f"metric_rank must be null or an integer in [1, head_dim={self.head_dim}]; got {rank!r}")
         for name in ("imprint_tokens", "imprint_span", "imprint_per_turn", "imprint_read_rank"):
             value, least = getattr(self, name), 1 if name in ("imprint_span", "imprint_per_turn") else 0
             if not isinstance(value, int) or isinstance(value, bool) or value < least:

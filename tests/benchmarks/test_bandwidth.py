@@ -32,7 +32,7 @@ def test_a_step_reads_every_projection_and_the_head_once(tmp_path: Path) -> None
     assert counted == {"weight_bytes": expected, "linear_maps": 4 * c.n_layer + 1}
     # the stateful model multiplies one more map a layer, its queries' tail (the bias and gate columns, as inference
     # computes them outside any module), and nothing is counted twice
-    tails = sum(4 * a.H * (a.w - a.d - a.d * a.has_trace) * c.n_embd for a in model.attentions)
+    tails = sum(4 * a.H * a.tail * c.n_embd for a in model.attentions)
     assert stateful == {"weight_bytes": expected + tails, "linear_maps": counted["linear_maps"] + c.n_layer}
 
 

@@ -144,12 +144,14 @@ def test_inference_reads_through_the_fused_maps_as_training_does_and_follows_cha
     torch.testing.assert_close(changed, logits(True), atol=1e-5, rtol=1e-5)
 
 
-def _whole_state_model() -> tuple[LlamaModel, IdentityState]:
-    """A tiny model with every part of the state at work: a trace (layer 0), a self state read through the slots'
-    per-token gate, an imprint with its gate and adapter."""
+def _whole_state_model(metric_rank: int | None = None) -> tuple[LlamaModel, IdentityState]:
+    """A tiny model with every part of the state at work: a trace (layer 0; its metric's ``metric_rank`` largest
+    eigenpairs carried), a self state read through the slots' per-token gate, an imprint with its gate and adapter."""
     torch.manual_seed(0)
     hf = LlamaForCausalLM(HFLlamaConfig(**HF_TINY)).eval()
-    config = LlamaConfig.from_hf(HF_TINY, d_self=8, trace_layers=[0], slot_gate=True, imprint_span=16, imprint_min_shock=0.0)
+    config = LlamaConfig.from_hf(
+        HF_TINY, d_self=8, trace_layers=[0], slot_gate=True, imprint_span=16, imprint_min_shock=0.0, metric_rank=metric_rank
+    )
     model = LlamaModel(config, ByteTokenizer()).eval()
     model.load_base(hf.state_dict())
     model.init_identity(seed=1, slot_bias=0.0)
@@ -179,10 +181,12 @@ def _decoded(model: LlamaModel, state: IdentityState, idx: Tensor, prompt: int) 
     return torch.cat(steps, dim=1), c
 
 
-def test_cached_decoding_reads_the_whole_state_as_the_training_form_does() -> None:
+@pytest.mark.parametrize("metric_rank", [None, 3])
+def test_cached_decoding_reads_the_whole_state_as_the_training_form_does(metric_rank: int | None) -> None:
     """Inference's form of the stateful attention (one product for the query's gate columns and the adapter's down
-    maps) against training's, with every part of the state at work, the imprint behind the persona's prompt."""
-    model, state = _whole_state_model()
+    maps) against training's, with every part of the state at work, the imprint behind the persona's prompt; with the
+    whole metric and with 3 of its 16 eigenpairs (the imprint's keys then carry 3 metric columns too)."""
+    model, state = _whole_state_model(metric_rank)
     idx = torch.tensor([list(b"hello there, Ox")])
     with torch.enable_grad():
         whole = model(idx, model.condition_states([state], [3])).logits.detach()  # the training form, all at once
@@ -214,7 +218,7 @@ def test_a_bfloat16_step_on_the_cpu_runs_the_states_small_products_in_float32() 
     steps, c = _decoded(model.to(torch.bfloat16), state, idx, 11)
     maps = [m for layer in c.layers for m in layer.maps]
     assert maps and all(m.weight.dtype == torch.float32 for m in maps)
-    assert maps[0].metric2 is not None and maps[0].metric2.dtype == torch.float32
+    assert maps[0].metric_q is not None and maps[0].metric_q.dtype == torch.float32
     assert maps[0].up is not None and maps[0].out_up is not None and maps[0].out_up.dtype == torch.float32
     assert steps.dtype == torch.bfloat16
     scale = reference.abs().max()
@@ -735,7 +739,7 @@ def test_asking_for_a_kind_moves_attention_to_its_entries_and_a_fresh_identity_s
     assert (asked - unasked).abs().max() > 1e-3
     # the bias sits in each entry key's bias column (the query's constant 1): +6 on the city's span, -6 on the name's
     attn = model.attentions[1]
-    col = attn.d + (attn.d if attn.has_trace else 0)
+    col = attn.d + attn.mid
     S = model.config.self_slots
     moved = cond.layers[1].slot_key[0, 0, S:, col] - plain.layers[1].slot_key[0, 0, S:, col]  # type: ignore[union-attr]
     torch.testing.assert_close(moved[:8], torch.tensor([-6.0] * 4 + [6.0] * 4))

@@ -59,6 +59,7 @@ SETTINGS = (
     "imprint_copy",
     "imprint_copy_layers",
     "imprint_copy_heads",
+    "metric_rank",
 )
 
 
