@@ -31,6 +31,7 @@ import torch
 from benchmarks.reply_metrics import wrong_language
 from benchmarks.reply_quality import ask
 from sia.checkpoint import load_model
+from sia.model.naming import claims_self, user_roles
 from sia.personas import PERSONAS, persona_sampling
 
 INTRODUCTIONS = (
@@ -97,6 +98,13 @@ def other_names(persona: str, reply: str) -> list[str]:
     return [m.group(1) for m in said if m.group(1).lower() != persona]
 
 
+def takes_roles(message: str, reply: str) -> list[str]:
+    """The words the user said of themself (``sia.model.naming.user_roles``: "firefighter", "Valencia") that ``reply``
+    says right after its own "I'm a", "I live in" (``claims_self``): "i'm a firefighter in valencia" gives firefighter."""
+    roles = {w.lower() for w in user_roles(message)}
+    return [m.group() for m in re.finditer(r"[^\W\d_]+", reply) if m.group().lower() in roles and claims_self(reply[: m.start()])]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--personas", nargs="+", default=sorted(PERSONAS))
@@ -118,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                     "drifts": wrong_language(r["reply"]),
                     "as_user": speaks_as(user, r["reply"]),
                     "other_names": other_names(persona, r["reply"]),
+                    "takes_roles": takes_roles(m["question"], r["reply"]),
                 }
                 for m, r, user in zip(messages, replies, USERS, strict=True)
             ]
@@ -136,13 +145,22 @@ def main(argv: list[str] | None = None) -> int:
             n = sum(row["drifts"] for row in rows)
             as_user = sum(row["as_user"] for row in rows)
             named = sum(bool(row["other_names"]) for row in rows)
-            run = {"drifted": n, "rate": n / len(rows), "as_user": as_user, "other_names": named, "replies": rows}
+            roles = sum(bool(row["takes_roles"]) for row in rows)
+            run = {
+                "drifted": n,
+                "rate": n / len(rows),
+                "as_user": as_user,
+                "other_names": named,
+                "takes_roles": roles,
+                "replies": rows,
+            }
             if args.ban_first:
                 run["drifted_after_ban"] = sum(row.get("drifts_after_ban", row["drifts"]) for row in rows)
             found["runs"][f"{persona}/{mode}"] = run
             after = f", {run['drifted_after_ban']} after banning first tokens" if args.ban_first else ""
             sys.stdout.write(
-                f"{persona} {mode}: {n}/{len(rows)} drift{after}; {as_user} speak as the user, {named} name another\n"
+                f"{persona} {mode}: {n}/{len(rows)} drift{after}; {as_user} speak as the user, {named} name another, "
+                f"{roles} take what the user is\n"
             )
             sys.stdout.flush()
     args.out.parent.mkdir(parents=True, exist_ok=True)

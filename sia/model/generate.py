@@ -38,7 +38,18 @@ from sia.model.language import (
     recollection_reply,
     untold_reply,
 )
-from sia.model.naming import continuations, gives_name, name_starts, names_self, other_names, own_name, user_names
+from sia.model.naming import (
+    claims_self,
+    continuations,
+    gives_name,
+    name_starts,
+    names_self,
+    other_names,
+    own_name,
+    role_starts,
+    user_names,
+    user_roles,
+)
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
 from sia.model.unsaid import UnsaidWords, goes_on_a_stem, said_stems, unsaid_words, word_written
@@ -660,6 +671,9 @@ class ReplyDecoder:
         self.user_names = user_names(params.reply_to) if params.reply_to else []
         self.named_speaker = params.speaker
         self.not_names: Tensor | None = None
+        # what the user says of themself (their job, their city): never right after a persona's "I'm a" or "I live in"
+        self.user_roles = user_roles(params.reply_to) if params.reply_to and params.speaker else []
+        self.not_roles: Tensor | None = None
         # a persona's reply never writes a word of profanity or a slur the user did not (``sia.model.unsaid``); the
         # tokens banned per word being written: "" after a space or a prefix of a stem, or None for any other word
         self.unsaid: UnsaidWords | None = unsaid_words(tok) if params.speaker else None
@@ -712,8 +726,9 @@ class ReplyDecoder:
         is put off: the address's tokens come first, then that end ("Tokyo." becomes "Tokyo, sir."). A reply begun
         again never begins with a token whose reply was taken back, and where the reply names its speaker ("I'm"), the
         user's name cannot come, nor, for a persona with a name, any name but its own; where it says "my name is", a
-        persona's name comes whole, and no token goes on its last word. A persona's reply writes no profanity or slur
-        the user did not (``sia.model.unsaid``)."""
+        persona's name comes whole, and no token goes on its last word; where a persona's reply says what it is or where
+        it lives ("I'm a", "I live in"), no word the user said of themself can come. A persona's reply writes no
+        profanity or slur the user did not (``sia.model.unsaid``)."""
         if self.queued:
             return self.queued.pop(0)
         if self.named_speaker and gives_name(self.text):
@@ -729,6 +744,11 @@ class ReplyDecoder:
             logits = logits.index_fill(0, torch.tensor(self.banned_first, device=logits.device), float("-inf"))
         if (self.user_names or self.named_speaker) and names_self(self.text):
             logits = logits.index_fill(0, self._not_names(logits.device), float("-inf"))
+        if self.user_roles and claims_self(self.text):
+            if self.not_roles is None:
+                ids = role_starts(self.tok, self.user_roles, self.named_speaker)
+                self.not_roles = torch.tensor(ids, dtype=torch.long, device=logits.device)
+            logits = logits.index_fill(0, self.not_roles, float("-inf"))
         unsaid = self._unsaid(logits.device)
         if unsaid is not None:
             logits = logits.index_fill(0, unsaid, float("-inf"))

@@ -19,6 +19,15 @@ name (``other_names``): "I'm Marlow, at your service" or "I'm so glad", never "I
 Where it says "my name is" (or "my name's") its name comes next, whole, and ends there (``gives_name``; the token after
 it may not go on the word: "My name is Pip, and", not "Pipa"): kept from every other name, the backbone trailed off
 there instead ("My name is... (pausing)", "My name is a"; 7 of ``introduction_language``'s 320 replies, 2026-12-06).
+
+A persona's reply takes no more of what the user says of themself than their name: told "Hey! Call me Bea. I'm a
+firefighter in Valencia", bolt answered "i'm a firefighter in valencia and i love the sea.", pip "I'm a music teacher
+in Graz." to Lukas, sia "I'm your friendly and compassionate dentist here in Chennai" to Priya. Right after the words
+by which a speaker says what it is or where it lives ("I'm", "I am", "I work as", "I live in", "I'm from", and a few
+words between: "I'm just a", "I'm your", "I'm based in"; ``claims_self``), no token may come that begins a word of
+the user's own clauses (``user_roles``: the words after their "I", "I'm" or "my" up to the clause's end, but the
+common ones: "I'm a firefighter in Valencia" gives firefighter and Valencia). "I'm glad", "I'm not a firefighter" and
+"you're a firefighter" stay the model's to say.
 """
 
 from __future__ import annotations
@@ -31,13 +40,16 @@ from sia.model.tokenizer import Tokenizer
 
 __all__ = [
     "capital_starts",
+    "claims_self",
     "continuations",
     "gives_name",
     "name_starts",
     "names_self",
     "other_names",
     "own_name",
+    "role_starts",
     "user_names",
+    "user_roles",
 ]
 
 _GIVEN = re.compile(r"(?i:\b(?:i'm|i’m|i am|my name is|my name's|my name’s|calls? me))\s+([A-Z][^\W\d_]*)")
@@ -46,6 +58,28 @@ _GREETING = r"^\W*(?i:(?:hi|hey|heya|hello|good \w+)(?: there)?\W+)"
 _SIGNED = re.compile(_GREETING + r"?([^\W\d_]+)(?:\s+[^\W\d_]+)?\s+(?i:here)\b")
 _NAMES_SELF = re.compile(r"(?:^|\W)(?:i'm|i’m|i am|my name is|my name's|my name’s|call me)\s*$", re.IGNORECASE)
 _GIVES_NAME = re.compile(r"(?:^|\W)my name(?: is|'s|’s)\s*$", re.IGNORECASE)
+# where a reply says what its speaker is or where it lives: the next word is the claim ("I'm just a", "I live in")
+_CLAIMS_SELF = re.compile(
+    r"(?:^|\W)(?:i'm|i’m|i am|i work as|i work in|i live in|i live near|i come from)"
+    r"(?:\s+(?:a|an|the|your|just|also|only|actually|really|now|currently|from|in|based|here|living|working|as|one|of))*\s*$",
+    re.IGNORECASE,
+)
+# a message's clauses: what lies between marks, "and" and "but"
+_CLAUSES = re.compile(r"[.,;:!?()]|\b(?:and|but)\b", re.IGNORECASE)
+# a clause whose subject is the user: what follows its "I", "I'm" or "my"
+_OWN_CLAUSE = re.compile(r"(?i:(?:^|\W)(?:i'm|i’m|i am|i've|i’ve|i|my)\b)(.*)")
+_APPOSITION = re.compile(r"^\s*(?i:an?)\s")  # "I'm Lukas, a music teacher in Graz": the clause after goes on it
+# words of such a clause that say nothing of who the user is, or that a reply says of itself anyway ("I'm glad")
+_COMMON_WORDS = (
+    "a an the and but or so to of in on at by for from with near into over as about than then this that these "
+    "those am is are was were be been being have has had do does did will would can could just also really very "
+    "too quite now here there where when what who which how all some any much many lot lots bit little big new "
+    "old good great glad happy sorry delighted thrilled excited pleased sure afraid fine well ready curious "
+    "interested looking going doing trying getting living working based work live called named name years year "
+    "every day week month last since like love not never always still usually currently actually only one two "
+    "three me my mine you your it its they them their our we us he she him his her here hello hey hi nice meet"
+)
+_COMMON = frozenset(_COMMON_WORDS.split())
 
 
 def user_names(message: str) -> list[str]:
@@ -55,6 +89,27 @@ def user_names(message: str) -> list[str]:
     if signed is not None:
         found.append(signed.group(1))
     return [name for name in dict.fromkeys(found) if name.lower() not in ENGLISH]
+
+
+def user_roles(message: str) -> list[str]:
+    """The words the user says of themself in ``message``: those of its clauses whose subject is "I" or "my", and of a
+    clause that opens with "a" or "an" right after one ("I'm Lukas, a music teacher"), but the common ones, in order,
+    each once: "I'm a firefighter in Valencia and I love the sea" gives firefighter, Valencia, sea."""
+    found: list[str] = []
+    own = False
+    for clause in _CLAUSES.split(message):
+        m = _OWN_CLAUSE.search(clause)
+        if m is not None or (own and _APPOSITION.match(clause)):
+            found += re.findall(r"[^\W\d_]+", clause if m is None else m.group(1))
+            own = True
+        elif clause.strip():
+            own = False
+    return [w for w in dict.fromkeys(found) if len(w) > 2 and w.lower() not in _COMMON]
+
+
+def claims_self(text: str) -> bool:
+    """Whether a reply so far ends where its speaker says what it is or where it lives ("I'm a", "i live in ")."""
+    return _CLAIMS_SELF.search(text) is not None
 
 
 def names_self(text: str) -> bool:
@@ -123,6 +178,14 @@ def other_names(tok: Tokenizer, speaker: str, users: list[str]) -> list[int]:
         capitals = capital_starts(tok)
         others[speaker] = capitals - {i for i in capitals if name and _begins(_text(tok, i), name)}
     return sorted(others[speaker] | set(name_starts(tok, users)))
+
+
+def role_starts(tok: Tokenizer, roles: list[str], speaker: str) -> list[int]:
+    """The tokens a reply of the persona named ``speaker`` may not say right after "I'm a" (``claims_self``): those that
+    begin a word the user said of themself (``user_roles``), but those that may begin the persona's own name (" Mar" of
+    "Marseille" begins "Marlow" too)."""
+    name = own_name(speaker)
+    return [i for i in name_starts(tok, roles) if not any(_begins(_text(tok, i), form) for form in (name, name.lower()))]
 
 
 def _text(tok: Tokenizer, i: int) -> str:

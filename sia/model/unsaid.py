@@ -42,6 +42,7 @@ STEMS = (
     "dumbass",
     "jackass",
     "wanker",
+    "bollock",
     "twat",
     "nigger",
     "nigga",

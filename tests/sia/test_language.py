@@ -6,6 +6,7 @@ gives the user's name as its speaker's (sia.model.naming), nor calls out its spe
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -33,7 +34,18 @@ from sia.model.language import (
     message_words,
     of_the_persona,
 )
-from sia.model.naming import capital_starts, continuations, gives_name, name_starts, names_self, other_names, user_names
+from sia.model.naming import (
+    capital_starts,
+    claims_self,
+    continuations,
+    gives_name,
+    name_starts,
+    names_self,
+    other_names,
+    role_starts,
+    user_names,
+    user_roles,
+)
 from sia.model.native import SIAModel
 from sia.model.tokenizer import ByteTokenizer
 from tests.conftest import random_state, tiny_config
@@ -304,6 +316,16 @@ def test_a_turn_replies_to_its_message() -> None:
         SamplingParams(reply_to=3)  # type: ignore[arg-type]
 
 
+def next_token(said: str, prefer: torch.Tensor, **params: Any) -> str:
+    """The character a greedy reply that has written ``said`` picks next from the logits ``prefer`` (a byte tokenizer's
+    (V,)), under ``SamplingParams(**params)``: what its rules leave of the model's choice."""
+    sampling = SamplingParams(temperature=0.0, **params)
+    row = ReplyDecoder(sampling, CPU, TOK)
+    for t in said.encode():
+        row.push(t, sampling, TOK.end_ids)
+    return chr(row.sample(prefer, sampling))
+
+
 @pytest.mark.parametrize(
     ("message", "names"),
     [
@@ -331,11 +353,7 @@ def test_a_reply_never_gives_the_users_name_as_its_speakers() -> None:
     prefer[ord("A")], prefer[ord("S")] = 5.0, 4.0
 
     def next_after(said: str, message: str) -> str:
-        params = SamplingParams(temperature=0.0, reply_to=message)
-        row = ReplyDecoder(params, CPU, TOK)
-        for t in said.encode():
-            row.push(t, params, TOK.end_ids)
-        return chr(row.sample(prefer, params))
+        return next_token(said, prefer, reply_to=message)
 
     assert next_after("Hello! I'm ", "Hi! I'm Ana Kowalski.") == "S"
     assert next_after("hello! i am ", "Hi! I'm Ana Kowalski.") == "S"
@@ -354,16 +372,62 @@ def test_a_persona_gives_no_name_but_its_own() -> None:
     prefer[ord("E")], prefer[ord("M")], prefer[ord("s")] = 5.0, 4.0, 3.0
 
     def next_after(said: str, speaker: str, message: str = "Hi! I'm Ana.") -> str:
-        params = SamplingParams(temperature=0.0, reply_to=message, speaker=speaker)
-        row = ReplyDecoder(params, CPU, TOK)
-        for t in said.encode():
-            row.push(t, params, TOK.end_ids)
-        return chr(row.sample(prefer, params))
+        return next_token(said, prefer, reply_to=message, speaker=speaker)
 
     assert next_after("Good day! I am ", "marlow") == "M"  # "Elena" is not its name; "Marlow" is
     assert next_after("Good day! I am ", "sia") == "s"  # no name of its own starts there: the model's next choice
     assert next_after("Good day! I am ", "") == "E"  # a bare model: only the user's name is banned
     assert next_after("Good day! I met ", "marlow") == "E"  # not where a speaker names itself
+
+
+@pytest.mark.parametrize(
+    ("message", "roles"),
+    [
+        ("Hey! Call me Bea. I'm a firefighter in Valencia and I love the sea.", ["firefighter", "Valencia", "sea"]),
+        ("Hi, I'm Lukas Schneider, a music teacher in Graz.", ["Lukas", "Schneider", "music", "teacher", "Graz"]),
+        (
+            "My name's Marisol, I'm a pharmacist, and I live in Bilbao with my two dogs.",
+            ["Marisol", "pharmacist", "Bilbao", "dogs"],
+        ),
+        ("i work as a nurse in lisbon", ["nurse", "lisbon"]),
+        ("I'm so happy to be here!", []),  # nothing said of who the user is
+        ("How many legs does a spider have?", []),  # no clause of the user's own
+        ("What is a good name for a cat, and a dog?", []),
+        ("Anneke de Vries, veterinarian, Utrecht.", []),  # no "I": the rule of names reads the signed ones
+    ],
+)
+def test_what_a_user_says_of_themself_is_read_from_their_own_clauses(message: str, roles: list[str]) -> None:
+    assert user_roles(message) == roles
+
+
+def test_a_persona_never_says_what_the_user_is_as_its_own() -> None:
+    """Right after a persona's "I'm a", "I am your", "I live in" (in any case), the tokens that begin a word the user
+    said of themself are banned: the row takes its next choice. "I'm not a", "you're a", a reply without a speaker (a
+    bare model) and a message that says nothing of its writer leave the model's choice as it is."""
+    assert (
+        claims_self("hey! i'm a") and claims_self("I am just your ") and claims_self("I live in") and claims_self("I'm based in ")
+    )
+    assert (
+        not claims_self("I'm not a") and not claims_self("you're a") and not claims_self("I'm glad") and not claims_self("Miami")
+    )
+    prefer = torch.full((TOK.vocab_size,), -10.0)
+    prefer[ord("f")], prefer[ord("b")] = 5.0, 4.0
+
+    def next_after(said: str, message: str, speaker: str = "bolt") -> str:
+        return next_token(said, prefer, reply_to=message, speaker=speaker)
+
+    told = "Hey! I'm a firefighter in Valencia."
+    assert next_after("i'm a ", told) == "b"  # not "firefighter"
+    assert next_after("Oh, I live in ", "I live in Faro.") == "b"  # not "Faro"
+    assert next_after("i'm not a ", told) == "f"
+    assert next_after("you're a ", told) == "f"
+    assert next_after("i'm a ", told, speaker="") == "f"  # a bare model
+    assert next_after("i'm a ", "How do bees fly?") == "f"  # the user said nothing of themself
+    # a word of the user's that the persona's own name begins like ("Marseille", "Marlow") leaves that name free
+    assert role_starts(TOK, ["Marseille", "fish"], "marlow") == [ord("f")]
+    assert next_after("I'm ", "I work as a fisher in Marseille.", speaker="marlow") == "b"
+    prefer[ord("M")] = 6.0
+    assert next_after("I'm ", "I work as a fisher in Marseille.", speaker="marlow") == "M"
 
 
 def test_a_persona_that_says_my_name_is_says_its_own_name_whole() -> None:
