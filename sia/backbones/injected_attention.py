@@ -151,6 +151,13 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
+def metric_columns(unit: Tensor, basis: Tensor, neg_spectrum: Tensor) -> tuple[Tensor, Tensor]:
+    """A trace layer's key columns for the metric: unit pre-rotation keys (..., L, d) in its basis V (..., d, r), V^T w,
+    and their bias column -w^T M w (..., L, 1) from -Λ as a column (..., r, 1)."""
+    projected = unit @ basis
+    return projected, projected.square() @ neg_spectrum
+
+
 def _row_by_row(m: nn.Module, s: Tensor, alone: bool) -> Tensor:
     """``m(s)`` for (B, d) rows; with ``alone`` one row at a time, so that a row's result is bit for bit the one it
     gets alone (a product's rounding can depend on how many rows it multiplies)."""
@@ -257,10 +264,9 @@ class InjectedAttention(nn.Module):
         parts = [rotate(k, *rope)]  # (B, H_kv, N, d)
         bias = k.new_zeros(B, H_kv, N, 1)
         if metric is not None:
-            basis, spectrum = metric[0].to(k.dtype), metric[1].to(k.dtype)
-            w_k = F.normalize(k, dim=-1) @ basis  # (B, H_kv, N, r): unit pre-rotation keys in the metric's basis
+            basis, neg_spectrum = metric[0].to(k.dtype), -metric[1].to(k.dtype).unsqueeze(-1)
+            w_k, bias = metric_columns(F.normalize(k, dim=-1), basis, neg_spectrum)  # (B, H_kv, N, r), (B, H_kv, N, 1)
             parts.append(w_k)
-            bias = w_k.square() @ -spectrum.unsqueeze(-1)  # (B, H_kv, N, 1) = -w^T M w
         opened = -shift if entry_bias is None else entry_bias.to(k.dtype) - shift  # (B, N) or a number
         closed = torch.where(filled, opened, CLOSED_GATE).to(k.dtype).view(B, 1, N, 1)
         parts.append(bias + closed)
@@ -322,9 +328,8 @@ class InjectedAttention(nn.Module):
                 u = u.reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by their key/value head
                 metric_q = u @ (basis * (2.0 * spectrum).unsqueeze(-2))  # 2 Λ V^T u
                 q_parts.append(metric_q.view(B, H, L, self.mid))
-                w_k = F.normalize(k, dim=-1) @ basis  # (B, H_kv, L, r): V^T w
+                w_k, k_bias = metric_columns(F.normalize(k, dim=-1), basis, -spectrum.unsqueeze(-1))  # V^T w, -w^T M w
                 k_parts.append(w_k)
-                k_bias = w_k.square() @ -spectrum.unsqueeze(-1)  # (B, H_kv, L, 1) = -w^T M w
             else:
                 k_bias = k.new_zeros(B, H_kv, L, 1)
             q_parts.append(q.new_ones(B, H, L, 1))
@@ -484,8 +489,7 @@ class InjectedAttention(nn.Module):
             unit = F.normalize(cast(qk, maps.metric_q.dtype), dim=-1)  # unit pre-rotation queries and keys
             u = unit[:, :H].reshape(B, H_kv, H // H_kv * L, d)  # query heads grouped by their key/value head
             metric_q = cast((u @ maps.metric_q).view(B, H, L, self.mid), x.dtype)  # 2 Λ V^T u
-            w_k = unit[:, H:] @ maps.metric_k  # (B, H_kv, L, r): V^T w
-            k_bias = w_k.square() @ maps.neg_spectrum  # (B, H_kv, L, 1) = -w^T M w
+            w_k, k_bias = metric_columns(unit[:, H:], maps.metric_k, maps.neg_spectrum)  # V^T w, -w^T M w
             q_aug = torch.cat([q_rot, metric_q, tail], dim=-1)  # (B, H, L, w)
             k_aug = torch.cat([k_rot, cast(w_k, x.dtype), cast(k_bias, x.dtype)], dim=-1)
             k_aug = F.pad(k_aug, (0, self.w - k_aug.shape[-1]))

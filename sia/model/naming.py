@@ -77,7 +77,7 @@ _COMMON_WORDS = (
     "old good great glad happy sorry delighted thrilled excited pleased sure afraid fine well ready curious "
     "interested looking going doing trying getting living working based work live called named name years year "
     "every day week month last since like love not never always still usually currently actually only one two "
-    "three me my mine you your it its they them their our we us he she him his her here hello hey hi nice meet"
+    "three me my mine you your it its they them their our we us he she him his her hello hey hi nice meet"
 )
 _COMMON = frozenset(_COMMON_WORDS.split())
 
