@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 import sia.backbones.llama as llama
 from server.cli import main as sia_main
+from sia.backbones.injected_attention import CopyPlan
 from sia.checkpoint import DEFAULT_CACHE, DEFAULT_CHECKPOINT, load_llama_checkpoint
 from sia.model.language import ECHO_OPENING
 
@@ -29,17 +31,15 @@ def boosted(boost: float, you: int) -> Any:
     def copied(
         logits: torch.Tensor,
         pointer: torch.Tensor,
-        tokens: torch.Tensor,
-        weight: torch.Tensor,
-        after: torch.Tensor,
+        plan: CopyPlan,
         previous: torch.Tensor,
         unfinished: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        out = plain(logits, pointer, tokens, weight, after, previous, unfinished)
+        out = plain(logits, pointer, plan, previous, unfinished)
         at = previous == you  # (B, L)
         if not bool(at.any()):
             return out
-        strong = plain(logits, pointer, tokens, weight * boost, after, previous, unfinished)
+        strong = plain(logits, pointer, replace(plan, weight=plan.weight * boost), previous, unfinished)
         return torch.where(at.unsqueeze(-1), strong, out)
 
     return copied

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -47,9 +47,11 @@ from sia.model.kv_cache import KVCache
 
 __all__ = [
     "CLOSED_GATE",
+    "CopyPlan",
     "EntryReads",
     "InjectedAttention",
     "InjectedLayer",
+    "copy_plan",
     "injected_attention_reference",
     "rotate",
     "row_starts",
@@ -60,6 +62,12 @@ CLOSED_GATE = -1e4  # the slot's logit for a zero self state: exp(-1e4 - max) is
 
 def _round8(n: int) -> int:
     return (n + 7) // 8 * 8
+
+
+@lru_cache(maxsize=256)
+def _head_index(heads: tuple[int, ...], device: torch.device) -> Tensor:
+    """The query heads' indices as a tensor on ``device``, made once, not at every decoding step (four operators)."""
+    return torch.tensor(heads, device=device)
 
 
 @dataclass
@@ -96,6 +104,43 @@ class InferenceMaps:
     out_up: Tensor | None
 
 
+@dataclass(frozen=True)
+class CopyPlan:
+    """What the copy read (``sia.backbones.llama.copied``) takes from a turn's entries, made once a turn (``copy_plan``),
+    not at every decoding step: each entry's token id (B, N) with an empty entry as 0, then per entry (B, 1, N) whether
+    it begins a word or goes on one, the token that must come just before it where it goes on one (-1 where it begins
+    one), and its weight where it holds a token (0 elsewhere, float32); which entries hold one token ((B, N, N),
+    float32); and which rows copy at all ((B,), and whether every row does, or any)."""
+
+    tokens: Tensor
+    begins: Tensor
+    goes_on: Tensor
+    after: Tensor
+    weight: Tensor
+    same: Tensor
+    copying: Tensor
+    every_row: bool
+    any_row: bool
+
+
+def copy_plan(tokens: Tensor, weight: Tensor, after: Tensor) -> CopyPlan:
+    """The ``CopyPlan`` of entries with token ids ``tokens`` (B, N) (-1: none), copy weights ``weight`` (B, N) and the
+    tokens ``after`` (B, N) they go on from (-1: the entry begins a word)."""
+    held = tokens.clamp_min(0)  # an empty entry as token 0, so that every write to a token writes one value
+    copying = (weight > 0).any(-1)
+    return CopyPlan(
+        tokens=held,
+        begins=(after < 0).unsqueeze(1),
+        goes_on=(after >= 0).unsqueeze(1),
+        after=after.unsqueeze(1),
+        weight=(weight.float() * (tokens >= 0)).unsqueeze(1),
+        same=(held.unsqueeze(-1) == held.unsqueeze(-2)).float(),
+        copying=copying,
+        every_row=bool(copying.all()),
+        any_row=bool(copying.any()),
+    )
+
+
 @dataclass
 class InjectedLayer:
     """One layer's share of a turn's conditioning, per batch row."""
@@ -126,6 +171,13 @@ class InjectedLayer:
     def reading(self) -> bool:
         """Whether any row's imprint holds something: asked once per conditioning, not at every decoding step."""
         return self.imprinted is not None and bool(self.imprinted.any())
+
+    @cached_property
+    def copy_plan(self) -> CopyPlan | None:
+        """The copy read's ``CopyPlan`` in a copy layer (None elsewhere): made once a conditioning."""
+        if self.copy_tokens is None or self.copy_after is None or self.copy_weight is None:
+            return None
+        return copy_plan(self.copy_tokens, self.copy_weight, self.copy_after)
 
     @cached_property
     def maps(self) -> list[InferenceMaps]:
@@ -366,10 +418,13 @@ class InjectedAttention(nn.Module):
         starts: list[int] | None,
         reads: EntryReads | None = None,
     ) -> Tensor:
-        """The augmented queries (B, H, L, w) against the state's keys, the cache's and these (B, H_kv, L, w): the
-        heads' outputs (B, L, H·d); ``reads`` receives the weights on the imprint's entries (``entry_weights``)."""
-        B, _, L, _ = q_aug.shape
+        """The augmented queries (B, H, L, w) against the state's keys, the cache's and these (B, H_kv, L, w'): the
+        heads' outputs (B, L, H·d); ``reads`` receives the weights on the imprint's entries (``entry_weights``). Keys
+        and values narrower than the queries (w' < w) are their first columns, the rest zeros: the cache writes them
+        into its columns, which hold zeros there (``KVCache.extend``), so a decoding step pads nothing."""
+        B, _, L, w = q_aug.shape
         if cache is None:
+            k_aug, v_aug = _widened(k_aug, w), _widened(v_aug, w)
             if lc is not None:
                 k_aug = torch.cat([lc.slot_key.to(k_aug.dtype), k_aug], dim=2)  # (B, H_kv, S+L, w)
                 v_aug = torch.cat([lc.slot_value.to(v_aug.dtype), v_aug], dim=2)
@@ -418,7 +473,7 @@ class InjectedAttention(nn.Module):
             logits = qf.reshape(B, self.H_kv, H // self.H_kv * L, -1) @ kf.transpose(-1, -2)  # (B, H_kv, G·L, Lk)
             logits = logits.view(B, H, L, Lk)
             if heads is not None:
-                logits = logits.index_select(1, torch.tensor(heads, device=q.device))  # (B, h, L, Lk)
+                logits = logits.index_select(1, _head_index(tuple(heads), q.device))  # (B, h, L, Lk)
         else:  # only the heads asked for, each against its key/value head
             kv = [h // (H // self.H_kv) for h in heads]
             logits = qf[:, heads] @ kf[:, kv].transpose(-1, -2)  # (B, h, L, Lk)
@@ -491,12 +546,12 @@ class InjectedAttention(nn.Module):
             metric_q = cast((u @ maps.metric_q).view(B, H, L, self.mid), x.dtype)  # 2 Λ V^T u
             w_k, k_bias = metric_columns(unit[:, H:], maps.metric_k, maps.neg_spectrum)  # V^T w, -w^T M w
             q_aug = torch.cat([q_rot, metric_q, tail], dim=-1)  # (B, H, L, w)
-            k_aug = torch.cat([k_rot, cast(w_k, x.dtype), cast(k_bias, x.dtype)], dim=-1)
-            k_aug = F.pad(k_aug, (0, self.w - k_aug.shape[-1]))
+            k_aug = torch.cat([k_rot, cast(w_k, x.dtype), cast(k_bias, x.dtype)], dim=-1)  # (B, H_kv, L, d + mid + 1)
         else:
             q_aug = torch.cat([q_rot, tail], dim=-1)
-            k_aug = F.pad(k_rot, (0, self.w - d))  # the bias column is 0: no metric
-        y = self._attend(q_aug, k_aug, F.pad(v, (0, self.w - d)), lc, cache, layer, attn_mask, starts, reads)
+            k_aug = k_rot  # the bias column is 0: no metric
+        # keys and values narrower than w: the cache writes them into its zero columns' first ones (``_attend``)
+        y = self._attend(q_aug, k_aug, v, lc, cache, layer, attn_mask, starts, reads)
         out: Tensor = self.o_proj(y)
         if maps.out_down is not None and maps.out_up is not None:
             down = F.linear(cast(y, maps.out_down.dtype), maps.out_down)
@@ -583,6 +638,11 @@ class InjectedAttention(nn.Module):
             keys, values = own_columns(k, b, start, prefix, mirrored), own_columns(v, b, start, prefix, mirrored)
             y[b : b + 1, :, Lq - n :] = attend(q[b : b + 1, :, Lq - n :], keys, values, causal=True, enable_gqa=self.H_kv != H)
         return y
+
+
+def _widened(t: Tensor, w: int) -> Tensor:
+    """t (..., w') with zero columns after its own up to w."""
+    return t if t.shape[-1] == w else F.pad(t, (0, w - t.shape[-1]))
 
 
 def own_columns(t: Tensor, b: int, start: int, prefix: int, mirrored: bool = False) -> Tensor:

@@ -20,7 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sia.backbones.injected_attention import CLOSED_GATE, EntryReads, InjectedAttention, InjectedLayer, row_starts
+from sia.backbones.injected_attention import (
+    CLOSED_GATE,
+    CopyPlan,
+    EntryReads,
+    InjectedAttention,
+    InjectedLayer,
+    row_starts,
+)
 from sia.backbones.packed_linear import (
     NO_BFLOAT16_PACKING,
     PACKED_DTYPES,
@@ -127,50 +134,43 @@ COMPLETION = 1.0
 def copied(
     logits: Tensor,
     pointer: Tensor,
-    tokens: Tensor,
-    weight: Tensor,
-    after: Tensor,
+    plan: CopyPlan,
     previous: Tensor,
     unfinished: Tensor | None = None,
 ) -> Tensor:
     """The copy read (config.imprint_copy): logits (B, L, V) -> log-probabilities of the model's distribution mixed
     with the imprinted tokens, p = (softmax(logits) + a) / (1 + |a|), a(v) the attention ``pointer`` (B, L, N) gives
-    the entries whose token ``tokens`` (B, N) is v (-1: none), each times its ``weight`` (B, N). An entry that goes on
-    a word is copied only right after the token before it in its span: ``after`` (B, N) that token (-1: the entry
-    begins a word, copied anywhere), ``previous`` (B, L) the token each position reads (so "Magenta" is copied as
-    " Mag" then "enta", never "enta" alone). Where ``unfinished`` (B, L) says the model itself would go on the word
-    (its likeliest token a word's inner piece), such an entry's pointer is at least COMPLETION: the word is finished as
-    imprinted ("Lub" + "umbashi", not "Lub" + "amba"), while a word the model ends ("if I remember") is left alone. A row
-    whose weights are all 0 keeps its logits as they are."""
-    kept = (tokens >= 0).unsqueeze(1)  # (B, 1, N): the entries with a token
-    going_on = (after >= 0).unsqueeze(1) & (after.unsqueeze(1) == previous.unsqueeze(-1))  # (B, L, N)
-    at = (after < 0).unsqueeze(1) | going_on
+    the entries whose token is v, each times its weight (the entries' ``CopyPlan``, made once a turn). An entry that
+    goes on a word is copied only right after the token before it in its span: ``previous`` (B, L) the token each
+    position reads (so "Magenta" is copied as " Mag" then "enta", never "enta" alone). Where ``unfinished`` (B, L) says
+    the model itself would go on the word (its likeliest token a word's inner piece), such an entry's pointer is at
+    least COMPLETION: the word is finished as imprinted ("Lub" + "umbashi", not "Lub" + "amba"), while a word the model
+    ends ("if I remember") is left alone. A row whose weights are all 0 keeps its logits as they are."""
+    going_on = plan.goes_on & (plan.after == previous.unsqueeze(-1))  # (B, L, N)
+    at = plan.begins | going_on
     pointer = pointer.float()
     if unfinished is not None:
         pointer = torch.where(going_on & unfinished.unsqueeze(-1), pointer.clamp_min(COMPLETION), pointer)
-    a = pointer * (at & kept) * weight.float().unsqueeze(1)  # (B, L, N)
+    a = pointer * at * plan.weight  # (B, L, N)
     norm = torch.log1p(a.sum(-1, keepdim=True))  # (B, L, 1): log(1 + |a|)
     mixed = F.log_softmax(logits.float(), dim=-1) - norm  # every token not held: log(p / (1 + |a|))
     # the held tokens alone: each entry's a summed over the entries holding its token, so the vocabulary is passed
     # over twice, not once per term of the mixture
-    held_ids = tokens.clamp_min(0)  # (B, N): an empty entry as token 0, so every write to a token writes one value
-    same = (held_ids.unsqueeze(-1) == held_ids.unsqueeze(-2)).float()  # (B, N, N)
-    ids = held_ids.unsqueeze(1).expand_as(a)  # (B, L, N)
-    pointed = a @ same  # (B, L, N): each entry's token's a
+    ids = plan.tokens.unsqueeze(1).expand_as(a)  # (B, L, N)
+    pointed = a @ plan.same  # (B, L, N): each entry's token's a
     # log(0) = -inf where nothing points, its gradient taken at 1 (0 · inf would make it NaN)
     pointed = torch.where(pointed > 0, pointed, 1.0).log().masked_fill(pointed <= 0, float("-inf"))
     held = torch.logaddexp(mixed.gather(-1, ids), pointed - norm)  # (B, L, N): log((p + a) / (1 + |a|))
     # in place where nothing learns from it (the gather above keeps ``mixed`` for its gradient)
     mixed = (mixed.scatter(-1, ids, held) if mixed.requires_grad else mixed.scatter_(-1, ids, held)).to(logits.dtype)
-    copying = (weight > 0).any(-1)  # (B,)
-    return mixed if bool(copying.all()) else torch.where(copying.view(-1, 1, 1), mixed, logits)
+    return mixed if plan.every_row else torch.where(plan.copying.view(-1, 1, 1), mixed, logits)
 
 
 def _copying(layers: Sequence[object]) -> InjectedLayer | None:
     """The first copy layer's conditioning where some row copies (config.imprint_copy), else None."""
     for lc in layers:
-        if isinstance(lc, InjectedLayer) and lc.copy_weight is not None:
-            return lc if bool((lc.copy_weight > 0).any()) else None
+        if isinstance(lc, InjectedLayer) and lc.copy_plan is not None:
+            return lc if lc.copy_plan.any_row else None
     return None
 
 
@@ -697,14 +697,13 @@ class LlamaModel(IdentityModel):
         stats = SummarySums(torch.stack(layer_inputs, dim=1), hidden, weight.sum(dim=(1, 2)), pool_max, pool_norm)
         logits = self.lm_head(x[:, logits_from:L])
         if copying is not None:
-            held, follows, lam = copying.copy_tokens, copying.copy_after, copying.copy_weight
-            assert held is not None and follows is not None and lam is not None
-            assert reads is not None
+            plan = copying.copy_plan
+            assert plan is not None and reads is not None
             pointer = torch.cat(reads.weights, 1).mean(1)
             pointer = pointer[:, logits_from:L]  # (B, L - logits_from, N): the mean over the copy's query heads
-            previous = idx[:, logits_from:L].to(follows.device)
+            previous = idx[:, logits_from:L].to(plan.after.device)
             unfinished = ~self.word_starts().to(logits.device)[likeliest(logits)]  # (B, L'): the model goes on a word
-            logits = copied(logits, pointer, held, lam, follows, previous, unfinished)
+            logits = copied(logits, pointer, plan, previous, unfinished)
         return ModelOutput(logits=logits, stats=stats, memory=x[:, L:].float() if memory else None)
 
     @torch.no_grad()

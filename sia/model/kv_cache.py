@@ -49,12 +49,19 @@ class KVCache:
         return self.length - self.prefix
 
     def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write (B, H, L, w) keys/values after the current length; return the filled prefix."""
+        """Write (B, H, L, w) keys/values after the current length; return the filled prefix.
+
+        Keys or values narrower than the layer's width fill its first columns and leave the others as they are: zeros,
+        as every column is made, so long as a layer's keys (and its values) are always written at one width (the
+        columns a reply taken back leaves are written again at the same width); a decoding step then pads nothing."""
         start, end = self.length, self.length + k.shape[2]
         if end > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity - self.prefix} tokens; this step needs {end - self.prefix}")
-        self.keys[layer][:, :, start:end] = k
-        self.values[layer][:, :, start:end] = v
+        for store, new in ((self.keys[layer], k), (self.values[layer], v)):
+            if new.shape[-1] == store.shape[-1]:
+                store[:, :, start:end] = new
+            else:
+                store[:, :, start:end, : new.shape[-1]] = new
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
     def advance(self, n: int) -> None:

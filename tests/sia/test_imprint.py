@@ -13,6 +13,8 @@ from safetensors.torch import save as st_save
 from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
+from sia.backbones import injected_attention
+from sia.backbones.injected_attention import InjectedLayer, copy_plan
 from sia.backbones.llama import COMPLETION, PREFIX_READS, LlamaModel, copied
 from sia.checkpoint import DEFAULT_CHECKPOINT
 from sia.identity.imprint import (
@@ -793,7 +795,7 @@ def test_the_copy_read_mixes_the_imprinted_tokens_into_the_next_token_distributi
     previous = torch.tensor([[5, 9, 5], [1, 1, 1], [4, 4, 4]])  # the token each position reads
     weight = torch.tensor([[3.0, 2.0, 1.0, 3.0], [0.0, 0.0, 0.0, 0.0], [1.0, 2.0, 1.0, 0.0]])
     unfinished = torch.tensor([[True, True, False], [True] * 3, [True] * 3])  # where the model would go on a word
-    got = copied(logits, pointer, tokens, weight, after, previous, unfinished)
+    got = copied(logits, pointer, copy_plan(tokens, weight, after), previous, unfinished)
     for row in (0, 2):
         a = torch.zeros(L, V)
         for j, t in enumerate(tokens[row].tolist()):
@@ -811,7 +813,7 @@ def test_the_copy_read_mixes_the_imprinted_tokens_into_the_next_token_distributi
             assert float(a[0, 7]) == 2.0 * COMPLETION  # ... and then at least COMPLETION of the pointer
             assert int(got[row, 0].argmax()) == 7  # the word is finished as imprinted
             assert float(a[2, 7]) == 2.0 * float(pointer[0, 2, 1]) < 2.0 * COMPLETION  # not where the model ends the word
-    assert torch.equal(copied(logits, pointer, tokens, weight, after, previous)[0, 2], got[0, 2])  # no floor unasked
+    assert torch.equal(copied(logits, pointer, copy_plan(tokens, weight, after), previous)[0, 2], got[0, 2])  # no floor unasked
     assert torch.equal(got[1], logits[1])
     assert float(got[0, 1, 5]) > float(torch.log_softmax(logits[0], -1)[1, 5])  # the held token gains (no word to finish)
     assert bool((got[2, :, 0] > torch.log_softmax(logits[2], -1)[:, 0]).all())  # token 0 too, whatever the empty entry
@@ -829,9 +831,9 @@ def test_the_copy_read_has_finite_gradients_and_learning_through_it_leaves_its_v
     after = torch.tensor([[-1, 2, -1, -1], [-1, -1, -1, -1]])
     previous = torch.tensor([[0, 0, 2], [1, 1, 1]])
     weight = torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])  # row 1 does not copy
-    expected = copied(logits, pointer, tokens, weight, after, previous)
+    expected = copied(logits, pointer, copy_plan(tokens, weight, after), previous)
     lg, pt = logits.clone().requires_grad_(True), pointer.clone().requires_grad_(True)
-    got = copied(lg, pt, tokens, weight, after, previous)
+    got = copied(lg, pt, copy_plan(tokens, weight, after), previous)
     assert torch.equal(got.detach(), expected)
     got[:, :, [2, 4, 0]].sum().backward()  # held tokens and a token no entry holds
     assert lg.grad is not None and pt.grad is not None
@@ -880,6 +882,32 @@ def test_the_copy_read_raises_the_imprinted_tokens_and_leaves_a_fresh_identity_t
         a = model(idx, model.condition_states([untexted])).logits
         b = plain(idx, plain.condition_states([untexted])).logits
     assert torch.equal(a, b)
+
+
+def test_the_copy_reads_plan_is_made_once_a_conditioning(hf_model: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the copy read takes from the entries (``CopyPlan``: ids, word starts, weights, the rows that copy) is made
+    when a conditioning is first read and kept: a decoding step asks the entries nothing, and the host never waits on
+    the device for it; the logits are the same as with a plan made at every call."""
+    model = _copying(hf_model)
+    state = replace(IdentityState.fresh(model.config), imprint=planted(model, "Ana Kowalski, Lisbon"))
+    idx = torch.tensor([model.tokenizer.encode("Where do I live?")])
+    made = []
+    plan = injected_attention.copy_plan
+
+    def counted(tokens: torch.Tensor, weight: torch.Tensor, after: torch.Tensor) -> object:
+        made.append(1)
+        return plan(tokens, weight, after)
+
+    monkeypatch.setattr(injected_attention, "copy_plan", counted)
+    with torch.no_grad():
+        cond = model.condition_states([state])
+        first = model(idx, cond).logits
+        again = model(idx, cond).logits
+        fresh = model(idx, model.condition_states([state])).logits
+    assert len(made) == 2  # one for each conditioning, none at the second call with the first
+    assert torch.equal(first, again) and torch.equal(first, fresh)
+    layer = cond.layers[1]
+    assert isinstance(layer, InjectedLayer) and layer.copy_plan is not None and layer.copy_plan.any_row
 
 
 def test_a_question_of_the_persona_reads_no_imprint(hf_model: LlamaForCausalLM) -> None:
