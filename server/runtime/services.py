@@ -27,6 +27,7 @@ from sia.checkpoint import load_model
 from sia.model.attention import folds_query_heads
 from sia.model.config import STATE_DTYPES
 from sia.model.identity_model import IdentityModel
+from sia.model.naming import leads, spellings
 from sia.model.unsaid import unsaid_words
 
 __all__ = ["Services", "served_model", "serving_device", "serving_dtype"]
@@ -71,6 +72,7 @@ def served_model(settings: Settings, model: IdentityModel | None = None, checkpo
         folded = folds_query_heads(torch.float32)
         log.info("decoding steps' attention with query heads %s", "folded" if folded else "grouped")
     unsaid_words(loaded.tokenizer)  # the tokens a persona's reply never writes: read from the vocabulary once, here
+    spellings(loaded.tokenizer), leads(loaded.tokenizer)  # and how it spells the starts of the user's words
     return loaded
 
 

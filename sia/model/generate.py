@@ -40,6 +40,7 @@ from sia.model.language import (
 )
 from sia.model.naming import (
     claims_self,
+    completions,
     continuations,
     gives_name,
     name_starts,
@@ -674,6 +675,7 @@ class ReplyDecoder:
         # what the user says of themself (their job, their city): never right after a persona's "I'm a" or "I live in"
         self.user_roles = user_roles(params.reply_to) if params.reply_to and params.speaker else []
         self.not_roles: Tensor | None = None
+        self.going_on_ids: dict[tuple[str, ...], Tensor | None] = {}  # per word written and the words it may not go on to
         # a persona's reply never writes a word of profanity or a slur the user did not (``sia.model.unsaid``); the
         # tokens banned per word being written: "" after a space or a prefix of a stem, or None for any other word
         self.unsaid: UnsaidWords | None = unsaid_words(tok) if params.speaker else None
@@ -749,6 +751,9 @@ class ReplyDecoder:
                 ids = role_starts(self.tok, self.user_roles, self.named_speaker)
                 self.not_roles = torch.tensor(ids, dtype=torch.long, device=logits.device)
             logits = logits.index_fill(0, self.not_roles, float("-inf"))
+        going_on = self._not_going_on(logits.device) if self.user_names or self.user_roles else None
+        if going_on is not None:
+            logits = logits.index_fill(0, going_on, float("-inf"))
         unsaid = self._unsaid(logits.device)
         if unsaid is not None:
             logits = logits.index_fill(0, unsaid, float("-inf"))
@@ -762,6 +767,26 @@ class ReplyDecoder:
             self.queued = [*self.address[1:], token]
             return self.address[0]
         return token
+
+    def _not_going_on(self, device: torch.device) -> Tensor | None:
+        """Where the word the reply is writing comes right after "I'm" (or another way of naming or saying what its
+        speaker is) and begins one of the user's names or words, the tokens that would take it further into that
+        word (``sia.model.naming.completions``): the tokenizer spells " catarina" as " catar" + "ina" and as " cat" +
+        "ar" + "ina"; None where there are none."""
+        n = len(self.text)
+        while n and self.text[n - 1].isalpha():
+            n -= 1
+        word, before = self.text[n:].lower(), self.text[:n]
+        if not word:
+            return None
+        targets = [*(self.user_names if names_self(before) else []), *(self.user_roles if claims_self(before) else [])]
+        if not targets:
+            return None
+        key = (word, *targets)
+        if key not in self.going_on_ids:
+            ids = completions(self.tok, word, targets, self.named_speaker)
+            self.going_on_ids[key] = torch.tensor(ids, dtype=torch.long, device=device) if ids else None
+        return self.going_on_ids[key]
 
     def _not_names(self, device: torch.device) -> Tensor:
         """The tokens that may not come right after "I'm": those beginning a name the user gave, and where the persona

@@ -28,6 +28,14 @@ words between: "I'm just a", "I'm your", "I'm based in"; ``claims_self``), no to
 the user's own clauses (``user_roles``: the words after their "I", "I'm" or "my" up to the clause's end, but the
 common ones: "I'm a firefighter in Valencia" gives firefighter and Valencia). "I'm glad", "I'm not a firefighter" and
 "you're a firefighter" stay the model's to say.
+
+Banning the tokens that begin such a word is not enough: the tokenizer spells a word in more ways than one, and the
+model took another ("I'm catarina sousa" as " cat" + "ar" + "ina" where " catar" was banned; "I'm ingrid" as " in" +
+"grid"; 2 of ``introduction_language``'s 320 replies, 2026-12-06). So every token that spells a start of the word
+is banned there, not only its first token (" c", " ca", " cat", " catar"), but a common English word (" in" of
+"Ingrid"); and where the word a reply is writing is a start of one of the user's names or words ("in"), no token may
+take it further into that word (``completions``: "grid"), but where the longer start is a common English word ("a"
++ "n") or a start of the persona's own name: "I'm in good hands" stays the model's to say.
 """
 
 from __future__ import annotations
@@ -41,13 +49,16 @@ from sia.model.tokenizer import Tokenizer
 __all__ = [
     "capital_starts",
     "claims_self",
+    "completions",
     "continuations",
     "gives_name",
+    "leads",
     "name_starts",
     "names_self",
     "other_names",
     "own_name",
     "role_starts",
+    "spellings",
     "user_names",
     "user_roles",
 ]
@@ -128,9 +139,12 @@ def own_name(speaker: str) -> str:
 
 
 def name_starts(tok: Tokenizer, names: list[str]) -> list[int]:
-    """The tokens that begin ``names`` (after a space or not, capitalised as written or in lower case); a first token
-    that is only white space is not one of them (a byte tokenizer writes " Ana" as " " + "A" + ...)."""
+    """The tokens that begin ``names`` (capitalised as written or in lower case): the first token of each spelling
+    (after a space or not; a first token that is only white space is not one of them: a byte tokenizer writes " Ana"
+    as " " + "A" + ...), and every token whose letters (after its white space) are a start of one, but a common English
+    word: the tokenizer spells " catarina" as " catar" + "ina" and as " cat" + "ar" + "ina"; " in" of "Ingrid" stays."""
     starts: set[int] = set()
+    pieces = spellings(tok)
     for name in names:
         for form in {name, name.lower()}:
             for text in (" " + form, form):
@@ -138,7 +152,29 @@ def name_starts(tok: Tokenizer, names: list[str]) -> list[int]:
                 first = next((t for t in ids if tok.decode([t]).strip()), None)
                 if first is not None:
                     starts.add(first)
+            for end in range(1, len(form) + 1):
+                if end == len(form) or form[:end].lower() not in ENGLISH:
+                    starts |= pieces.get(form[:end], frozenset())
     return sorted(starts)
+
+
+_SPELLINGS: weakref.WeakKeyDictionary[Tokenizer, dict[str, frozenset[int]]] = weakref.WeakKeyDictionary()
+
+
+def spellings(tok: Tokenizer) -> dict[str, frozenset[int]]:
+    """The tokens of ``tok`` that are letters only after their white space (" Cat", "cat"), by those letters as
+    written; computed once per tokenizer."""
+    found = _SPELLINGS.get(tok)
+    if found is None:
+        by_text: dict[str, set[int]] = {}
+        for i in range(tok.vocab_size):
+            raw = tok.token_bytes(i)
+            text = "" if raw is None else raw.decode("utf-8", "ignore").lstrip()
+            if text and text.isalpha():
+                by_text.setdefault(text, set()).add(i)
+        found = {text: frozenset(ids) for text, ids in by_text.items()}
+        _SPELLINGS[tok] = found
+    return found
 
 
 _CAPITAL_STARTS: weakref.WeakKeyDictionary[Tokenizer, frozenset[int]] = weakref.WeakKeyDictionary()
@@ -171,13 +207,14 @@ def continuations(tok: Tokenizer) -> frozenset[int]:
 def other_names(tok: Tokenizer, speaker: str, users: list[str]) -> list[int]:
     """The tokens a reply of the persona named ``speaker`` may not say right after "I'm" (``names_self``): those that
     begin a capitalised word, except the ones that begin ``speaker`` capitalised (a persona is named "marlow": " Mar",
-    " Marl" and " Marlow" may come), and those that begin a name the user gave (``users``, in any case)."""
+    " Marl" and " Marlow" may come), and those that begin a name the user gave (``users``, in any case), but where they
+    may begin the persona's own name too (Pippa's " Pip" stays pip's; ``completions`` keeps "pa" from following)."""
     others = _OTHERS.setdefault(tok, {})
     if speaker not in others:
         name = own_name(speaker)
         capitals = capital_starts(tok)
         others[speaker] = capitals - {i for i in capitals if name and _begins(_text(tok, i), name)}
-    return sorted(others[speaker] | set(name_starts(tok, users)))
+    return sorted(others[speaker] | set(role_starts(tok, users, speaker)))
 
 
 def role_starts(tok: Tokenizer, roles: list[str], speaker: str) -> list[int]:
@@ -186,6 +223,47 @@ def role_starts(tok: Tokenizer, roles: list[str], speaker: str) -> list[int]:
     "Marseille" begins "Marlow" too)."""
     name = own_name(speaker)
     return [i for i in name_starts(tok, roles) if not any(_begins(_text(tok, i), form) for form in (name, name.lower()))]
+
+
+_LEADS: weakref.WeakKeyDictionary[Tokenizer, dict[str, frozenset[int]]] = weakref.WeakKeyDictionary()
+
+
+def leads(tok: Tokenizer) -> dict[str, frozenset[int]]:
+    """The tokens of ``tok`` that go on a word (a letter first), by their leading letters in lower case ("arina," and
+    "Arina" under "arina"); computed once per tokenizer."""
+    found = _LEADS.get(tok)
+    if found is None:
+        by_lead: dict[str, set[int]] = {}
+        for i in range(tok.vocab_size):
+            raw = tok.token_bytes(i)
+            text = "" if raw is None else raw.decode("utf-8", "ignore")
+            n = 0
+            while n < len(text) and text[n].isalpha():
+                n += 1
+            if n:
+                by_lead.setdefault(text[:n].lower(), set()).add(i)
+        found = {lead: frozenset(ids) for lead, ids in by_lead.items()}
+        _LEADS[tok] = found
+    return found
+
+
+def completions(tok: Tokenizer, word: str, targets: list[str], speaker: str) -> list[int]:
+    """The tokens that would take ``word``, the letters of the word a reply is writing (lower case), further into one
+    of ``targets`` (any case) or to its end: "cat" + "ar" or + "arina" into "Catarina". Left out: a piece after which
+    the word so far is a common English word other than the target ("a" + "n"), and one after which it is a start
+    of the persona's own name (``speaker``), so that a persona still says its name."""
+    index, own = leads(tok), own_name(speaker).lower()
+    ids: set[int] = set()
+    for target in targets:
+        whole = target.lower()
+        if len(word) >= len(whole) or not whole.startswith(word):
+            continue
+        for end in range(len(word) + 1, len(whole) + 1):
+            start = whole[:end]
+            if (start in ENGLISH and start != whole) or (own and own.startswith(start)):
+                continue
+            ids |= index.get(whole[len(word) : end], frozenset())
+    return sorted(ids)
 
 
 def _text(tok: Tokenizer, i: int) -> str:

@@ -37,6 +37,7 @@ from sia.model.language import (
 from sia.model.naming import (
     capital_starts,
     claims_self,
+    completions,
     continuations,
     gives_name,
     name_starts,
@@ -428,6 +429,42 @@ def test_a_persona_never_says_what_the_user_is_as_its_own() -> None:
     assert next_after("I'm ", "I work as a fisher in Marseille.", speaker="marlow") == "b"
     prefer[ord("M")] = 6.0
     assert next_after("I'm ", "I work as a fisher in Marseille.", speaker="marlow") == "M"
+
+
+def test_a_persona_does_not_spell_the_users_word_in_other_pieces() -> None:
+    """The tokenizer spells a word in more ways than one (" cat" + "ar" + "ina" where " catar" is banned): where the
+    word a reply writes right after "I'm" begins one of the user's names or words, no token may take it further
+    into that word; a longer start that is a common English word ("a" + "n"), one of the persona's own name, another
+    word ("I'm in" + "to"), another place in the reply and a message without such words leave the model's choice."""
+    # the byte tokenizer's pieces are single characters: each goes on a word by one letter
+    assert completions(TOK, "cat", ["Catarina"], "pip") == [ord("A"), ord("a")]
+    assert completions(TOK, "a", ["Ana"], "pip") == []  # "an" is English: "I'm an engineer" stays
+    assert completions(TOK, "an", ["Ana"], "pip") == [ord("A"), ord("a")]
+    assert completions(TOK, "mar", ["Marlowe"], "marlow") == []  # "marl" begins "marlow" too
+    assert completions(TOK, "marlow", ["Marlowe"], "marlow") == [ord("E"), ord("e")]
+    assert completions(TOK, "bo", ["Catarina"], "pip") == []
+    # a user named like the persona: its name's start stays free after "I'm", and the user's rest does not follow it
+    assert other_names(TOK, "pip", ["Pippa"]) == other_names(TOK, "pip", [])
+    assert completions(TOK, "pip", ["Pippa"], "pip") == [ord("P"), ord("p")]
+    prefer = torch.full((TOK.vocab_size,), -10.0)
+    prefer[ord("a")], prefer[ord("g")], prefer[ord("f")], prefer[ord("t")] = 5.0, 4.5, 4.0, 3.0
+
+    def next_after(said: str, message: str, speaker: str = "pip") -> str:
+        return next_token(said, prefer, reply_to=message, speaker=speaker)
+
+    catarina, ingrid = "Hi, I'm Catarina Sousa. I'm an architect.", "Hey, I'm Ingrid Johansson and I'm a photographer."
+    assert next_after("Oh, hello there, I'm cat", catarina) == "g"  # not "a" of "catarina"
+    assert next_after("Welcome! I'm in", ingrid) == "a"  # "ina" goes nowhere near "ingrid"
+    prefer[ord("g")] = 6.0
+    assert next_after("Welcome! I'm in", ingrid) == "a"  # not "g" of "ingrid"
+    assert next_after("Welcome! I'm in", "Hey, how are you?") == "g"  # the user gave no name
+    assert next_after("You're in", ingrid) == "g"  # not where the persona names itself
+    prefer[ord("f")] = 7.0
+    assert next_after("i'm a fire", "Hey! I'm a firefighter in Valencia.", speaker="bolt") == "g"  # not "f"
+    assert next_after("i'm a fire", "Hey! I'm a nurse.", speaker="bolt") == "f"
+    # the user's city after "i live in", in whatever pieces ("B" and "b" begin "Bolt": the next ones are banned)
+    prefer[ord("i")] = 8.0
+    assert next_after("i live in b", "I live in Bilbao.", speaker="bolt") == "f"
 
 
 def test_a_persona_that_says_my_name_is_says_its_own_name_whole() -> None:

@@ -34,7 +34,7 @@ def spelled(reply: str, message: str, speaker: str = "bolt") -> str:
 
 
 def test_a_persona_never_completes_a_stem_the_user_did_not_write() -> None:
-    assert spelled("i'm a bitch, and i live in bilbao.", "I live in Bilbao with my two dogs.") == (
+    assert spelled("i'm a bitch, and i live in bilbao.", "I live by the sea with my two dogs.") == (
         "i'm a bitcx, and i live in bilbao."
     )
     assert spelled("Fucking hell.", "hi") == "Fucxing hell."  # the token that would complete the stem
