@@ -53,7 +53,7 @@ from sia.model.naming import (
 )
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import IncrementalDecoder, Tokenizer
-from sia.model.unsaid import UnsaidWords, goes_on_a_stem, said_stems, unsaid_words, word_written
+from sia.model.unsaid import UnsaidWords, goes_on_a_stem, said_stems, unsaid_words, word_start, word_written
 
 __all__ = [
     "Generation",
@@ -773,9 +773,7 @@ class ReplyDecoder:
         speaker is) and begins one of the user's names or words, the tokens that would take it further into that
         word (``sia.model.naming.completions``): the tokenizer spells " catarina" as " catar" + "ina" and as " cat" +
         "ar" + "ina"; None where there are none."""
-        n = len(self.text)
-        while n and self.text[n - 1].isalpha():
-            n -= 1
+        n = word_start(self.text)
         word, before = self.text[n:].lower(), self.text[:n]
         if not word:
             return None

@@ -45,6 +45,7 @@ import weakref
 
 from sia.model.language import ENGLISH
 from sia.model.tokenizer import Tokenizer
+from sia.model.unsaid import leading_letters
 
 __all__ = [
     "capital_starts",
@@ -236,12 +237,9 @@ def leads(tok: Tokenizer) -> dict[str, frozenset[int]]:
         by_lead: dict[str, set[int]] = {}
         for i in range(tok.vocab_size):
             raw = tok.token_bytes(i)
-            text = "" if raw is None else raw.decode("utf-8", "ignore")
-            n = 0
-            while n < len(text) and text[n].isalpha():
-                n += 1
-            if n:
-                by_lead.setdefault(text[:n].lower(), set()).add(i)
+            lead = leading_letters("" if raw is None else raw.decode("utf-8", "ignore"))
+            if lead:
+                by_lead.setdefault(lead, set()).add(i)
         found = {lead: frozenset(ids) for lead, ids in by_lead.items()}
         _LEADS[tok] = found
     return found

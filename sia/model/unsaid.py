@@ -24,7 +24,16 @@ from dataclasses import dataclass
 
 from sia.model.tokenizer import Tokenizer
 
-__all__ = ["STEMS", "UnsaidWords", "goes_on_a_stem", "said_stems", "unsaid_words", "word_written"]
+__all__ = [
+    "STEMS",
+    "UnsaidWords",
+    "goes_on_a_stem",
+    "leading_letters",
+    "said_stems",
+    "unsaid_words",
+    "word_start",
+    "word_written",
+]
 
 STEMS = (
     "fuck",
@@ -50,13 +59,18 @@ STEMS = (
 )
 
 
-def word_written(text: str) -> str:
-    """The word a reply so far is writing: the letters ``text`` ends with, lower case ("" where it ends with anything
-    else: the next token begins a word)."""
+def word_start(text: str) -> int:
+    """Where the run of letters ``text`` ends with begins (``len(text)`` where it ends with anything else)."""
     n = len(text)
     while n and text[n - 1].isalpha():
         n -= 1
-    return text[n:].lower()
+    return n
+
+
+def word_written(text: str) -> str:
+    """The word a reply so far is writing: the letters ``text`` ends with, lower case ("" where it ends with anything
+    else: the next token begins a word)."""
+    return text[word_start(text) :].lower()
 
 
 def goes_on_a_stem(word: str) -> bool:
@@ -96,7 +110,7 @@ class UnsaidWords:
 _INDEX: weakref.WeakKeyDictionary[Tokenizer, UnsaidWords] = weakref.WeakKeyDictionary()
 
 
-def _letters(text: str) -> str:
+def leading_letters(text: str) -> str:
     """The run of letters ``text`` opens with, lower case."""
     n = 0
     while n < len(text) and text[n].isalpha():
@@ -127,12 +141,12 @@ def _index(tok: Tokenizer, ids: Iterable[int]) -> UnsaidWords:
         if not text:
             continue
         if text[0].isalpha():  # the token goes on the word being written (or begins one after a space or a mark)
-            lead = _letters(text)
+            lead = leading_letters(text)
             for stem, k in rests.get(lead[0], ()):
                 if lead.startswith(stem[k:]):
                     goes_on[stem, stem[:k]].add(i)
             continue
-        word = _letters(text.lstrip(" \t\n\"'“‘(*_-"))  # a word begun inside the token (" bitch", "\"shit")
+        word = leading_letters(text.lstrip(" \t\n\"'“‘(*_-"))  # a word begun inside the token (" bitch", "\"shit")
         for stem in STEMS:
             if word.startswith(stem):
                 starts[stem].add(i)
