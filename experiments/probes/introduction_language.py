@@ -31,7 +31,7 @@ import torch
 from benchmarks.reply_metrics import wrong_language
 from benchmarks.reply_quality import ask
 from sia.checkpoint import load_model
-from sia.model.naming import claims_self, user_roles
+from sia.model.naming import claims_self, speaks_of_self, user_roles
 from sia.personas import PERSONAS, persona_sampling
 
 INTRODUCTIONS = (
@@ -105,6 +105,14 @@ def takes_roles(message: str, reply: str) -> list[str]:
     return [m.group() for m in re.finditer(r"[^\W\d_]+", reply) if m.group().lower() in roles and claims_self(reply[: m.start()])]
 
 
+def own_roles(message: str, reply: str) -> list[str]:
+    """The words the user said of themself in lower case (what they do, not a name or a place) that ``reply`` says
+    anywhere in a clause about its speaker (``speaks_of_self``): "and i grow coffee", "welcome to my flower shop"."""
+    roles = {w.lower() for w in user_roles(message) if not w[:1].isupper()}
+    words = re.finditer(r"[^\W\d_]+", reply)
+    return [m.group() for m in words if m.group().lower() in roles and speaks_of_self(reply[: m.start()])]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--personas", nargs="+", default=sorted(PERSONAS))
@@ -127,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                     "as_user": speaks_as(user, r["reply"]),
                     "other_names": other_names(persona, r["reply"]),
                     "takes_roles": takes_roles(m["question"], r["reply"]),
+                    "own_roles": own_roles(m["question"], r["reply"]),
                 }
                 for m, r, user in zip(messages, replies, USERS, strict=True)
             ]
@@ -146,12 +155,14 @@ def main(argv: list[str] | None = None) -> int:
             as_user = sum(row["as_user"] for row in rows)
             named = sum(bool(row["other_names"]) for row in rows)
             roles = sum(bool(row["takes_roles"]) for row in rows)
+            own = sum(bool(row["own_roles"]) for row in rows)
             run = {
                 "drifted": n,
                 "rate": n / len(rows),
                 "as_user": as_user,
                 "other_names": named,
                 "takes_roles": roles,
+                "own_roles": own,
                 "replies": rows,
             }
             if args.ban_first:
@@ -160,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             after = f", {run['drifted_after_ban']} after banning first tokens" if args.ban_first else ""
             sys.stdout.write(
                 f"{persona} {mode}: {n}/{len(rows)} drift{after}; {as_user} speak as the user, {named} name another, "
-                f"{roles} take what the user is\n"
+                f"{roles} take what the user is, {own} say it of themselves\n"
             )
             sys.stdout.flush()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -45,9 +45,12 @@ from sia.model.naming import (
     gives_name,
     name_starts,
     names_self,
+    off_own_name,
     other_names,
     own_name,
     role_starts,
+    speaks_of_self,
+    told_roles,
     user_names,
     user_roles,
 )
@@ -672,9 +675,12 @@ class ReplyDecoder:
         self.user_names = user_names(params.reply_to) if params.reply_to else []
         self.named_speaker = params.speaker
         self.not_names: Tensor | None = None
-        # what the user says of themself (their job, their city): never right after a persona's "I'm a" or "I live in"
+        # what the user says of themself (their job, their city): never right after a persona's "I'm a" or "I live in",
+        # nor anywhere in a clause where the persona says what it is, does or has ("and i grow ", "welcome to my ")
         self.user_roles = user_roles(params.reply_to) if params.reply_to and params.speaker else []
-        self.not_roles: Tensor | None = None
+        # the words of them the user wrote in lower case (what they do, not their name or city), in sentences that tell
+        self.plain_roles = [w for w in told_roles(params.reply_to) if not w[:1].isupper()] if self.user_roles else []
+        self.not_roles: tuple[Tensor, ...] | None = None  # the banned tokens: of every word; of the plain ones; spaced
         self.going_on_ids: dict[tuple[str, ...], Tensor | None] = {}  # per word written and the words it may not go on to
         # a persona's reply never writes a word of profanity or a slur the user did not (``sia.model.unsaid``); the
         # tokens banned per word being written: "" after a space or a prefix of a stem, or None for any other word
@@ -729,8 +735,9 @@ class ReplyDecoder:
         again never begins with a token whose reply was taken back, and where the reply names its speaker ("I'm"), the
         user's name cannot come, nor, for a persona with a name, any name but its own; where it says "my name is", a
         persona's name comes whole, and no token goes on its last word; where a persona's reply says what it is or where
-        it lives ("I'm a", "I live in"), no word the user said of themself can come. A persona's reply writes no
-        profanity or slur the user did not (``sia.model.unsaid``)."""
+        it lives ("I'm a", "I live in"), no word the user said of themself can come, nor, anywhere in a clause about
+        itself ("and i grow "), one the user wrote in lower case; where it begins its own name after "I'm", the name
+        comes. A persona's reply writes no profanity or slur the user did not (``sia.model.unsaid``)."""
         if self.queued:
             return self.queued.pop(0)
         if self.named_speaker and gives_name(self.text):
@@ -746,12 +753,9 @@ class ReplyDecoder:
             logits = logits.index_fill(0, torch.tensor(self.banned_first, device=logits.device), float("-inf"))
         if (self.user_names or self.named_speaker) and names_self(self.text):
             logits = logits.index_fill(0, self._not_names(logits.device), float("-inf"))
-        if self.user_roles and claims_self(self.text):
-            if self.not_roles is None:
-                ids = role_starts(self.tok, self.user_roles, self.named_speaker)
-                self.not_roles = torch.tensor(ids, dtype=torch.long, device=logits.device)
-            logits = logits.index_fill(0, self.not_roles, float("-inf"))
-        going_on = self._not_going_on(logits.device) if self.user_names or self.user_roles else None
+        if self.user_roles and (claims_self(self.text) or speaks_of_self(self.text)):
+            logits = logits.index_fill(0, self._not_roles(logits.device), float("-inf"))
+        going_on = self._not_going_on(logits.device) if self.user_names or self.user_roles or self.named_speaker else None
         if going_on is not None:
             logits = logits.index_fill(0, going_on, float("-inf"))
         unsaid = self._unsaid(logits.device)
@@ -772,19 +776,44 @@ class ReplyDecoder:
         """Where the word the reply is writing comes right after "I'm" (or another way of naming or saying what its
         speaker is) and begins one of the user's names or words, the tokens that would take it further into that
         word (``sia.model.naming.completions``): the tokenizer spells " catarina" as " catar" + "ina" and as " cat" +
-        "ar" + "ina"; None where there are none."""
+        "ar" + "ina"; and where it is a capitalised start of the persona's own name there ("I'm Mar"), those that would
+        take it anywhere but on along that name (``off_own_name``); None where there are none."""
         n = word_start(self.text)
-        word, before = self.text[n:].lower(), self.text[:n]
+        written, before = self.text[n:], self.text[:n]
+        word = written.lower()
         if not word:
             return None
-        targets = [*(self.user_names if names_self(before) else []), *(self.user_roles if claims_self(before) else [])]
-        if not targets:
+        naming = names_self(before)
+        roles = self.user_roles if claims_self(before) else self.plain_roles if speaks_of_self(before) else []
+        targets = [*(self.user_names if naming else []), *roles]
+        own = naming and bool(self.named_speaker) and written[:1].isupper()  # "I'm Mar": on to "Marlow" only
+        if not targets and not own:
             return None
-        key = (word, *targets)
+        key = (written if own else word, *targets)
         if key not in self.going_on_ids:
-            ids = completions(self.tok, word, targets, self.named_speaker)
-            self.going_on_ids[key] = torch.tensor(ids, dtype=torch.long, device=device) if ids else None
+            ids = set(completions(self.tok, word, targets, self.named_speaker) if targets else ())
+            if own:
+                ids.update(off_own_name(self.tok, written, self.named_speaker))
+            self.going_on_ids[key] = torch.tensor(sorted(ids), dtype=torch.long, device=device) if ids else None
         return self.going_on_ids[key]
+
+    def _not_roles(self, device: torch.device) -> Tensor:
+        """The tokens that may not come next where the reply says what its speaker is, does or has: right after "I'm a"
+        and its kin (``claims_self``), those that begin a word the user said of themself (``sia.model.naming.role_starts``);
+        elsewhere in such a clause (``speaks_of_self``) those that begin such a word the user wrote in lower case (what
+        they do, not a name or a place: kept from "welcome to our beautiful city of Cluj-Napoca", the backbone named
+        another city, "of Morocco"), and within a word (the reply ends in a letter or digit) only those that begin a
+        new one."""
+        if self.not_roles is None:
+            ids = role_starts(self.tok, self.user_roles, self.named_speaker)
+            # in either case: "the bank" and "the Bank of ..." alike
+            lower = role_starts(self.tok, [*self.plain_roles, *(w.capitalize() for w in self.plain_roles)], self.named_speaker)
+            new_word = [i for i in lower if (raw := self.tok.token_bytes(i)) and raw[:1].isspace()]
+            self.not_roles = tuple(torch.tensor(t, dtype=torch.long, device=device) for t in (ids, lower, new_word))
+        every, plain, spaced = self.not_roles
+        if claims_self(self.text):
+            return every
+        return spaced if self.text[-1:].isalnum() else plain
 
     def _not_names(self, device: torch.device) -> Tensor:
         """The tokens that may not come right after "I'm": those beginning a name the user gave, and where the persona

@@ -29,13 +29,24 @@ the user's own clauses (``user_roles``: the words after their "I", "I'm" or "my"
 common ones: "I'm a firefighter in Valencia" gives firefighter and Valencia). "I'm glad", "I'm not a firefighter" and
 "you're a firefighter" stay the model's to say.
 
+Nor anywhere else in a clause where the persona says what it is, does or has (``speaks_of_self``: the clause has
+"I", "I've", "my", "we" or "our", and after the last of them no "you" or "your" but "I'm your", no denial, no word of
+opinion or feeling): told "I'm Rafael and I grow coffee near Manizales", sia answered "I grow coffee in Manizales",
+bolt "i'm a bartender, and i grow coffee.", pip told by a flower seller "Welcome to my flower shop". There the tokens
+that begin a word the user wrote in lower case are banned (what they do, not their name or city: kept from "welcome to
+our beautiful city of Cluj-Napoca", the backbone named another city, "of Morocco"); within a word only those that
+begin a new one. "I'm glad you're enjoying your cheese", "I think Lisbon is lovely" and "I love the sea" stay the
+model's to say.
+
 Banning the tokens that begin such a word is not enough: the tokenizer spells a word in more ways than one, and the
 model took another ("I'm catarina sousa" as " cat" + "ar" + "ina" where " catar" was banned; "I'm ingrid" as " in" +
 "grid"; 2 of ``introduction_language``'s 320 replies, 2026-12-06). So every token that spells a start of the word
 is banned there, not only its first token (" c", " ca", " cat", " catar"), but a common English word (" in" of
 "Ingrid"); and where the word a reply is writing is a start of one of the user's names or words ("in"), no token may
 take it further into that word (``completions``: "grid"), but where the longer start is a common English word ("a"
-+ "n") or a start of the persona's own name: "I'm in good hands" stays the model's to say.
++ "n") or a start of the persona's own name: "I'm in good hands" stays the model's to say. A capitalised start of the
+persona's own name right after "I'm" goes on only along that name (``off_own_name``): "I'm Mar" + "iolle" was the
+backbone's way past the rule of other names.
 """
 
 from __future__ import annotations
@@ -56,10 +67,13 @@ __all__ = [
     "leads",
     "name_starts",
     "names_self",
+    "off_own_name",
     "other_names",
     "own_name",
     "role_starts",
+    "speaks_of_self",
     "spellings",
+    "told_roles",
     "user_names",
     "user_roles",
 ]
@@ -76,6 +90,31 @@ _CLAIMS_SELF = re.compile(
     r"(?:\s+(?:a|an|the|your|just|also|only|actually|really|now|currently|from|in|based|here|living|working|as|one|of))*\s*$",
     re.IGNORECASE,
 )
+
+
+def _any_word(alternatives: str) -> re.Pattern[str]:
+    """A pattern of any of ``alternatives`` (a regular expression's alternation) as a whole word, in any case."""
+    return re.compile(rf"(?<![\w'’])(?:{alternatives})(?![\w'’])", re.IGNORECASE)
+
+
+# the subject of a reply's clause where it speaks of its speaker ("I", "my", "we", "our"), of its listener ("you",
+# "your"), and a denial ("I'm not a lawyer" says nothing the user is); and where a reply's clause begins
+_FIRST_PERSON = _any_word(r"i|i['’](?:m|ve|d|ll)|my|mine|myself|we|we['’](?:re|ve|d|ll)|our|ours|ourselves")
+_SECOND_PERSON = _any_word(r"you|you['’](?:re|ve|d|ll)|your|yours|yourself")
+_DENIED = re.compile(r"(?<![\w'’])(?:not|never|no)(?![\w'’])|n['’]t(?![\w'’])", re.IGNORECASE)
+# words after which a clause says what its speaker thinks or feels of something, not what it is ("I think Lisbon is",
+# "I'd love to hear about", "I'm glad to see")
+_OPINION = _any_word(
+    r"think|thought|believe|hope|know|knew|guess|bet|imagine|wonder|remember|recall|see|saw|hear|heard|feel|felt|find|"
+    r"found|agree|love|loved|like|liked|adore|enjoy|enjoyed|admire|understand|mean|wish|want|wanted|glad|happy|excited|"
+    r"delighted|thrilled|sorry|curious|interested|fascinated|pleased|honoured|honored|sure|afraid"
+)
+# "I'm your trusty pilot" says what its speaker is: that "your" frees nothing
+_BEING_YOURS = re.compile(
+    r"^(?:\s+am)?(?:\s+(?:just|also|only|really|actually|now|truly|always))*\s+your(?![\w'’])", re.IGNORECASE
+)
+_REPLY_CLAUSE = re.compile(r"[.!?;:,\n()]|(?<![\w'’])(?:and|but|so|because)(?![\w'’])", re.IGNORECASE)
+_SENTENCES = re.compile(r"(?<=[.!?])\s+")
 # a message's clauses: what lies between marks, "and" and "but"
 _CLAUSES = re.compile(r"[.,;:!?()]|\b(?:and|but)\b", re.IGNORECASE)
 # a clause whose subject is the user: what follows its "I", "I'm" or "my"
@@ -119,9 +158,34 @@ def user_roles(message: str) -> list[str]:
     return [w for w in dict.fromkeys(found) if len(w) > 2 and w.lower() not in _COMMON]
 
 
+def told_roles(message: str) -> list[str]:
+    """``user_roles`` of the sentences of ``message`` that tell rather than ask: "How can I use my phone less?" says
+    nothing of who its writer is, and an answer may well say "I use my phone...". "I'm Matteo, barista in Turin, what's
+    up?" still tells, up to its question."""
+    told = [part for part in _SENTENCES.split(message) if not part.rstrip().endswith("?")]
+    return user_roles(" ".join(told))
+
+
 def claims_self(text: str) -> bool:
     """Whether a reply so far ends where its speaker says what it is or where it lives ("I'm a", "i live in ")."""
     return _CLAIMS_SELF.search(text) is not None
+
+
+def speaks_of_self(text: str) -> bool:
+    """Whether a reply so far ends in a clause that says what its speaker is, does or has: the clause (after the last
+    mark, "and", "but", "so" or "because") has "I", "I've", "my", "we" or "our", and after the last of them no "you"
+    or "your" (but "I'm your"), no denial and no word of opinion or feeling ("think", "love", "glad"). "and i grow ",
+    "I've just arrived from ", "welcome to my ", "I'm your trusty " are; "I'm glad you're enjoying your ", "I'm not a ",
+    "I think ", "tell me about " are not."""
+    clause = _REPLY_CLAUSE.split(text)[-1]
+    subjects = list(_FIRST_PERSON.finditer(clause))
+    if not subjects:
+        return False
+    last = subjects[-1]
+    after = clause[last.end() :]
+    if last.group().lower() in ("i", "i'm", "i’m"):
+        after = _BEING_YOURS.sub("", after, count=1)
+    return not any(rule.search(after) for rule in (_SECOND_PERSON, _DENIED, _OPINION))
 
 
 def names_self(text: str) -> bool:
@@ -262,6 +326,24 @@ def completions(tok: Tokenizer, word: str, targets: list[str], speaker: str) -> 
                 continue
             ids |= index.get(whole[len(word) : end], frozenset())
     return sorted(ids)
+
+
+def off_own_name(tok: Tokenizer, word: str, speaker: str) -> list[int]:
+    """Where the word a reply writes right after "I'm" is a capitalised start of the persona's own name (``word``, as
+    written: "Mar" for marlow), the tokens that would take it anywhere but further along that name: every token that
+    goes on a word (``continuations``) but those whose leading letters go on the name ("low", "low,") or none; once the
+    name is whole, every token that goes on a word. Only
+    the starts of its own name may follow "I'm" (``other_names``), and the backbone went on them into other names
+    ("I'm Mar" + "iolle" told by a Marisol)."""
+    own = own_name(speaker).lower()
+    start = word.lower()
+    if not word[:1].isupper() or not start or not own.startswith(start):
+        return []
+    if start == own:  # the whole name: it ends there ("Marlow", not "Marlowe")
+        return sorted(continuations(tok))
+    index = leads(tok)
+    along = set().union(*(index.get(own[len(start) : end], frozenset()) for end in range(len(start) + 1, len(own) + 1)))
+    return sorted(continuations(tok) - along)
 
 
 def _text(tok: Tokenizer, i: int) -> str:

@@ -42,8 +42,11 @@ from sia.model.naming import (
     gives_name,
     name_starts,
     names_self,
+    off_own_name,
     other_names,
     role_starts,
+    speaks_of_self,
+    told_roles,
     user_names,
     user_roles,
 )
@@ -431,6 +434,63 @@ def test_a_persona_never_says_what_the_user_is_as_its_own() -> None:
     assert next_after("I'm ", "I work as a fisher in Marseille.", speaker="marlow") == "M"
 
 
+@pytest.mark.parametrize(
+    ("said", "of_self"),
+    [
+        ("i'm a bartender, and i grow ", True),
+        ("I've just arrived from the city of ", True),
+        ("Hola! Welcome to my ", True),
+        ("Welcome to our beautiful city of ", True),
+        ("I'm your trusty ", True),  # "your" after "I'm" says what the speaker is
+        ("I am just your ", True),
+        ("I'm glad you're enjoying your ", False),  # about the listener
+        ("I'm happy to help you with your ", False),
+        ("I'm not a ", False),  # a denial
+        ("i don't live in ", False),
+        ("I think ", False),  # an opinion, not what the speaker is
+        ("I'd love to hear about ", False),
+        ("Tell me about ", False),  # no subject of the speaker's
+        ("I grow roses. ", False),  # a new sentence
+        ("I'm a chef, ", False),  # a new clause
+        ("I'm a chef and ", False),
+    ],
+)
+def test_a_clause_that_says_what_its_speaker_is_does_or_has(said: str, of_self: bool) -> None:
+    assert speaks_of_self(said) is of_self
+
+
+def test_a_persona_says_no_word_the_user_said_of_themself_in_a_clause_about_itself() -> None:
+    """Not only right after "I'm a": anywhere in a clause where the persona says what it is, does or has ("and i grow ",
+    "welcome to my "), a token that begins a word of the user's own clauses is banned; within a word only the tokens
+    that begin a new one. Where the clause is about the user ("I'm glad you're enjoying your "), is an opinion ("I
+    think ") or a denial, or the user said nothing of themself, the model's choice stands."""
+    prefer = torch.full((TOK.vocab_size,), -10.0)
+    prefer[ord("c")], prefer[ord("t")] = 5.0, 4.0
+    grower = "I'm Rafael and I grow coffee near Manizales."
+
+    def next_after(said: str, message: str = grower) -> str:
+        return next_token(said, prefer, reply_to=message, speaker="sia")
+
+    assert next_after("I am Sia, a warm companion. I grow ") == "t"  # not "coffee"
+    assert next_after("Welcome to my ") == "t"
+    prefer[ord("C")] = 6.0
+    assert next_after("Welcome to my ") == "t"  # "Coffee" too
+    prefer[ord("C")] = -10.0
+    assert next_after("I'm glad you're enjoying your ") == "c"
+    assert next_after("I think ") == "c"
+    assert next_after("I'm not a ") == "c"
+    assert next_after("I grow ", "How do bees fly?") == "c"  # the user said nothing of themself
+    assert told_roles("How can I grow coffee? I tried.") == ["tried"] and told_roles(grower + " Do you?") == user_roles(grower)
+    assert next_after("I grow ", "How can I grow coffee at home?") == "c"  # a question tells nothing of its writer
+    # within a word the byte tokenizer's pieces go on it: nothing begins a new word there, so nothing is banned
+    assert next_after("I grow tea and ") == "c"  # "and" begins another clause
+    assert next_after("I grow te") == "c"
+    # a started word is not taken further into the user's ("co" + "f" of "coffee")
+    prefer[ord("f")] = 6.0
+    assert next_after("I grow co") == "c"
+    assert next_after("You grow co") == "f"
+
+
 def test_a_persona_does_not_spell_the_users_word_in_other_pieces() -> None:
     """The tokenizer spells a word in more ways than one (" cat" + "ar" + "ina" where " catar" is banned): where the
     word a reply writes right after "I'm" begins one of the user's names or words, no token may take it further
@@ -465,6 +525,32 @@ def test_a_persona_does_not_spell_the_users_word_in_other_pieces() -> None:
     # the user's city after "i live in", in whatever pieces ("B" and "b" begin "Bolt": the next ones are banned)
     prefer[ord("i")] = 8.0
     assert next_after("i live in b", "I live in Bilbao.", speaker="bolt") == "f"
+
+
+def test_a_persona_that_begins_its_own_name_after_im_goes_on_with_it() -> None:
+    """Only the starts of the persona's own name may follow "I'm" among capitalised words; once one is written ("I'm
+    Mar"), no token may take it anywhere but on along that name: "Mariolle" is stopped, "Marlow" and "Mar, " are not.
+    A lower-case word ("i'm m" + "ad") and a persona without a name are left alone."""
+    banned = set(off_own_name(TOK, "Mar", "marlow"))
+    assert ord("i") in banned and ord("l") not in banned and ord("L") not in banned and ord(",") not in banned
+    assert off_own_name(TOK, "mar", "marlow") == []  # not capitalised
+    assert set(off_own_name(TOK, "Marlow", "marlow")) == set(continuations(TOK))  # the whole name ends there
+    assert off_own_name(TOK, "Pet", "marlow") == []  # not its name
+    prefer = torch.full((TOK.vocab_size,), -10.0)
+    prefer[ord("i")], prefer[ord(",")] = 5.0, 4.0
+    told = "I'm a pharmacist in Bilbao."
+
+    def next_after(said: str, speaker: str = "marlow") -> str:
+        return next_token(said, prefer, reply_to=told, speaker=speaker)
+
+    assert next_after("Welcome, sir. I'm Mar") == ","  # not "i" of "Mariolle"
+    prefer[ord("l")] = 4.5
+    assert next_after("Welcome, sir. I'm Mar") == "l"
+    prefer[ord("e")] = 6.0
+    assert next_after("Welcome, sir. I'm Marlow") == ","  # not "Marlowe"
+    prefer[ord("e")] = -10.0
+    assert next_after("Welcome, sir. You're Mar") == "i"  # not where the persona names itself
+    assert next_after("welcome, sir. i'm mar") == "i"  # a lower-case word
 
 
 def test_a_persona_that_says_my_name_is_says_its_own_name_whole() -> None:
