@@ -31,7 +31,7 @@ import torch
 from benchmarks.reply_metrics import wrong_language
 from benchmarks.reply_quality import ask
 from sia.checkpoint import load_model
-from sia.model.naming import claims_self, speaks_of_self, user_roles
+from sia.model.naming import claims_self, doings, speaks_of_self, user_roles
 from sia.personas import PERSONAS, persona_sampling
 
 INTRODUCTIONS = (
@@ -106,9 +106,9 @@ def takes_roles(message: str, reply: str) -> list[str]:
 
 
 def own_roles(message: str, reply: str) -> list[str]:
-    """The words the user said of themself in lower case (what they do, not a name or a place) that ``reply`` says
-    anywhere in a clause about its speaker (``speaks_of_self``): "and i grow coffee", "welcome to my flower shop"."""
-    roles = {w.lower() for w in user_roles(message) if not w[:1].isupper()}
+    """The words the user said of what they do (``doings``: not a name or a place) that ``reply`` says anywhere in a
+    clause about its speaker (``speaks_of_self``): "and i grow coffee", "welcome to my flower shop"."""
+    roles = {w.lower() for w in doings(message)}
     words = re.finditer(r"[^\W\d_]+", reply)
     return [m.group() for m in words if m.group().lower() in roles and speaks_of_self(reply[: m.start()])]
 

@@ -42,6 +42,7 @@ from sia.model.naming import (
     claims_self,
     completions,
     continuations,
+    doings,
     gives_name,
     name_starts,
     names_self,
@@ -50,7 +51,6 @@ from sia.model.naming import (
     own_name,
     role_starts,
     speaks_of_self,
-    told_roles,
     user_names,
     user_roles,
 )
@@ -678,8 +678,8 @@ class ReplyDecoder:
         # what the user says of themself (their job, their city): never right after a persona's "I'm a" or "I live in",
         # nor anywhere in a clause where the persona says what it is, does or has ("and i grow ", "welcome to my ")
         self.user_roles = user_roles(params.reply_to) if params.reply_to and params.speaker else []
-        # the words of them the user wrote in lower case (what they do, not their name or city), in sentences that tell
-        self.plain_roles = [w for w in told_roles(params.reply_to) if not w[:1].isupper()] if self.user_roles else []
+        # the words of them that say what the user does, not their name or city (``sia.model.naming.doings``)
+        self.plain_roles = doings(params.reply_to) if self.user_roles else []
         self.not_roles: tuple[Tensor, ...] | None = None  # the banned tokens: of every word; of the plain ones; spaced
         self.going_on_ids: dict[tuple[str, ...], Tensor | None] = {}  # per word written and the words it may not go on to
         # a persona's reply never writes a word of profanity or a slur the user did not (``sia.model.unsaid``); the
@@ -800,9 +800,9 @@ class ReplyDecoder:
     def _not_roles(self, device: torch.device) -> Tensor:
         """The tokens that may not come next where the reply says what its speaker is, does or has: right after "I'm a"
         and its kin (``claims_self``), those that begin a word the user said of themself (``sia.model.naming.role_starts``);
-        elsewhere in such a clause (``speaks_of_self``) those that begin such a word the user wrote in lower case (what
-        they do, not a name or a place: kept from "welcome to our beautiful city of Cluj-Napoca", the backbone named
-        another city, "of Morocco"), and within a word (the reply ends in a letter or digit) only those that begin a
+        elsewhere in such a clause (``speaks_of_self``) those that begin a word of what the user does (``doings``: not
+        a name or a place: kept from "welcome to our beautiful city of Cluj-Napoca", the backbone named another city,
+        "of Morocco"), and within a word (the reply ends in a letter or digit) only those that begin a
         new one."""
         if self.not_roles is None:
             ids = role_starts(self.tok, self.user_roles, self.named_speaker)

@@ -33,10 +33,10 @@ Nor anywhere else in a clause where the persona says what it is, does or has (``
 "I", "I've", "my", "we" or "our", and after the last of them no "you" or "your" but "I'm your", no denial, no word of
 opinion or feeling): told "I'm Rafael and I grow coffee near Manizales", sia answered "I grow coffee in Manizales",
 bolt "i'm a bartender, and i grow coffee.", pip told by a flower seller "Welcome to my flower shop". There the tokens
-that begin a word the user wrote in lower case are banned (what they do, not their name or city: kept from "welcome to
-our beautiful city of Cluj-Napoca", the backbone named another city, "of Morocco"); within a word only those that
-begin a new one. "I'm glad you're enjoying your cheese", "I think Lisbon is lovely" and "I love the sea" stay the
-model's to say.
+that begin a word of what the user does are banned (``doings``: written in lower case and not right after "in" or
+"from", so not their name or city: kept from "welcome to our beautiful city of Cluj-Napoca", the backbone named another
+city, "of Morocco"); within a word only those that begin a new one. "I'm glad you're enjoying your cheese", "I think
+Lisbon is lovely" and "I love the sea" stay the model's to say.
 
 Banning the tokens that begin such a word is not enough: the tokenizer spells a word in more ways than one, and the
 model took another ("I'm catarina sousa" as " cat" + "ar" + "ina" where " catar" was banned; "I'm ingrid" as " in" +
@@ -63,6 +63,7 @@ __all__ = [
     "claims_self",
     "completions",
     "continuations",
+    "doings",
     "gives_name",
     "leads",
     "name_starts",
@@ -115,6 +116,7 @@ _BEING_YOURS = re.compile(
 )
 _REPLY_CLAUSE = re.compile(r"[.!?;:,\n()]|(?<![\w'’])(?:and|but|so|because)(?![\w'’])", re.IGNORECASE)
 _SENTENCES = re.compile(r"(?<=[.!?])\s+")
+_PLACED = re.compile(r"(?i:\b(?:in|from|near|at|around|outside)\s+)([^\W\d_]+)")
 # a message's clauses: what lies between marks, "and" and "but"
 _CLAUSES = re.compile(r"[.,;:!?()]|\b(?:and|but)\b", re.IGNORECASE)
 # a clause whose subject is the user: what follows its "I", "I'm" or "my"
@@ -164,6 +166,14 @@ def told_roles(message: str) -> list[str]:
     up?" still tells, up to its question."""
     told = [part for part in _SENTENCES.split(message) if not part.rstrip().endswith("?")]
     return user_roles(" ".join(told))
+
+
+def doings(message: str) -> list[str]:
+    """The words of ``told_roles`` that say what the user does rather than who or where they are: written in lower case
+    (a name or a city is capitalised) and not right after "in", "from", "near", "at", "around" or "outside" (where one
+    typed in lower case is a place: "i'm a nurse in lisbon" gives nurse)."""
+    placed = {m.group(1).lower() for m in _PLACED.finditer(message)}
+    return [w for w in told_roles(message) if not w[:1].isupper() and w.lower() not in placed]
 
 
 def claims_self(text: str) -> bool:

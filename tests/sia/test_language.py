@@ -39,6 +39,7 @@ from sia.model.naming import (
     claims_self,
     completions,
     continuations,
+    doings,
     gives_name,
     name_starts,
     names_self,
@@ -482,6 +483,13 @@ def test_a_persona_says_no_word_the_user_said_of_themself_in_a_clause_about_itse
     assert next_after("I grow ", "How do bees fly?") == "c"  # the user said nothing of themself
     assert told_roles("How can I grow coffee? I tried.") == ["tried"] and told_roles(grower + " Do you?") == user_roles(grower)
     assert next_after("I grow ", "How can I grow coffee at home?") == "c"  # a question tells nothing of its writer
+    # a place typed in lower case is a place: banned there, the backbone names another ("our city of Morocco")
+    typed = "i'm a nurse in braga and i grow coffee near caldas"
+    assert doings(typed) == ["nurse", "grow", "coffee"]
+    prefer[ord("b")] = 7.0
+    assert next_after("Welcome to our city of ", typed) == "b"  # "braga" stays
+    assert next_after("Welcome to our city of ", "i'm a nurse and i grow beans") == "c"  # "beans" does not
+    prefer[ord("b")] = -10.0
     # within a word the byte tokenizer's pieces go on it: nothing begins a new word there, so nothing is banned
     assert next_after("I grow tea and ") == "c"  # "and" begins another clause
     assert next_after("I grow te") == "c"
