@@ -162,8 +162,8 @@ def user_roles(message: str) -> list[str]:
 
 def told_roles(message: str) -> list[str]:
     """``user_roles`` of the sentences of ``message`` that tell rather than ask: "How can I use my phone less?" says
-    nothing of who its writer is, and an answer may well say "I use my phone...". "I'm Matteo, barista in Turin, what's
-    up?" still tells, up to its question."""
+    nothing of who its writer is, and an answer may well say "I use my phone...". "I'm Matteo, a barista in Turin. What's
+    up?" still tells in its first sentence."""
     told = [part for part in _SENTENCES.split(message) if not part.rstrip().endswith("?")]
     return user_roles(" ".join(told))
 
@@ -342,9 +342,8 @@ def off_own_name(tok: Tokenizer, word: str, speaker: str) -> list[int]:
     """Where the word a reply writes right after "I'm" is a capitalised start of the persona's own name (``word``, as
     written: "Mar" for marlow), the tokens that would take it anywhere but further along that name: every token that
     goes on a word (``continuations``) but those whose leading letters go on the name ("low", "low,") or none; once the
-    name is whole, every token that goes on a word. Only
-    the starts of its own name may follow "I'm" (``other_names``), and the backbone went on them into other names
-    ("I'm Mar" + "iolle" told by a Marisol)."""
+    name is whole, every token that goes on a word. Only the starts of its own name may follow "I'm" (``other_names``),
+    and the backbone went on them into other names ("I'm Mar" + "iolle" told by a Marisol)."""
     own = own_name(speaker).lower()
     start = word.lower()
     if not word[:1].isupper() or not start or not own.startswith(start):
