@@ -457,7 +457,10 @@ _NOW = re.compile(
 _CORRECTING = re.compile(
     r"\b(?:correction|correct myself|update|(?<!from )scratch|i lied|i lie|i was wrong|said it wrong|any ?more|no longer"
     r"|moved|switched|instead|take (?:it |that )?back|old (?:info|news)|outdated|wait|actually|no,? sorry|sorry,? no"
-    r"|make that|or rather)\b"
+    r"|make that|or rather|relocat(?:ed|ing)|(?:has|have|'s|'ve) changed|changed (?:my mind|jobs?|careers?|cities|countries"
+    r"|to)|forget (?:what|that|about)|ignore (?:what|that|the)|mis-?spoke|typo|my bad|i meant|meant to say|got (?:that|it)"
+    r" wrong|correct (?:that|this)|oops|silly me|rephrase|turns out|after all|hold on|rather than|(?:i'm|i am) now"
+    r"|new (?:city|town|job|home|place|favou?rite))\b"
 )
 # a clause opening with one of these takes back the clause before it in the same message, as people mend what they
 # say while saying it ("fave colour's yellow. nah scratch that, it's teal", "doing audits for KPMG... wait no, I

@@ -441,6 +441,26 @@ def test_a_correcting_message_replaces_older_values_even_with_an_unsure_label() 
     assert corrects(["Oh", " big", " news", ",", " I", " switched", " to", " EY"])
     assert not corrects(["I", " knit", " on", " Sundays", "."])
     assert not corrects(["I", " live", " in", " Lyon", " and", " I", " love", " it", "."])
+    # the other ways people say they update or mend what they said
+    for said in (
+        "Oh, I should mention I relocated to Porto last month.",
+        "Just so you know, I changed jobs, I'm a plumber these days.",
+        "My favourite colour has changed to purple.",
+        "Forget what I said about Madrid, I live in Seville.",
+        "I misspoke earlier, my name is Joanna.",
+        "Sorry, typo: I meant Lyon.",
+        "My bad, it's red.",
+        "Let me rephrase: my hobby is knitting.",
+        "These days I'm into pottery rather than chess.",
+        "Turns out I prefer yellow after all.",
+        "I changed my mind, my favourite colour is orange.",
+        "Oops, I meant to say I have a parrot.",
+        "Hold on, I got that wrong, I live in Graz.",
+        "Let me correct that: my pet is a rabbit.",
+        "New city for me: Lisbon!",
+    ):
+        assert corrects([said]), said
+    assert not corrects(["That's correct, I knit on Sundays."]) and not corrects(["I love my new scarf."])
 
     def chosen(pieces: list[str]) -> list[tuple[str, str, bool]]:
         kinds = torch.zeros(len(pieces), len(KINDS))
