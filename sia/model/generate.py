@@ -753,8 +753,8 @@ class ReplyDecoder:
             logits = logits.index_fill(0, torch.tensor(self.banned_first, device=logits.device), float("-inf"))
         if (self.user_names or self.named_speaker) and names_self(self.text):
             logits = logits.index_fill(0, self._not_names(logits.device), float("-inf"))
-        if self.user_roles and (claims_self(self.text) or speaks_of_self(self.text)):
-            logits = logits.index_fill(0, self._not_roles(logits.device), float("-inf"))
+        if self.user_roles and ((claims := claims_self(self.text)) or speaks_of_self(self.text)):
+            logits = logits.index_fill(0, self._not_roles(logits.device, claims), float("-inf"))
         going_on = self._not_going_on(logits.device) if self.user_names or self.user_roles or self.named_speaker else None
         if going_on is not None:
             logits = logits.index_fill(0, going_on, float("-inf"))
@@ -797,13 +797,13 @@ class ReplyDecoder:
             self.going_on_ids[key] = torch.tensor(sorted(ids), dtype=torch.long, device=device) if ids else None
         return self.going_on_ids[key]
 
-    def _not_roles(self, device: torch.device) -> Tensor:
+    def _not_roles(self, device: torch.device, claims: bool) -> Tensor:
         """The tokens that may not come next where the reply says what its speaker is, does or has: right after "I'm a"
-        and its kin (``claims_self``), those that begin a word the user said of themself (``sia.model.naming.role_starts``);
-        elsewhere in such a clause (``speaks_of_self``) those that begin a word of what the user does (``doings``: not
-        a name or a place: kept from "welcome to our beautiful city of Cluj-Napoca", the backbone named another city,
-        "of Morocco"), and within a word (the reply ends in a letter or digit) only those that begin a
-        new one."""
+        and its kin (``claims``: ``claims_self`` of the reply so far), those that begin a word the user said of themself
+        (``sia.model.naming.role_starts``); elsewhere in such a clause (``speaks_of_self``) those that begin a word of
+        what the user does (``doings``: not a name or a place: kept from "welcome to our beautiful city of
+        Cluj-Napoca", the backbone named another city, "of Morocco"), and within a word (the reply ends in a letter or
+        digit) only those that begin a new one."""
         if self.not_roles is None:
             ids = role_starts(self.tok, self.user_roles, self.named_speaker)
             # in either case: "the bank" and "the Bank of ..." alike
@@ -811,7 +811,7 @@ class ReplyDecoder:
             new_word = [i for i in lower if (raw := self.tok.token_bytes(i)) and raw[:1].isspace()]
             self.not_roles = tuple(torch.tensor(t, dtype=torch.long, device=device) for t in (ids, lower, new_word))
         every, plain, spaced = self.not_roles
-        if claims_self(self.text):
+        if claims:
             return every
         return spaced if self.text[-1:].isalnum() else plain
 
