@@ -288,6 +288,8 @@ def play(
         lines.append(f"| {kind} | {sum(oks)} of {len(oks)} ({100 * sum(oks) / len(oks):.0f} %) |")
     total = [bool(r["right"]) for r in rows]
     lines.append(f"| all | {sum(total)} of {len(total)} ({100 * sum(total) / len(total):.1f} %) |")
+    every = [all(bool(r["right"]) for r in rows if r["user"] == i) for i in range(len(users))]
+    lines.append(f"| every fact of a user | {sum(every)} of {len(every)} users |")
     sys.stdout.write("\n".join(lines) + "\n")
     if args.out:
         args.out.write_text(json.dumps({"greedy": args.greedy, "rows": rows}, indent=1, ensure_ascii=False) + "\n")

@@ -601,8 +601,10 @@ def forget_words(
 ) -> tuple[Imprint, list[str]]:
     """``imprint`` without the spans that turns before ``turn`` imprinted whose text (``decode`` of their token ids)
     holds a word of a group of ``groups`` (``given_up``: what a message gives up) of which every word is held so by
-    such a span (as a word, an s after it allowed: "cats" for "cat"); and the words found (what the message denies of
-    what the user said: ``superseded``). A span kept without its text stays: in privacy mode nothing is matched."""
+    such a span (as a word, an s after it allowed: "cats" for "cat"), but for the words before it of a span whose fact
+    is not a place (``_cut_before``: "a sound engineer in Prague" keeps "a sound engineer"); and the words found (what
+    the message denies of what the user said: ``superseded``). A span kept without its text stays: in privacy mode
+    nothing is matched."""
     if not groups:  # most messages give nothing up: no span is unpacked or decoded
         return imprint, []
     words = {w for g in groups for w in g}
@@ -615,8 +617,54 @@ def forget_words(
     anywhere = set().union(*held)
     found = list(dict.fromkeys(w for g in groups if all(x in anywhere for x in g) for w in g))
     gone = set(found)
-    kept = [s for s, h in zip(spans, held, strict=True) if not h & gone]
-    return (imprint if len(kept) == len(spans) else _pack(imprint, kept)), found
+    kept: list[_Held] = []
+    for s, h in zip(spans, held, strict=True):
+        if not h & gone:
+            kept.append(s)
+            continue
+        assert s.token is not None
+        text = decode(s.token.tolist()).lower().replace("\u2019", "'")
+        first = min(m.start() for w in h & gone if (m := patterns[w].search(text)) is not None)
+        cut = _cut_before(s, first, decode)
+        if cut is not None:
+            kept.append(cut)
+    changed = len(kept) != len(spans) or any(a is not b for a, b in zip(kept, spans, strict=True))
+    return (_pack(imprint, kept) if changed else imprint), found
+
+
+# what a word is said after ("a nurse in Lisbon", "a vet with a cat"): a span cut before the word is cut before these
+_LEADING = re.compile(r"(?:(?<![^\W\d_])(?:in|from|near|at|to|with|and|of|on|for|the|a|an|my|our|outside|around)\W*)*$")
+# the kinds whose span may keep its words before what a message gives up: what it names is not a place
+_CUT_KINDS = frozenset(KINDS.index(k) for k in ("name", "job", "pet", "hobby", "colour", "food", "instrument", "language"))
+
+
+def _cut_before(span: _Held, at: int, decode: Callable[[list[int]], str]) -> _Held | None:
+    """``span`` (its text kept) without its words from the one starting at character ``at`` of its text on, the
+    words it is said after included ("a sound engineer in Prague" cut at "Prague" keeps "a sound engineer"), where the
+    span is labelled with a kind that is not a place (``_CUT_KINDS``: the word cut was said beside its fact) and the
+    rest still names something in two tokens or more; else None. The rest keeps its kind."""
+    assert span.token is not None
+    if span.kind not in _CUT_KINDS:
+        return None
+    text = decode(span.token.tolist())
+    head = text[:at]
+    match = _LEADING.search(head.lower())
+    end = at if match is None else match.start()
+    if not _names(head[:end].lower().replace("\u2019", "'")):
+        return None
+    ids = span.token.tolist()
+    n = next((j for j in range(len(ids) - 1, 1, -1) if len(decode(ids[:j])) <= end), 0)
+    if n < 2:
+        return None
+    cut = slice(0, n)
+    return replace(
+        span,
+        keys=span.keys[:, :, cut],
+        key_scale=span.key_scale[:, :, cut],
+        values=span.values[:, :, cut],
+        value_scale=span.value_scale[:, :, cut],
+        token=span.token[cut],
+    )
 
 
 def corrects(pieces: Sequence[str]) -> bool:

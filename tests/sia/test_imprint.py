@@ -432,6 +432,31 @@ def test_a_message_that_gives_a_value_up_takes_it_out_of_what_earlier_turns_impr
     )
 
 
+def test_a_span_that_names_more_than_what_is_given_up_keeps_the_rest() -> None:
+    """ "I'm Pavel, a sound engineer in Prague" then "not Prague any more": a span labelled with a kind that is not a
+    place keeps "a sound engineer" (its entries before the words "in Prague", with their keys and values, and its
+    kind); a city's span or one of unknown kind goes whole (a place's rest, "we stay", names no fact), and so does a
+    span with nothing named before the word."""
+    pieces = {1: " a", 2: " sound", 3: " engineer", 4: " in", 5: " Prague", 6: ".", 7: " Prague", 8: " is", 9: " home",
+              10: " we", 11: " stay", 12: " I", 13: " have", 14: " a", 15: " cat", 16: " from"}  # fmt: skip
+
+    def decode(ids: list[int]) -> str:
+        return "".join(pieces[i] for i in ids)
+
+    def add(imprint: Imprint, ids: list[int], kind: str) -> Imprint:
+        n = len(ids)
+        keys, values, tokens = torch.randn(2, 1, n, 4), torch.randn(2, 1, n, 4), torch.tensor(ids)
+        return imprint_spans(imprint, keys, values, [SpanChoice(0, n, 5.0, KINDS.index(kind))], turn=0, tokens=tokens)
+
+    imprint = add(add(_imprint(30), [1, 2, 3, 4, 5, 6], "job"), [7, 8, 9], "job")
+    imprint = add(add(add(imprint, [10, 11, 4, 5], "city"), [10, 11, 4, 5], "unknown"), [12, 13, 14, 15, 16, 5], "pet")
+    kept, found = forget_words(imprint, [("prague",)], decode, turn=1)
+    assert found == ["prague"]
+    assert [(s.tokens, s.kind) for s in kept.spans()] == [((1, 2, 3), "job"), ((12, 13, 14, 15), "pet")]
+    assert torch.equal(kept.keys[:, :, :3], imprint.keys[:, :, :3]) and kept.used == 7
+    assert torch.equal(kept.values[:, :, 3:7], imprint.values[:, :, 17:21])
+
+
 def test_a_correcting_message_replaces_older_values_even_with_an_unsure_label() -> None:
     """A message that corrects or updates what the user said ("correction", "wait", "we moved", "anymore") makes each
     clause it labels sure: it goes first and replaces the older spans of its kind. The same unsure label in another
