@@ -86,21 +86,23 @@ def cat_conditioning(conds: Sequence[Conditioning]) -> Conditioning:
     recalls = None
     if any(c.recalls is not None for c in conds):
         recalls = torch.cat([torch.zeros(c.batch_size, dtype=torch.bool) if c.recalls is None else c.recalls for c in conds])
-    texts = {name: _cat_texts([getattr(c, name) for c in conds], conds) for name in _ROW_TEXTS}
+    texts = {name: _cat_texts([getattr(c, name) for c in conds], conds, empty) for name, empty in _ROW_TEXTS.items()}
     self_state = torch.cat([c.self_state for c in conds], dim=0)
     return Conditioning(layers=layers, self_state=self_state, recalls=recalls, **texts)  # type: ignore[arg-type]
 
 
-# the Conditioning's per-row texts: "" for a row without, None for a conditioning without any
-_ROW_TEXTS = ("untold", "echo", "recollection")
+# the Conditioning's per-row values, each with what a row without one holds; None for a conditioning without any
+_ROW_TEXTS = {"untold": "", "echo": "", "echo_words": (), "recollection": ""}
 
 
-def _cat_texts(parts: Sequence[tuple[str, ...] | None], conds: Sequence[Conditioning]) -> tuple[str, ...] | None:
-    """Per-row texts (``Conditioning.untold``, ``echo``, ``recollection``) stacked: "" for the rows of a conditioning
-    without them."""
+def _cat_texts(
+    parts: Sequence[tuple[object, ...] | None], conds: Sequence[Conditioning], empty: object
+) -> tuple[object, ...] | None:
+    """Per-row values (``Conditioning.untold``, ``echo``, ``echo_words``, ``recollection``) stacked: ``empty`` for the
+    rows of a conditioning without them."""
     if all(p is None for p in parts):
         return None
-    return tuple(k for p, c in zip(parts, conds, strict=True) for k in (p or ("",) * c.batch_size))
+    return tuple(k for p, c in zip(parts, conds, strict=True) for k in (p or (empty,) * c.batch_size))
 
 
 @dataclass

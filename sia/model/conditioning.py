@@ -37,6 +37,9 @@ class Conditioning:
     # per row, the kind of fact whose recall reply opens by saying back the user's words ("": none;
     # ImprintEntries.echoed): its reply opens with sia.model.language.ECHO_OPENING (SamplingParams.echo); None: no row
     echo: tuple[str, ...] | None = None
+    # per row where it echoes, the tokens that go on from "I" in its imprinted clauses, as said after "you"
+    # (SamplingParams.echo_words)
+    echo_words: tuple[tuple[int, ...], ...] | None = None
     # per row, the user's clauses (one a line) that answer a message asking what the persona knows of them ("": none;
     # sia.identity.imprint.Imprint.recollection): its reply quotes them (SamplingParams.recollection); None: no row
     recollection: tuple[str, ...] | None = None

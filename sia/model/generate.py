@@ -103,6 +103,12 @@ WIND_PULL = 0.5  # nats a reply's end gains for each token into its last ``wind_
 WIND_SHARE = 4  # the wind-down takes at most this part of a reply's token limit (a quarter: 32 of 128, 3 of 12)
 
 
+# how far the first token after the echo's opening leans to the user's own words after "I" (a logit added; chosen on
+# the natural set's tuning part: 4, and every echoed kind, lost more answers than they gained; experiments/LOG.md,
+# 2026-12-06 (p))
+ECHO_LEAN = 2.0
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 64
@@ -163,6 +169,10 @@ class SamplingParams:
     # the kind of fact whose recall reply says back the user's words ("": none; the conditioning sets it per row,
     # ``Conditioning.echo``): the reply opens with ``sia.model.language.ECHO_OPENING`` and the model goes on from there
     echo: str = ""
+    # where the reply opens so, the tokens that go on from "I" in the user's imprinted clauses ("I build violins": "
+    # build"), as the reply says them after "you" (the conditioning sets them per row, ``Conditioning.echo_words``):
+    # the first token after the opening leans to them by ECHO_LEAN
+    echo_words: tuple[int, ...] = ()
     # the user's own clauses, one a line, that answer a message asking what the persona knows of them ("": none; the
     # conditioning sets it per row, ``Conditioning.recollection``): the reply is
     # ``sia.model.language.recollection_reply`` in this reply's form, then it ends
@@ -194,6 +204,9 @@ class SamplingParams:
             raise ValueError(f"untold must be one of {sorted(UNTOLD)} or empty; got {self.untold!r}")
         if self.echo and self.echo not in UNTOLD:
             raise ValueError(f"echo must be one of {sorted(UNTOLD)} or empty; got {self.echo!r}")
+        words = self.echo_words
+        if not isinstance(words, tuple) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in words):
+            raise ValueError(f"echo_words must be a tuple of token ids; got {words!r:.80}")
         recollection = self.recollection
         if not isinstance(recollection, str) or len(recollection) > MAX_RECOLLECTION:
             raise ValueError(f"recollection must be text of at most {MAX_RECOLLECTION} characters; got {recollection!r:.80}")
@@ -253,7 +266,7 @@ def row_params(params: Sequence[SamplingParams], cond: Conditioning) -> list[Sam
     out = list(params)
     if cond.recalls is not None:
         out = [p.recalling() if flag else p for p, flag in zip(out, cond.recalls.tolist(), strict=True)]
-    for name in ("untold", "echo", "recollection"):
+    for name in ("untold", "echo", "echo_words", "recollection"):
         kinds = getattr(cond, name)
         if kinds is not None:
             out = [replace(p, **{name: kind}) if kind else p for p, kind in zip(out, kinds, strict=True)]
@@ -702,6 +715,9 @@ class ReplyDecoder:
             self.whole = [*tok.encode(said), *tok.reply_tokens("")[:1]]
         # the reply's opening where it says back the user's words (the model goes on from it), or none
         self.opening = [] if self.whole or not params.echo else tok.encode(ECHO_OPENING)
+        self.lean: Tensor | None = None  # the tokens the first one after the opening leans to
+        if self.opening and params.echo_words:
+            self.lean = torch.tensor(sorted(set(params.echo_words)), dtype=torch.long, device=device)
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator(device=device)
@@ -751,6 +767,9 @@ class ReplyDecoder:
             logits = logits.index_fill(0, torch.tensor(ids, dtype=torch.long, device=logits.device), float("-inf"))
         if not self.tokens and self.banned_first:
             logits = logits.index_fill(0, torch.tensor(self.banned_first, device=logits.device), float("-inf"))
+        if self.lean is not None and len(self.tokens) == len(self.opening):
+            lean = self.lean.to(logits.device)
+            logits = logits.index_add(0, lean, torch.full(lean.shape, ECHO_LEAN, dtype=logits.dtype, device=logits.device))
         if (self.user_names or self.named_speaker) and names_self(self.text):
             logits = logits.index_fill(0, self._not_names(logits.device), float("-inf"))
         if self.user_roles and ((claims := claims_self(self.text)) or speaks_of_self(self.text)):

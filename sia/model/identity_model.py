@@ -18,7 +18,7 @@ from sia.identity.state import IdentityState, SelfUpdate, TurnSummary
 from sia.model.conditioning import Conditioning
 from sia.model.config import AnyConfig
 from sia.model.kv_cache import KVCache
-from sia.model.language import about_the_user, asked_parts, asks, names_kind, of_the_persona
+from sia.model.language import ECHO_LEAN_KINDS, about_the_user, asked_parts, asks, names_kind, of_the_persona
 from sia.model.summary_sums import SummarySums
 from sia.model.tokenizer import Tokenizer
 
@@ -198,10 +198,41 @@ class IdentityModel(nn.Module):
                     entries = ImprintEntries.stack(held, self.config.imprint_shape, torch.float32)
                 echo = entries.echoed(asked, self.config.imprint_echo or ())  # an untold row holds nothing: no echo
                 cond = self.condition(trace, selves, entries.to(self.device), start, asked if reads_kinds else None)
-                cond = replace(cond, untold=tuple(untold) if any(untold) else None, echo=tuple(echo) if any(echo) else None)
+                cond = replace(
+                    cond,
+                    untold=tuple(untold) if any(untold) else None,
+                    echo=tuple(echo) if any(echo) else None,
+                    echo_words=self._echo_words(entries, echo),
+                )
                 return self._recollecting(cond, readable, texts)
             return self._recollecting(self.condition(trace, selves, entries.to(self.device), start), readable, texts)
         return self.condition(trace, selves)
+
+    def _echo_words(self, entries: ImprintEntries, echo: Sequence[str]) -> tuple[tuple[int, ...], ...] | None:
+        """Per row whose reply echoes a kind of ``ECHO_LEAN_KINDS`` (``echo``), the tokens that go on from "I" in its
+        imprint's spans, as a reply says them after "you" ("I fix cars": " fix"; "I'm a nurse": "'re"), which the reply's
+        first token after its opening leans to (``SamplingParams.echo_words``); None where no row has any."""
+        if not any(kind in ECHO_LEAN_KINDS for kind in echo):
+            return None
+        tok = self.tokenizer
+        first = {ids[0] for text in ("I", " I", "i", " i") if len(ids := tok.encode(text)) == 1}
+        said = {"'m": "'re", "\u2019m": "'re", " am": " are", " was": " were"}
+        token, span = entries.token.cpu(), entries.span.cpu()
+        out = []
+        for b, kind in enumerate(echo):
+            words: list[int] = []
+            for n in range(1, token.shape[1] if kind in ECHO_LEAN_KINDS else 0):
+                t = int(token[b, n])
+                if t < 0 or int(token[b, n - 1]) not in first or int(span[b, n]) != int(span[b, n - 1]):
+                    continue
+                text = tok.decode([t])
+                if text in said:
+                    ids = tok.encode(said[text])
+                    words += ids[:1] if len(ids) == 1 else []
+                elif (text[:1] == " " and text[1:2].isalpha()) or text in ("'ve", "'d", "'ll"):
+                    words.append(t)
+            out.append(tuple(words))
+        return tuple(out) if any(out) else None
 
     def _recollecting(self, cond: Conditioning, imprints: Sequence[Imprint | None], texts: Sequence[str] | None) -> Conditioning:
         """``cond`` with ``recollection`` set (the clauses one a line) for the rows whose message asks what the persona

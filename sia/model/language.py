@@ -57,6 +57,7 @@ import re
 from collections.abc import Sequence
 
 __all__ = [
+    "ECHO_LEAN_KINDS",
     "ECHO_OPENING",
     "GREETINGS",
     "KIND_WORDS",
@@ -292,6 +293,9 @@ UNTOLD = {
 }
 # how a reply that says back the user's own clause opens (``ReplyDecoder``)
 ECHO_OPENING = "You told me you"
+# the kinds whose echo leans to the user's own words after "I" ("You told me you fix cars", not "... work as a
+# car-fixer"): a job's; a hobby's or a pet's echo leaning so took the words of other clauses ("you commute to")
+ECHO_LEAN_KINDS = ("job",)
 _AMERICAN = re.compile(r"\b(?:colors?|favorite)\b", re.IGNORECASE)
 
 

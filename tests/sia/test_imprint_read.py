@@ -7,6 +7,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from transformers import LlamaConfig as HFLlamaConfig
 from transformers import LlamaForCausalLM
 
 from sia.backbones.llama import LlamaModel
+from sia.checkpoint import DEFAULT_CHECKPOINT, load_model
 from sia.identity.imprint import KINDS, UNTOLD_SURE, Imprint, ImprintEntries
 from sia.identity.state import IdentityState
 from sia.learn.imprint_read import (
@@ -44,7 +46,7 @@ from sia.learn.imprint_read import (
 from sia.model.batching import DecodeBatch
 from sia.model.conditioning import Conditioning
 from sia.model.config import LlamaConfig
-from sia.model.generate import Sampling, SamplingParams, generate, row_params
+from sia.model.generate import ECHO_LEAN, ReplyDecoder, Sampling, SamplingParams, generate, row_params
 from sia.model.language import (
     ECHO_OPENING,
     about_the_user,
@@ -1001,6 +1003,38 @@ def test_a_question_about_a_kind_told_as_a_clause_opens_by_saying_it_back() -> N
         batch.sample()
         batch.advance()
     assert [batch.take(h).tokens for h in handles] == [opened.tokens, own.tokens]
+
+
+def test_a_jobs_echo_leans_to_what_the_user_said_after_i(smollm2_cache: Path) -> None:
+    """Where the reply says back a job, the first token after "You told me you" leans by ECHO_LEAN to the tokens that go
+    on from "I" in the row's imprinted spans, as said after "you" ("I fix cars": " fix"; "I'm a nurse": "'re"): a
+    word the model put 1.5 below its likeliest comes first. Not across spans, and no words for a hobby's echo or a row
+    that does not echo."""
+    model = load_model(DEFAULT_CHECKPOINT, cache_dir=smollm2_cache)
+    tok = model.tokenizer
+    spans = [tok.encode("I fix cars"), tok.encode(" and I'm a nurse"), tok.encode(" I"), tok.encode(" sing")]
+    token = torch.tensor([[t for ids in spans for t in ids]] * 3)
+    span = torch.tensor([[i for i, ids in enumerate(spans) for _ in ids]] * 3)
+    N = token.shape[1]
+    entries = ImprintEntries(torch.zeros(3, 1, 1, N, 1), torch.zeros(3, 1, 1, N, 1), span >= 0, span * 0, token, span)
+    fix, re_ = tok.encode(" fix"), tok.encode("'re")
+    assert len(fix) == len(re_) == 1
+    assert model._echo_words(entries, ["job", "hobby", ""]) == ((fix[0], re_[0]), (), ())
+    assert model._echo_words(entries, ["hobby", "", ""]) is None
+
+    def first_after_opening(words: tuple[int, ...]) -> str:
+        params = SamplingParams(max_new_tokens=8, temperature=0.0, echo="job", echo_words=words)
+        row = ReplyDecoder(params, torch.device("cpu"), tok)
+        logits = torch.zeros(tok.vocab_size)
+        logits[tok.encode(" work")[0]], logits[fix[0]] = 9.0, 9.0 - ECHO_LEAN + 0.5
+        while not row.text.startswith(ECHO_OPENING) or row.text == ECHO_OPENING:
+            row.push(row.sample(logits, params), params, tok.end_ids)
+        return row.text
+
+    assert first_after_opening((fix[0],)) == ECHO_OPENING + " fix"
+    assert first_after_opening(()) == ECHO_OPENING + " work"
+    with pytest.raises(ValueError, match="echo_words"):
+        SamplingParams(echo_words=(-1,))
 
 
 def test_the_echo_rule_needs_a_fact_asked_and_something_held() -> None:
