@@ -610,22 +610,21 @@ def forget_words(
     words = {w for g in groups for w in g}
     patterns = {w: re.compile(r"(?<!\w)" + re.escape(w) + r"s?(?!\w)") for w in words}
     spans = _unpack(imprint)
-    held: list[set[str]] = []  # per span, the words it holds (only the earlier turns' spans with their text)
-    for s in spans:
-        text = decode(s.token.tolist()).lower().replace("\u2019", "'") if s.turn < turn and s.token is not None else ""
-        held.append({w for w, p in patterns.items() if text and p.search(text)})
+    # per span, its text as the words are matched (only the earlier turns' spans with their text) and the words it holds
+    texts = [
+        decode(s.token.tolist()).lower().replace("\u2019", "'") if s.turn < turn and s.token is not None else "" for s in spans
+    ]
+    held = [{w for w, p in patterns.items() if text and p.search(text)} for text in texts]
     anywhere = set().union(*held)
     found = list(dict.fromkeys(w for g in groups if all(x in anywhere for x in g) for w in g))
     gone = set(found)
     kept: list[_Held] = []
-    for s, h in zip(spans, held, strict=True):
+    for s, h, text in zip(spans, held, texts, strict=True):
         if not h & gone:
             kept.append(s)
             continue
-        assert s.token is not None
-        text = decode(s.token.tolist()).lower().replace("\u2019", "'")
         first = min(m.start() for w in h & gone if (m := patterns[w].search(text)) is not None)
-        cut = _cut_before(s, first, decode)
+        cut = _cut_before(s, text[:first], decode)
         if cut is not None:
             kept.append(cut)
     changed = len(kept) != len(spans) or any(a is not b for a, b in zip(kept, spans, strict=True))
@@ -638,19 +637,18 @@ _LEADING = re.compile(r"(?:(?<![^\W\d_])(?:in|from|near|at|to|with|and|of|on|for
 _CUT_KINDS = frozenset(KINDS.index(k) for k in ("name", "job", "pet", "hobby", "colour", "food", "instrument", "language"))
 
 
-def _cut_before(span: _Held, at: int, decode: Callable[[list[int]], str]) -> _Held | None:
-    """``span`` (its text kept) without its words from the one starting at character ``at`` of its text on, the
-    words it is said after included ("a sound engineer in Prague" cut at "Prague" keeps "a sound engineer"), where the
-    span is labelled with a kind that is not a place (``_CUT_KINDS``: the word cut was said beside its fact) and the
-    rest still names something in two tokens or more; else None. The rest keeps its kind."""
+def _cut_before(span: _Held, head: str, decode: Callable[[list[int]], str]) -> _Held | None:
+    """``span`` (its text kept) with only its words before the one that follows ``head`` (its text up to that word, as
+    ``forget_words`` matches it: lower case, plain apostrophes), less the words that word is said after ("a sound
+    engineer in Prague" cut at "Prague" keeps "a sound engineer"), where the span is labelled with a kind that is not a
+    place (``_CUT_KINDS``: the word cut was said beside its fact) and the rest still names something in two tokens or
+    more; else None. The rest keeps its kind."""
     assert span.token is not None
     if span.kind not in _CUT_KINDS:
         return None
-    text = decode(span.token.tolist())
-    head = text[:at]
-    match = _LEADING.search(head.lower())
-    end = at if match is None else match.start()
-    if not _names(head[:end].lower().replace("\u2019", "'")):
+    match = _LEADING.search(head)
+    end = len(head) if match is None else match.start()
+    if not _names(head[:end]):
         return None
     ids = span.token.tolist()
     n = next((j for j in range(len(ids) - 1, 1, -1) if len(decode(ids[:j])) <= end), 0)
