@@ -210,20 +210,24 @@ class IdentityModel(nn.Module):
 
     def _echo_words(self, entries: ImprintEntries, echo: Sequence[str]) -> tuple[tuple[int, ...], ...] | None:
         """Per row whose reply echoes a kind of ``ECHO_LEAN_KINDS`` (``echo``), the tokens that go on from "I" in its
-        imprint's spans, as a reply says them after "you" ("I fix cars": " fix"; "I'm a nurse": "'re"), which the reply's
-        first token after its opening leans to (``SamplingParams.echo_words``); None where no row has any."""
+        imprint's spans but a name's, as a reply says them after "you" ("I fix cars": " fix"; "I'm a nurse": "'re"),
+        which the reply's first token after its opening leans to (``SamplingParams.echo_words``); None where no row has
+        any."""
         if not any(kind in ECHO_LEAN_KINDS for kind in echo):
             return None
         tok = self.tokenizer
         first = {ids[0] for text in ("I", " I", "i", " i") if len(ids := tok.encode(text)) == 1}
         said = {"'m": "'re", "\u2019m": "'re", " am": " are", " was": " were"}
-        token, span = entries.token.cpu(), entries.span.cpu()
+        token, span, labelled = entries.token.cpu(), entries.span.cpu(), entries.kind.cpu()
+        name = KINDS.index("name")
         out = []
         for b, kind in enumerate(echo):
             words: list[int] = []
             for n in range(1, token.shape[1] if kind in ECHO_LEAN_KINDS else 0):
                 t = int(token[b, n])
                 if t < 0 or int(token[b, n - 1]) not in first or int(span[b, n]) != int(span[b, n - 1]):
+                    continue
+                if int(labelled[b, n]) == name:  # "I'm Eirik": what follows "I" there says who the user is, not what they do
                     continue
                 text = tok.decode([t])
                 if text in said:

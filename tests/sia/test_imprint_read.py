@@ -1008,8 +1008,8 @@ def test_a_question_about_a_kind_told_as_a_clause_opens_by_saying_it_back() -> N
 def test_a_jobs_echo_leans_to_what_the_user_said_after_i(smollm2_cache: Path) -> None:
     """Where the reply says back a job, the first token after "You told me you" leans by ECHO_LEAN to the tokens that go
     on from "I" in the row's imprinted spans, as said after "you" ("I fix cars": " fix"; "I'm a nurse": "'re"): a
-    word the model put 1.5 below its likeliest comes first. Not across spans, and no words for a hobby's echo or a row
-    that does not echo."""
+    word the model put 1.5 below its likeliest comes first. Not across spans, not from a span labelled as a name ("I'm
+    Eirik"), and no words for a hobby's echo or a row that does not echo."""
     model = load_model(DEFAULT_CHECKPOINT, cache_dir=smollm2_cache)
     tok = model.tokenizer
     spans = [tok.encode("I fix cars"), tok.encode(" and I'm a nurse"), tok.encode(" I"), tok.encode(" sing")]
@@ -1020,6 +1020,9 @@ def test_a_jobs_echo_leans_to_what_the_user_said_after_i(smollm2_cache: Path) ->
     fix, re_ = tok.encode(" fix"), tok.encode("'re")
     assert len(fix) == len(re_) == 1
     assert model._echo_words(entries, ["job", "hobby", ""]) == ((fix[0], re_[0]), (), ())
+    named = entries.kind.clone()
+    named[:, span[0] == 1] = KINDS.index("name")  # " and I'm a nurse" labelled as the user's name
+    assert model._echo_words(replace(entries, kind=named), ["job", "", ""]) == ((fix[0],), (), ())
     assert model._echo_words(entries, ["hobby", "", ""]) is None
 
     def first_after_opening(words: tuple[int, ...]) -> str:
