@@ -261,10 +261,12 @@ def play(
     name: str,
     argv: list[str] | None,
     description: str,
+    older: dict[tuple[int, str], tuple[str, ...]] | None = None,
 ) -> int:
     """Tell each user (``name``-i) their messages, then ``fillers``, then ask each question; print every reply and the
     table per kind, and write every reply to ``--out``. The command line (``description``) of this probe and of those
-    that play their own users."""
+    that play their own users. ``older``: per (user, kind), the accepted strings of values the user replaced; a reply
+    that gives one of them is wrong (counted apart as "older")."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--greedy", action="store_true", help="temperature 0 in every turn (default: the persona's own)")
     ap.add_argument("--out", type=Path, default=None, help="JSON with every reply (default: none)")
@@ -276,9 +278,11 @@ def play(
                 say(f"{name}-{i}", message)
             for kind, question, accept in asked:
                 reply = say(f"{name}-{i}", question)
-                right = any(mentions(reply, a) for a in accept)
-                rows.append({"user": i, "kind": kind, "question": question, "reply": reply, "right": right})
-                sys.stdout.write(f"{'right' if right else 'wrong'}  {kind:8s} {question} -> {reply}\n")
+                stale = any(mentions(reply, a) for a in (older or {}).get((i, kind), ()))
+                right = any(mentions(reply, a) for a in accept) and not stale
+                rows.append({"user": i, "kind": kind, "question": question, "reply": reply, "right": right, "older": stale})
+                verdict = "older" if stale else "right" if right else "wrong"
+                sys.stdout.write(f"{verdict:5s}  {kind:8s} {question} -> {reply}\n")
                 sys.stdout.flush()
     by_kind: dict[str, list[bool]] = defaultdict(list)
     for r in rows:
@@ -290,6 +294,12 @@ def play(
     lines.append(f"| all | {sum(total)} of {len(total)} ({100 * sum(total) / len(total):.1f} %) |")
     every = [all(bool(r["right"]) for r in rows if r["user"] == i) for i in range(len(users))]
     lines.append(f"| every fact of a user | {sum(every)} of {len(every)} users |")
+    if older:
+        newer = [r for r in rows if (int(str(r["user"])), str(r["kind"])) in older]
+        lines.append(
+            f"| the newer value, where one was replaced | {sum(bool(r['right']) for r in newer)} of {len(newer)} "
+            f"({sum(bool(r['older']) for r in newer)} gave an older one) |"
+        )
     sys.stdout.write("\n".join(lines) + "\n")
     if args.out:
         args.out.write_text(json.dumps({"greedy": args.greedy, "rows": rows}, indent=1, ensure_ascii=False) + "\n")

@@ -443,7 +443,12 @@ _SUPERSEDED = re.compile(
     r"\b(?:any ?more|no longer|no more|used to|old (?:info|news)|outdated|(?<!from )scratch|take (?:it |that )?back"
     r"|(?:i|we) (?:left|quit|stopped|gave up)|moved (?:out of|away from)|(?:is|are|was|'s) over(?= for\b| now\b|\W*$)|ended"
     r"|(?:i've|i have|we've|we have) gone off|(?:is|are|'s|'re) gone\b(?! to)|re-?homed|gave (?:[\w']+ ){0,3}away"
-    r"|passed away|died|on (?:pause|hold)|got boring|retired from)\b"
+    r"|passed away|died|on (?:pause|hold)|got boring|retired from|(?:i|we) sold)\b"
+)
+# a clause opening with one of these dismisses what it names ("Forget the trumpet", "never mind Lyon", "ignore what I
+# said about chess"): it says what is no longer so, as a clause of ``_SUPERSEDED`` does
+_DISMISSING = re.compile(
+    r"[^\w']*(?:(?:oh|ok|okay|so|and|but|also|well|just|please)\W+)?(?:forget|ignore|never ?mind|disregard)\b"
 )
 # a clause holding one of these says what is so now ("I'm a producer now", "these days it's bouldering"): where the
 # kind tagger labels it (from the stored-label threshold), it replaces the older spans of its kind, as a sure label does
@@ -468,6 +473,13 @@ _CORRECTING = re.compile(
 _RETRACTING = re.compile(
     r"[^\w']*(?:(?:ah|oh|hmm|nah|no|um|uh|er)\W+)*(?:scratch that|wait\W+no|no\W+wait|no\W+sorry|sorry\W+no|make that"
     r"|or rather)\b"
+)
+# a clause opening with one of these says that the clause before it is over ("I told you I live in Graz, but that was
+# last year", "I had a tortoise for twelve years but he died"): that clause is never imprinted, nor this one where it
+# names nothing else
+_OVER_BEFORE = re.compile(
+    r"[^\w']*(?:but\W+)?(?:that(?:\W+was|'s)\W+(?:last year|years ago|ages ago|a while ago|long ago|before|back then"
+    r"|in the past)|(?:he|she|it|they)\W+(?:died|passed(?: away)?|ran away|(?:is|was|are|were|'s) gone))\b"
 )
 
 
@@ -497,7 +509,7 @@ _PLAIN_WORDS = frozenset({
     "said", "tell", "will", "would", "could", "should", "can", "let", "let's", "please", "ok", "okay", "yes", "yeah",
     "fine", "honest", "honestly", "oh", "hmm", "wait", "fan", "big", "huge", "person", "people", "only", "mine", "left",
     "quit", "stopped", "gave", "up", "ended", "wrong", "lied", "lie", "correction", "update", "sorry", "mistake", "meant",
-    "mean", "gone", "off", "rehomed", "homed", "re", "away", "passed", "died", "pause", "hold", "boring", "retired",
+    "mean", "gone", "off", "rehomed", "homed", "re", "away", "passed", "died", "pause", "hold", "boring", "retired", "sold",
 })  # fmt: skip
 
 
@@ -518,13 +530,16 @@ def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Coll
     for i, ((a, b), text) in enumerate(zip(clauses, texts, strict=True)):
         names = _names(text)
         if (
-            _SUPERSEDED.search(_mended(text))
+            _no_longer(_mended(text))
             or (denied and _denial_word(text, correcting) in denied)
             or (correcting and names and all(w in denied for w in names))
             or (updates and _WAS_THEN.search(text))
         ):
             out[a:b] = True
-        if _RETRACTING.match(text):  # the nearest clause before it with a word in it ("KPMG... wait no")
+        over = _OVER_BEFORE.match(text)
+        if over is not None and not _names(text[over.end() :]):  # "but that was last year": nothing else said
+            out[a:b] = True
+        if _RETRACTING.match(text) or over is not None:  # the nearest clause before it with a word ("KPMG... wait no")
             back = next((j for j in reversed(range(i)) if _WORDS.search(texts[j])), None)
             if back is not None:
                 out[clauses[back][0] : clauses[back][1]] = True
@@ -538,9 +553,15 @@ def says_now(pieces: Sequence[str], breaks: Tensor | None = None) -> Tensor:
     out = torch.zeros(len(pieces), dtype=torch.bool)
     for a, b in _clauses(clause_breaks(pieces) if breaks is None else breaks):
         text = _mended(_plain(pieces[a:b]))
-        if _NOW.search(text) and not _SUPERSEDED.search(text):
+        if _NOW.search(text) and not _no_longer(text):
             out[a:b] = True
     return out
+
+
+def _no_longer(clause: str) -> bool:
+    """Whether a clause (plain text) says what is no longer so (``_SUPERSEDED``) or dismisses what it names
+    (``_DISMISSING``)."""
+    return _SUPERSEDED.search(clause) is not None or _DISMISSING.match(clause) is not None
 
 
 def _mended(clause: str) -> str:
@@ -569,6 +590,8 @@ def _denial_word(clause: str, correcting: bool) -> str | None:
 # in a message that corrects, a clause naming at most this many things, all of which the user said before, speaks of
 # what it corrects
 _RESTATED = 3
+# unless it says the thing is still so ("Moved to York, still a nurse")
+_STILL = re.compile(r"\b(?:still|same|as before|as ever)\b")
 
 
 def given_up(pieces: Sequence[str]) -> list[tuple[str, ...]]:
@@ -587,11 +610,12 @@ def given_up(pieces: Sequence[str]) -> list[tuple[str, ...]]:
         denied = _denial_word(text, correcting)
         if denied is not None:
             groups.append((denied,))
-        elif _SUPERSEDED.search(text):
-            groups += [(w,) for w in _names(text)]
+        elif _no_longer(text):
+            dismissing = _DISMISSING.match(text)  # "forget the trumpet": what it dismisses, not "forget"
+            groups += [(w,) for w in _names(text if dismissing is None else text[dismissing.end() :])]
         elif correcting and (said := _WAS_THEN.search(text)):
             groups += [(w,) for w in _names(said.group())]
-        elif correcting and 0 < len(names := _names(text)) <= _RESTATED:
+        elif correcting and 0 < len(names := _names(text)) <= _RESTATED and not _STILL.search(text):
             groups.append(tuple(dict.fromkeys(names)))
     return list(dict.fromkeys(groups))
 
@@ -602,9 +626,10 @@ def forget_words(
     """``imprint`` without the spans that turns before ``turn`` imprinted whose text (``decode`` of their token ids)
     holds a word of a group of ``groups`` (``given_up``: what a message gives up) of which every word is held so by
     such a span (as a word, an s after it allowed: "cats" for "cat"), but for the words before it of a span whose fact
-    is not a place (``_cut_before``: "a sound engineer in Prague" keeps "a sound engineer"); and the words found (what
-    the message denies of what the user said: ``superseded``). A span kept without its text stays: in privacy mode
-    nothing is matched."""
+    is not a place (``_cut_before``: "a sound engineer in Prague" keeps "a sound engineer"), or else a place said after
+    it (``_cut_after``: "an electrician in Gdańsk" keeps "in Gdańsk"); and the words found (what the
+    message denies of what the user said: ``superseded``). A span kept without its text stays: in privacy mode nothing
+    is matched."""
     if not groups:  # most messages give nothing up: no span is unpacked or decoded
         return imprint, []
     words = {w for g in groups for w in g}
@@ -623,8 +648,9 @@ def forget_words(
         if not h & gone:
             kept.append(s)
             continue
-        first = min(m.start() for w in h & gone if (m := patterns[w].search(text)) is not None)
-        cut = _cut_before(s, text[:first], decode)
+        matches = [m for w in h & gone if (m := patterns[w].search(text)) is not None]
+        first, last = min(m.start() for m in matches), max(m.end() for m in matches)
+        cut = _cut_before(s, text[:first], decode) or _cut_after(s, text, last, decode)
         if cut is not None:
             kept.append(cut)
     changed = len(kept) != len(spans) or any(a is not b for a, b in zip(kept, spans, strict=True))
@@ -632,7 +658,13 @@ def forget_words(
 
 
 # what a word is said after ("a nurse in Lisbon", "a vet with a cat"): a span cut before the word is cut before these
-_LEADING = re.compile(r"(?:(?<![^\W\d_])(?:in|from|near|at|to|with|and|of|on|for|the|a|an|my|our|outside|around)\W*)*$")
+_BESIDE = r"(?:in|from|near|at|to|with|and|of|on|for|the|a|an|my|our|outside|around)"
+_LEADING = re.compile(r"(?:(?<![^\W\d_])" + _BESIDE + r"\W*)*$")
+# what a place is said after, opening what follows a word ("an electrician in Gdańsk": "in Gdańsk" is said beside it)
+_PLACE_WORD = r"(?:in|from|near|outside|around)(?![^\W\d_])"
+_PLACE_FOLLOWING = re.compile(r"\W*" + _PLACE_WORD)
+_PLACE_SAID = re.compile(r"(?<![^\W\d_])" + _PLACE_WORD)
+_PLACE_KINDS = frozenset(KINDS.index(k) for k in ("city", "origin"))
 # the kinds whose span may keep its words before what a message gives up: what it names is not a place
 _CUT_KINDS = frozenset(KINDS.index(k) for k in ("name", "job", "pet", "hobby", "colour", "food", "instrument", "language"))
 
@@ -662,6 +694,66 @@ def _cut_before(span: _Held, head: str, decode: Callable[[list[int]], str]) -> _
         values=span.values[:, :, cut],
         value_scale=span.value_scale[:, :, cut],
         token=span.token[cut],
+    )
+
+
+def _cut_after(span: _Held, text: str, end: int, decode: Callable[[list[int]], str]) -> _Held | None:
+    """``span`` (its text kept) with only its words after the one that ends at ``end`` of its ``text`` (as
+    ``forget_words`` matches it), where the rest is a place said beside that word ("an electrician in Gdańsk" cut at
+    "electrician" keeps "in Gdańsk"): it opens with "in", "from", "near", "outside" or "around" and names
+    something in two tokens or more; else None. The rest keeps the span's kind where that is a place (city, origin),
+    and is labelled with no kind otherwise (its words are not what the span was labelled for)."""
+    assert span.token is not None
+    rest = text[end:]
+    if not _PLACE_FOLLOWING.match(rest) or not _names(rest):
+        return None
+    ids = span.token.tolist()
+    n = next((j for j in range(1, len(ids) + 1) if len(decode(ids[:j])) >= end), len(ids))
+    if len(ids) - n < 2:
+        return None
+    cut = slice(n, len(ids))
+    return replace(
+        span,
+        keys=span.keys[:, :, cut],
+        key_scale=span.key_scale[:, :, cut],
+        values=span.values[:, :, cut],
+        value_scale=span.value_scale[:, :, cut],
+        token=span.token[cut],
+        offset=span.offset + n,
+        kind=span.kind if span.kind in _PLACE_KINDS else 0,
+    )
+
+
+def _says_a_place(text: str) -> bool:
+    """Whether a span's text says a place ("in", "from", "near", "outside" or "around" before something named)."""
+    plain = text.lower().replace("\u2019", "'")
+    return any(_names(plain[m.end() :]) for m in _PLACE_SAID.finditer(plain))
+
+
+def _place_said(span: _Held, decode: Callable[[list[int]], str]) -> _Held | None:
+    """The place a span (its text kept) says beside its fact: its words from the first "in", "from", "near", "outside"
+    or "around" that something named follows, with no kind ("I'm a bus mechanic in Kumasi": " in Kumasi."), where
+    that is two tokens or more and not the whole span; else None."""
+    if span.token is None:
+        return None
+    ids = span.token.tolist()
+    text = decode(ids).lower().replace("\u2019", "'")
+    at = next((m.start() for m in _PLACE_SAID.finditer(text) if _names(text[m.end() :])), None)
+    if at is None:
+        return None
+    n = max((j for j in range(len(ids)) if len(decode(ids[:j])) <= at), default=0)
+    if n == 0 or len(ids) - n < 2:
+        return None
+    cut = slice(n, len(ids))
+    return replace(
+        span,
+        keys=span.keys[:, :, cut],
+        key_scale=span.key_scale[:, :, cut],
+        values=span.values[:, :, cut],
+        value_scale=span.value_scale[:, :, cut],
+        token=span.token[cut],
+        offset=span.offset + n,
+        kind=0,
     )
 
 
@@ -812,14 +904,17 @@ def imprint_spans(
     *,
     turn: int,
     tokens: Tensor | None,
+    decode: Callable[[list[int]], str] | None = None,
 ) -> Imprint:
     """``imprint`` with the chosen spans of one message added: keys and values (n_layer, H_kv, n, d), pre-rotation,
     of the message's n tokens; ``tokens`` (n,) their ids, or None to keep no text.
 
-    A span of a known kind first replaces the spans of its kind that earlier turns imprinted; then, while it does not
-    fit, the weakest span goes (a span of unknown kind before any known one, then the lowest score), as long as it is
-    weaker than the new one; where the spans weaker than the new one do not make room for it, none goes and the new
-    span is dropped."""
+    A span of a known kind first replaces the spans of its kind that earlier turns imprinted; with ``decode`` (the
+    tokenizer's), a replaced span of a kind that is not a place keeps the place it says beside its fact where the new
+    span names none (``_place_said``: "I'm a bus mechanic in Kumasi", then "I teach at the college now": " in Kumasi."
+    stays). Then, while the new span does not fit, the weakest span goes (a span of unknown kind before any known one,
+    then the lowest score), as long as it is weaker than the new one; where the spans weaker than the new one do not
+    make room for it, none goes and the new span is dropped."""
     n = keys.shape[2]
     if values.shape != keys.shape or keys.shape[:2] != imprint.keys.shape[:2] or keys.shape[3] != imprint.width:
         raise ValueError(f"keys and values must be (n_layer, H_kv, n, d) for this imprint; got {tuple(keys.shape)}")
@@ -834,7 +929,18 @@ def imprint_spans(
             continue
         # a sure restatement replaces what earlier turns said of its kind, not its own message's other spans
         if choice.kind and choice.replaces:
-            spans = [s for s in spans if s.kind != choice.kind or s.turn == turn]
+            # where the new span is of a fact that is no place and says no place, a replaced span keeps the place it says
+            keeps_place = (
+                decode is not None
+                and tokens is not None
+                and choice.kind not in _PLACE_KINDS
+                and not _says_a_place(decode(tokens[choice.start : choice.end].tolist()))
+            )
+            rest = [
+                s if s.kind != choice.kind or s.turn == turn else _place_said(s, decode) if keeps_place and decode else None
+                for s in spans
+            ]
+            spans = [s for s in rest if s is not None]
         strength = (choice.kind > 0, choice.score)
         kept = list(spans)  # the weakest go while the new span does not fit, only if all of them are weaker than it
         while sum(s.length for s in kept) + length > imprint.capacity:

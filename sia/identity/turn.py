@@ -247,7 +247,7 @@ def write_imprint(
         return imprint, []
     keys, values = words.keys[:, :, read].cpu(), words.values[:, :, read].cpu()
     ids = torch.tensor(message, dtype=torch.int32) if keep_text else None
-    return imprint_spans(imprint, keys, values, choices, turn=turn, tokens=ids), choices
+    return imprint_spans(imprint, keys, values, choices, turn=turn, tokens=ids, decode=tok.decode), choices
 
 
 def run_turn(

@@ -375,6 +375,32 @@ def test_a_clause_taken_back_in_the_same_message_is_not_imprinted() -> None:
     assert all(len(group) > 1 for group in given_up(mended))
 
 
+def test_a_clause_that_says_the_one_before_is_over_leaves_both_out() -> None:
+    """ "I told you I live in Graz, but that was last year": the clause before is left out, and this one too where it
+    names nothing else; "I had a tortoise for twelve years but he died last winter" the same. A clause that dismisses
+    what it names ("Forget the trumpet", "never mind Lyon") or says it was sold says it is over: it is left out and gives
+    its words up. A message that says none of that keeps every clause."""
+    tok = ByteTokenizer()
+
+    def kept(text: str) -> list[str]:
+        pieces = [tok.token_text(t) for t in tok.encode(text)]
+        chosen = message_spans(torch.full((len(pieces),), 9.0), pieces, None, budget=200, max_span=60, min_score=4.0)
+        return ["".join(pieces[c.start : c.end]) for c in chosen]
+
+    assert kept("I told you I live in Graz, but that was last year. Now it's Linz") == [" Now it's Linz"]
+    assert kept("I had a tortoise for twelve years but he died last winter. Now I have a kitten") == [" Now I have a kitten"]
+    assert kept("Forget the trumpet, I sold it. It's pottery now") == [" It's pottery now"]
+    assert kept("I love Graz, it was lovely before the rain") == ["I love Graz,", " it was lovely before the rain"]
+    assert kept("I never forget the trumpet lessons") == ["I never forget the trumpet lessons"]
+    assert given_up(["Forget", " the", " trumpet", ","]) == [("trumpet",)]
+    assert given_up(["oh", " never", " mind", " Lyon"]) == [("lyon",)]
+    assert given_up(["we", " sold", " the", " boat"]) == [("boat",)]
+    assert given_up(["I", " bought", " a", " boat"]) == []
+    # in a message that corrects, a clause restating what is still so gives nothing up ("still a nurse")
+    assert ("nurse",) not in given_up(["Moved", " to", " York", ",", " still", " a", " nurse", "."])
+    assert ("nurse",) in given_up(["Moved", " to", " York", ",", " I", " said", " nurse", "."])
+
+
 def test_a_dash_between_words_ends_a_clause_one_inside_a_word_does_not() -> None:
     """ "I need to correct myself — I moved over to Ponta Delgada": the value is its own clause, not cut off by a
     window around the correction's words; "Saint-Louis" and "inter-island" stay whole."""
@@ -455,6 +481,31 @@ def test_a_span_that_names_more_than_what_is_given_up_keeps_the_rest() -> None:
     assert [(s.tokens, s.kind) for s in kept.spans()] == [((1, 2, 3), "job"), ((12, 13, 14, 15), "pet")]
     assert torch.equal(kept.keys[:, :, :3], imprint.keys[:, :, :3]) and kept.used == 7
     assert torch.equal(kept.values[:, :, 3:7], imprint.values[:, :, 17:21])
+
+
+def test_a_span_keeps_the_place_said_after_what_is_given_up() -> None:
+    """ "I'm an electrician in Gdańsk" then "not an electrician any more": nothing is named before the word, so the span
+    keeps the place said after it, "in Gdańsk" (its keys, values and tokens, its offsets moved on), labelled as a city
+    where the span was and with no kind otherwise; what follows the word unless it opens as a place does ("for two
+    years") goes with it."""
+    pieces = {1: " I", 2: "'m", 3: " an", 4: " electrician", 5: " in", 6: " Gda", 7: "ńsk", 8: ".", 9: " for", 10: " two",
+              11: " years"}  # fmt: skip
+
+    def decode(ids: list[int]) -> str:
+        return "".join(pieces[i] for i in ids)
+
+    def add(imprint: Imprint, ids: list[int], kind: str) -> Imprint:
+        n = len(ids)
+        keys, values, tokens = torch.randn(2, 1, n, 4), torch.randn(2, 1, n, 4), torch.tensor(ids)
+        return imprint_spans(imprint, keys, values, [SpanChoice(0, n, 5.0, KINDS.index(kind))], turn=0, tokens=tokens)
+
+    imprint = add(add(_imprint(30), [1, 2, 3, 4, 5, 6, 7, 8], "city"), [1, 2, 3, 4, 5, 6, 7, 8], "job")
+    imprint = add(imprint, [1, 2, 3, 4, 9, 10, 11], "job")
+    kept, found = forget_words(imprint, [("electrician",)], decode, turn=1)
+    assert found == ["electrician"]
+    assert [(s.tokens, s.kind, s.offset) for s in kept.spans()] == [((5, 6, 7, 8), "city", 4), ((5, 6, 7, 8), "unknown", 4)]
+    assert torch.equal(kept.keys[:, :, :4], imprint.keys[:, :, 4:8]) and kept.used == 8
+    assert torch.equal(kept.values[:, :, 4:8], imprint.values[:, :, 12:16])
 
 
 def test_a_correcting_message_replaces_older_values_even_with_an_unsure_label() -> None:
@@ -543,6 +594,47 @@ def test_a_restatement_of_a_kind_replaces_the_old_value() -> None:
     imprint = _add(_add(_imprint(), 3, 5.0, kind=2, seed=1), 3, 4.0, kind=1, seed=2)
     moved = _add(imprint, 2, 3.0, kind=2, turn=5, seed=3)  # "I moved to Lyon" though it scores lower
     assert [(s.kind, s.turn, s.tokens) for s in moved.spans()] == [("name", 0, (20, 21, 22)), ("city", 5, (30, 31))]
+
+
+def test_a_replaced_span_keeps_the_place_it_says_where_the_new_one_says_none() -> None:
+    """ "I'm a bus mechanic in Kumasi", then "I teach at the college now" (a job replacing the job): the older span keeps
+    " in Kumasi." (its entries as they were, no kind); where the new span says a place ("I'm a teacher in York now"), the
+    older span goes whole, as it does without the tokenizer's decode (or without text). A restatement of a place
+    replaces a place whole."""
+    pieces = {1: " I", 2: "'m", 3: " a", 4: " mechanic", 5: " in", 6: " Kum", 7: "asi", 8: ".", 9: " teach", 10: " at",
+              11: " college", 12: " now", 13: " York"}  # fmt: skip
+
+    def decode(ids: list[int]) -> str:
+        return "".join(pieces[i] for i in ids)
+
+    job, city = KINDS.index("job"), KINDS.index("city")
+    said = [1, 2, 3, 4, 5, 6, 7, 8]
+    keys, values = torch.randn(2, 1, 8, 4), torch.randn(2, 1, 8, 4)
+    imprint = imprint_spans(_imprint(30), keys, values, [SpanChoice(0, 8, 5.0, job)], turn=0, tokens=torch.tensor(said))
+
+    def then(ids: list[int], kind: int, *, text: bool = True, with_decode: bool = True) -> Imprint:
+        n = len(ids)
+        return imprint_spans(
+            imprint,
+            torch.randn(2, 1, n, 4),
+            torch.randn(2, 1, n, 4),
+            [SpanChoice(0, n, 5.0, kind)],
+            turn=1,
+            tokens=torch.tensor(ids) if text else None,
+            decode=decode if with_decode else None,
+        )
+
+    def spans(after: Imprint) -> list[tuple[tuple[int, ...] | None, str]]:
+        return [(s.tokens, s.kind) for s in after.spans()]
+
+    teach = [1, 9, 10, 11, 12]
+    kept = then(teach, job)
+    assert spans(kept) == [((5, 6, 7, 8), "unknown"), (tuple(teach), "job")]
+    assert torch.equal(kept.keys[:, :, :4], imprint.keys[:, :, 4:8]) and kept.spans()[0].offset == 4
+    assert spans(then([1, 2, 3, 9, 5, 13, 12], job)) == [((1, 2, 3, 9, 5, 13, 12), "job")]
+    assert spans(then(teach, job, with_decode=False)) == [(tuple(teach), "job")]
+    assert spans(then(teach, job, text=False)) == [(None, "job")]
+    assert spans(then([5, 13], city)) == [(tuple(said), "job"), ((5, 13), "city")]
 
 
 def test_spans_of_one_kind_from_one_message_stay_together() -> None:
