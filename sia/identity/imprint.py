@@ -686,15 +686,7 @@ def _cut_before(span: _Held, head: str, decode: Callable[[list[int]], str]) -> _
     n = next((j for j in range(len(ids) - 1, 1, -1) if len(decode(ids[:j])) <= end), 0)
     if n < 2:
         return None
-    cut = slice(0, n)
-    return replace(
-        span,
-        keys=span.keys[:, :, cut],
-        key_scale=span.key_scale[:, :, cut],
-        values=span.values[:, :, cut],
-        value_scale=span.value_scale[:, :, cut],
-        token=span.token[cut],
-    )
+    return _entries(span, slice(0, n))
 
 
 def _cut_after(span: _Held, text: str, end: int, decode: Callable[[list[int]], str]) -> _Held | None:
@@ -711,17 +703,7 @@ def _cut_after(span: _Held, text: str, end: int, decode: Callable[[list[int]], s
     n = next((j for j in range(1, len(ids) + 1) if len(decode(ids[:j])) >= end), len(ids))
     if len(ids) - n < 2:
         return None
-    cut = slice(n, len(ids))
-    return replace(
-        span,
-        keys=span.keys[:, :, cut],
-        key_scale=span.key_scale[:, :, cut],
-        values=span.values[:, :, cut],
-        value_scale=span.value_scale[:, :, cut],
-        token=span.token[cut],
-        offset=span.offset + n,
-        kind=span.kind if span.kind in _PLACE_KINDS else 0,
-    )
+    return _entries(span, slice(n, len(ids)), kind=span.kind if span.kind in _PLACE_KINDS else 0)
 
 
 def _says_a_place(text: str) -> bool:
@@ -744,7 +726,13 @@ def _place_said(span: _Held, decode: Callable[[list[int]], str]) -> _Held | None
     n = max((j for j in range(len(ids)) if len(decode(ids[:j])) <= at), default=0)
     if n == 0 or len(ids) - n < 2:
         return None
-    cut = slice(n, len(ids))
+    return _entries(span, slice(n, len(ids)), kind=0)
+
+
+def _entries(span: _Held, cut: slice, *, kind: int | None = None) -> _Held:
+    """``span``'s entries ``cut`` (a run of them: their keys, values and tokens as they are, their offsets with them),
+    labelled ``kind`` where given."""
+    assert span.token is not None and cut.start is not None
     return replace(
         span,
         keys=span.keys[:, :, cut],
@@ -752,8 +740,8 @@ def _place_said(span: _Held, decode: Callable[[list[int]], str]) -> _Held | None
         values=span.values[:, :, cut],
         value_scale=span.value_scale[:, :, cut],
         token=span.token[cut],
-        offset=span.offset + n,
-        kind=0,
+        offset=span.offset + cut.start,
+        kind=span.kind if kind is None else kind,
     )
 
 

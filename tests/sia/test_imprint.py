@@ -4,6 +4,7 @@ as the user's own tokens were."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -465,17 +466,10 @@ def test_a_span_that_names_more_than_what_is_given_up_keeps_the_rest() -> None:
     span with nothing named before the word."""
     pieces = {1: " a", 2: " sound", 3: " engineer", 4: " in", 5: " Prague", 6: ".", 7: " Prague", 8: " is", 9: " home",
               10: " we", 11: " stay", 12: " I", 13: " have", 14: " a", 15: " cat", 16: " from"}  # fmt: skip
+    decode = _decoder(pieces)
 
-    def decode(ids: list[int]) -> str:
-        return "".join(pieces[i] for i in ids)
-
-    def add(imprint: Imprint, ids: list[int], kind: str) -> Imprint:
-        n = len(ids)
-        keys, values, tokens = torch.randn(2, 1, n, 4), torch.randn(2, 1, n, 4), torch.tensor(ids)
-        return imprint_spans(imprint, keys, values, [SpanChoice(0, n, 5.0, KINDS.index(kind))], turn=0, tokens=tokens)
-
-    imprint = add(add(_imprint(30), [1, 2, 3, 4, 5, 6], "job"), [7, 8, 9], "job")
-    imprint = add(add(add(imprint, [10, 11, 4, 5], "city"), [10, 11, 4, 5], "unknown"), [12, 13, 14, 15, 16, 5], "pet")
+    imprint = _said(_said(_imprint(30), [1, 2, 3, 4, 5, 6], "job"), [7, 8, 9], "job")
+    imprint = _said(_said(_said(imprint, [10, 11, 4, 5], "city"), [10, 11, 4, 5], "unknown"), [12, 13, 14, 15, 16, 5], "pet")
     kept, found = forget_words(imprint, [("prague",)], decode, turn=1)
     assert found == ["prague"]
     assert [(s.tokens, s.kind) for s in kept.spans()] == [((1, 2, 3), "job"), ((12, 13, 14, 15), "pet")]
@@ -490,17 +484,10 @@ def test_a_span_keeps_the_place_said_after_what_is_given_up() -> None:
     years") goes with it."""
     pieces = {1: " I", 2: "'m", 3: " an", 4: " electrician", 5: " in", 6: " Gda", 7: "ńsk", 8: ".", 9: " for", 10: " two",
               11: " years"}  # fmt: skip
+    decode = _decoder(pieces)
 
-    def decode(ids: list[int]) -> str:
-        return "".join(pieces[i] for i in ids)
-
-    def add(imprint: Imprint, ids: list[int], kind: str) -> Imprint:
-        n = len(ids)
-        keys, values, tokens = torch.randn(2, 1, n, 4), torch.randn(2, 1, n, 4), torch.tensor(ids)
-        return imprint_spans(imprint, keys, values, [SpanChoice(0, n, 5.0, KINDS.index(kind))], turn=0, tokens=tokens)
-
-    imprint = add(add(_imprint(30), [1, 2, 3, 4, 5, 6, 7, 8], "city"), [1, 2, 3, 4, 5, 6, 7, 8], "job")
-    imprint = add(imprint, [1, 2, 3, 4, 9, 10, 11], "job")
+    imprint = _said(_said(_imprint(30), [1, 2, 3, 4, 5, 6, 7, 8], "city"), [1, 2, 3, 4, 5, 6, 7, 8], "job")
+    imprint = _said(imprint, [1, 2, 3, 4, 9, 10, 11], "job")
     kept, found = forget_words(imprint, [("electrician",)], decode, turn=1)
     assert found == ["electrician"]
     assert [(s.tokens, s.kind, s.offset) for s in kept.spans()] == [((5, 6, 7, 8), "city", 4), ((5, 6, 7, 8), "unknown", 4)]
@@ -566,6 +553,18 @@ def _imprint(capacity: int = 10) -> Imprint:
     return Imprint.blank(2, 1, capacity, 4)
 
 
+def _decoder(pieces: dict[int, str]) -> Callable[[list[int]], str]:
+    """A decode of made-up token ids, each one of ``pieces``."""
+    return lambda ids: "".join(pieces[i] for i in ids)
+
+
+def _said(imprint: Imprint, ids: list[int], kind: str) -> Imprint:
+    """``imprint`` with one span of turn 0 holding the tokens ``ids`` (random keys and values), labelled ``kind``."""
+    n = len(ids)
+    keys, values, tokens = torch.randn(2, 1, n, 4), torch.randn(2, 1, n, 4), torch.tensor(ids)
+    return imprint_spans(imprint, keys, values, [SpanChoice(0, n, 5.0, KINDS.index(kind))], turn=0, tokens=tokens)
+
+
 def _add(imprint: Imprint, length: int, score: float, kind: int = 0, turn: int = 0, seed: int = 0) -> Imprint:
     g = torch.Generator().manual_seed(seed)
     keys, values = torch.randn(2, 1, length, 4, generator=g), torch.randn(2, 1, length, 4, generator=g)
@@ -603,9 +602,7 @@ def test_a_replaced_span_keeps_the_place_it_says_where_the_new_one_says_none() -
     replaces a place whole."""
     pieces = {1: " I", 2: "'m", 3: " a", 4: " mechanic", 5: " in", 6: " Kum", 7: "asi", 8: ".", 9: " teach", 10: " at",
               11: " college", 12: " now", 13: " York"}  # fmt: skip
-
-    def decode(ids: list[int]) -> str:
-        return "".join(pieces[i] for i in ids)
+    decode = _decoder(pieces)
 
     job, city = KINDS.index("job"), KINDS.index("city")
     said = [1, 2, 3, 4, 5, 6, 7, 8]
