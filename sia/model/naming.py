@@ -115,6 +115,10 @@ _BEING_YOURS = re.compile(
     r"^(?:\s+am)?(?:\s+(?:just|also|only|really|actually|now|truly|always))*\s+your(?![\w'’])", re.IGNORECASE
 )
 _REPLY_CLAUSE = re.compile(r"[.!?;:,\n()]|(?<![\w'’])(?:and|but|so|because)(?![\w'’])", re.IGNORECASE)
+# a clause set beside the name its speaker just gave ("I am Sia, the electrician of "): it says what the speaker is
+_BESIDE_OWN_NAME = re.compile(
+    r"(?<![\w'’])(?:i['’]m|i am)\s+[A-Z][\w'’-]*\s*,\s+(?:a|an|the)(?![\w'’])[^.!?;:,\n()]*$", re.IGNORECASE
+)
 _SENTENCES = re.compile(r"(?<=[.!?])\s+")
 _PLACED = re.compile(r"(?i:\b(?:in|from|near|at|around|outside)\s+)([^\W\d_]+)")
 # a message's clauses: what lies between marks, "and" and "but"
@@ -186,11 +190,14 @@ def speaks_of_self(text: str) -> bool:
     mark, "and", "but", "so" or "because") has "I", "I've", "my", "we" or "our", and after the last of them no "you"
     or "your" (but "I'm your"), no denial and no word of opinion or feeling ("think", "love", "glad"). "and i grow ",
     "I've just arrived from ", "welcome to my ", "I'm your trusty " are; "I'm glad you're enjoying your ", "I'm not a ",
-    "I think ", "tell me about " are not."""
+    "I think ", "tell me about " are not; nor is a clause without them, but one set beside the name the speaker just gave
+    ("I am Sia, the electrician of ")."""
     clause = _REPLY_CLAUSE.split(text)[-1]
     subjects = list(_FIRST_PERSON.finditer(clause))
-    if not subjects:
-        return False
+    if not subjects:  # "I am Sia, the electrician of ": the clause beside the speaker's name is about the speaker
+        return _BESIDE_OWN_NAME.search(text) is not None and not any(
+            rule.search(clause) for rule in (_SECOND_PERSON, _DENIED, _OPINION)
+        )
     last = subjects[-1]
     after = clause[last.end() :]
     if last.group().lower() in ("i", "i'm", "i’m"):

@@ -454,6 +454,12 @@ def test_a_persona_never_says_what_the_user_is_as_its_own() -> None:
         ("I grow roses. ", False),  # a new sentence
         ("I'm a chef, ", False),  # a new clause
         ("I'm a chef and ", False),
+        ("I am Sia, the electrician of ", True),  # beside the name the speaker just gave
+        ("i'm bolt, a ", True),
+        ("I am Sia, the one you ", False),
+        ("I'm Sia, and ", False),
+        ("You are Tom, the electrician of ", False),
+        ("I am Sia. The weather in ", False),
     ],
 )
 def test_a_clause_that_says_what_its_speaker_is_does_or_has(said: str, of_self: bool) -> None:
