@@ -636,9 +636,7 @@ def forget_words(
     patterns = {w: re.compile(r"(?<!\w)" + re.escape(w) + r"s?(?!\w)") for w in words}
     spans = _unpack(imprint)
     # per span, its text as the words are matched (only the earlier turns' spans with their text) and the words it holds
-    texts = [
-        decode(s.token.tolist()).lower().replace("\u2019", "'") if s.turn < turn and s.token is not None else "" for s in spans
-    ]
+    texts = [_plain([decode(s.token.tolist())]) if s.turn < turn and s.token is not None else "" for s in spans]
     held = [{w for w, p in patterns.items() if text and p.search(text)} for text in texts]
     anywhere = set().union(*held)
     found = list(dict.fromkeys(w for g in groups if all(x in anywhere for x in g) for w in g))
@@ -682,8 +680,7 @@ def _cut_before(span: _Held, head: str, decode: Callable[[list[int]], str]) -> _
     end = len(head) if match is None else match.start()
     if not _names(head[:end]):
         return None
-    ids = span.token.tolist()
-    n = next((j for j in range(len(ids) - 1, 1, -1) if len(decode(ids[:j])) <= end), 0)
+    n = _fitting(span.token.tolist(), end, decode)
     if n < 2:
         return None
     return _entries(span, slice(0, n))
@@ -708,7 +705,7 @@ def _cut_after(span: _Held, text: str, end: int, decode: Callable[[list[int]], s
 
 def _says_a_place(text: str) -> bool:
     """Whether a span's text says a place ("in", "from", "near", "outside" or "around" before something named)."""
-    plain = text.lower().replace("\u2019", "'")
+    plain = _plain([text])
     return any(_names(plain[m.end() :]) for m in _PLACE_SAID.finditer(plain))
 
 
@@ -719,14 +716,19 @@ def _place_said(span: _Held, decode: Callable[[list[int]], str]) -> _Held | None
     if span.token is None:
         return None
     ids = span.token.tolist()
-    text = decode(ids).lower().replace("\u2019", "'")
+    text = _plain([decode(ids)])
     at = next((m.start() for m in _PLACE_SAID.finditer(text) if _names(text[m.end() :])), None)
     if at is None:
         return None
-    n = max((j for j in range(len(ids)) if len(decode(ids[:j])) <= at), default=0)
+    n = _fitting(ids, at, decode)
     if n == 0 or len(ids) - n < 2:
         return None
     return _entries(span, slice(n, len(ids)), kind=0)
+
+
+def _fitting(ids: list[int], chars: int, decode: Callable[[list[int]], str]) -> int:
+    """How many of the tokens ``ids``, from the first, fit decoded within ``chars`` characters (fewer than all)."""
+    return max(j for j in range(len(ids)) if len(decode(ids[:j])) <= chars)
 
 
 def _entries(span: _Held, cut: slice, *, kind: int | None = None) -> _Held:
@@ -924,10 +926,8 @@ def imprint_spans(
                 and choice.kind not in _PLACE_KINDS
                 and not _says_a_place(decode(tokens[choice.start : choice.end].tolist()))
             )
-            rest = [
-                s if s.kind != choice.kind or s.turn == turn else _place_said(s, decode) if keeps_place and decode else None
-                for s in spans
-            ]
+            place = decode if keeps_place else None
+            rest = [s if s.kind != choice.kind or s.turn == turn else _place_said(s, place) if place else None for s in spans]
             spans = [s for s in rest if s is not None]
         strength = (choice.kind > 0, choice.score)
         kept = list(spans)  # the weakest go while the new span does not fit, only if all of them are weaker than it

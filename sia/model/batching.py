@@ -72,12 +72,12 @@ def select_conditioning(cond: Conditioning, rows: Tensor) -> Conditioning:
     """The given rows (B',) of a Conditioning, in that order; nothing is recomputed."""
     layers = [None if lc is None else _select_layer(lc, rows) for lc in cond.layers]
     recalls = None if cond.recalls is None else cond.recalls[rows.cpu()]
-    texts = {
+    values = {
         name: None if kinds is None else tuple(kinds[int(r)] for r in rows.cpu())
         for name in _ROW_VALUES
         for kinds in (getattr(cond, name),)
     }
-    return Conditioning(layers=layers, self_state=cond.self_state[rows], recalls=recalls, **texts)  # type: ignore[arg-type]
+    return Conditioning(layers=layers, self_state=cond.self_state[rows], recalls=recalls, **values)  # type: ignore[arg-type]
 
 
 def cat_conditioning(conds: Sequence[Conditioning]) -> Conditioning:
@@ -86,16 +86,16 @@ def cat_conditioning(conds: Sequence[Conditioning]) -> Conditioning:
     recalls = None
     if any(c.recalls is not None for c in conds):
         recalls = torch.cat([torch.zeros(c.batch_size, dtype=torch.bool) if c.recalls is None else c.recalls for c in conds])
-    texts = {name: _cat_texts([getattr(c, name) for c in conds], conds, empty) for name, empty in _ROW_VALUES.items()}
+    values = {name: _cat_values([getattr(c, name) for c in conds], conds, empty) for name, empty in _ROW_VALUES.items()}
     self_state = torch.cat([c.self_state for c in conds], dim=0)
-    return Conditioning(layers=layers, self_state=self_state, recalls=recalls, **texts)  # type: ignore[arg-type]
+    return Conditioning(layers=layers, self_state=self_state, recalls=recalls, **values)  # type: ignore[arg-type]
 
 
 # the Conditioning's per-row values, each with what a row without one holds; None for a conditioning without any
 _ROW_VALUES = {"untold": "", "echo": "", "echo_words": (), "recollection": ""}
 
 
-def _cat_texts(
+def _cat_values(
     parts: Sequence[tuple[object, ...] | None], conds: Sequence[Conditioning], empty: object
 ) -> tuple[object, ...] | None:
     """Per-row values (``Conditioning.untold``, ``echo``, ``echo_words``, ``recollection``) stacked: ``empty`` for the

@@ -194,14 +194,15 @@ def speaks_of_self(text: str) -> bool:
     ("I am Sia, the electrician of ")."""
     clause = _REPLY_CLAUSE.split(text)[-1]
     subjects = list(_FIRST_PERSON.finditer(clause))
-    if not subjects:  # "I am Sia, the electrician of ": the clause beside the speaker's name is about the speaker
-        return _BESIDE_OWN_NAME.search(text) is not None and not any(
-            rule.search(clause) for rule in (_SECOND_PERSON, _DENIED, _OPINION)
-        )
-    last = subjects[-1]
-    after = clause[last.end() :]
-    if last.group().lower() in ("i", "i'm", "i’m"):
-        after = _BEING_YOURS.sub("", after, count=1)
+    if subjects:
+        last = subjects[-1]
+        after = clause[last.end() :]
+        if last.group().lower() in ("i", "i'm", "i’m"):
+            after = _BEING_YOURS.sub("", after, count=1)
+    elif _BESIDE_OWN_NAME.search(text):  # "I am Sia, the electrician of ": the clause beside the speaker's name
+        after = clause
+    else:
+        return False
     return not any(rule.search(after) for rule in (_SECOND_PERSON, _DENIED, _OPINION))
 
 
