@@ -270,9 +270,10 @@ def play(
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--greedy", action="store_true", help="temperature 0 in every turn (default: the persona's own)")
     ap.add_argument("--out", type=Path, default=None, help="JSON with every reply (default: none)")
+    ap.add_argument("--checkpoint", type=Path, default=None, help="the model served (default: the bundled one)")
     args = ap.parse_args(argv)
     rows: list[dict[str, object]] = []
-    with chat(load_model(None), greedy=args.greedy) as say:
+    with chat(load_model(args.checkpoint), greedy=args.greedy) as say:
         for i, (said, asked) in enumerate(users):
             for message in (*said, *fillers):
                 say(f"{name}-{i}", message)
