@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         "late corrections": _late(model, system),
     }
     held = results["written, half held out"]
-    sys.stdout.write(f"## written, half held out: {held}\n")  # type: ignore[str-bytes-safe]
+    sys.stdout.write(f"## written, half held out: {held}\n")
     for name, (c, messages) in parts.items():
         x, y = c.tensors()
         over, listed = y > 0, _listed(model, system, messages)
