@@ -45,39 +45,40 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "over_clauses.jsonl"
 
 @dataclass
 class Clauses:
-    """Clauses of messages as the write cuts them: each one's mean input to the tagger's layer, whether it is over and
-    its text."""
+    """Clauses of messages as the write cuts them: each one's mean input to the tagger's layer, whether it is over,
+    whether the write's word lists leave it out as over (``superseded``) and its text."""
 
     features: list[Tensor]
     over: list[bool]
+    listed: list[bool]
     text: list[str]
 
     @classmethod
     def empty(cls) -> Clauses:
-        return cls([], [], [])
+        return cls([], [], [], [])
 
-    def add(self, model: LlamaModel, system: list[int], message: str, is_over: Callable[[str], bool]) -> Tensor:
+    def add(self, model: LlamaModel, system: list[int], message: str, is_over: Callable[[str], bool]) -> None:
         """Cut ``message`` (read after the persona prompt ``system``) into clauses and add each, labelled by ``is_over``
-        of its text; returns the message's per-token over mask (n,) of the clauses added as over."""
+        of its text."""
         tok = model.tokenizer
         layer = model.config.imprint_kinds_layer
         if layer is None:
             raise ValueError("the over head reads the kind tagger's layer: the model has none")
         tokens, (start, end) = tok.turn_prompt(message, system)
         body = tokens[start : end - 1]
-        breaks = clause_breaks([tok.token_text(t) for t in body])
+        pieces = [tok.token_text(t) for t in body]
+        breaks = clause_breaks(pieces)
+        said = superseded(pieces, breaks)
         device = model.wte.weight.device
         with torch.no_grad():
             h = model.layer_inputs(torch.tensor([tokens[: end - 1]], device=device), layer)[0, start:].cpu()
-        mask = torch.zeros(len(body), dtype=torch.bool)
         for a, b in _clauses(breaks):
             text = tok.decode(body[a:b])
             if text.strip():
                 self.features.append(h[a:b].mean(0))
                 self.over.append(bool(is_over(text)))
+                self.listed.append(bool(said[a:b].any()))
                 self.text.append(text)
-                mask[a:b] = self.over[-1]
-        return mask
 
     def tensors(self) -> tuple[Tensor, Tensor]:
         return torch.stack(self.features), torch.tensor(self.over, dtype=torch.float32)
@@ -180,31 +181,13 @@ def counts(said: Tensor, over: Tensor) -> dict[str, int]:
     }
 
 
-def _listed(model, system: list[int], messages: list[str]) -> Tensor:  # type: ignore[no-untyped-def]
-    """Per clause of ``messages`` (as ``Clauses.add`` cuts them), whether the word lists leave it out as over."""
-    tok, out = model.tokenizer, []
-    for message in messages:
-        tokens, (start, end) = tok.turn_prompt(message, system)
-        body = tokens[start : end - 1]
-        pieces = [tok.token_text(t) for t in body]
-        breaks = clause_breaks(pieces)
-        said = superseded(pieces, breaks)
-        ends = [i + 1 for i in range(len(body)) if bool(breaks[i])]
-        a = 0
-        for b in [*ends, len(body)] if not ends or ends[-1] != len(body) else ends:
-            if tok.decode(body[a:b]).strip():
-                out.append(bool(said[a:b].any()))
-            a = b
-    return torch.tensor(out)
-
-
-def _late(model, system: list[int]) -> tuple[Clauses, list[str]]:  # type: ignore[no-untyped-def]
+def _late(model, system: list[int]) -> Clauses:  # type: ignore[no-untyped-def]
     sets = (
         (late_corrections.USERS, late_corrections.OLDER),
         (late_corrections.AFTER, late_corrections.AFTER_OLDER),
         (late_corrections.LAST, late_corrections.LAST_OLDER),
     )
-    out, messages = Clauses.empty(), []
+    out = Clauses.empty()
     for users, older in sets:
         for i, (said, _) in enumerate(users):
             replaced = [a for (u, _k), values in older.items() if u == i for a in values]
@@ -217,9 +200,8 @@ def _late(model, system: list[int]) -> tuple[Clauses, list[str]]:  # type: ignor
                     return bool(named) and not named <= first
 
                 out.add(model, system, message, is_over)
-                messages.append(message)
                 seen |= first
-    return out, messages
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -238,22 +220,17 @@ def main(argv: list[str] | None = None) -> None:
     apart = clauses_of(model, system, (), [extra[i] for i in order[half:]])
     x, y = first.tensors()
     xa, ya = apart.tensors()
-    listed = _listed(model, system, [extra[i][0] for i in order[half:]])
     results["written, half held out"] = {
-        "word lists": counts(listed, ya > 0),
+        "word lists": counts(torch.tensor(apart.listed), ya > 0),
         "head": counts(marks(fit(x, y, args.l2), xa, args.min), ya > 0),
     }
     head_all = fit(torch.cat([x, xa]), torch.cat([y, ya]), args.l2)
-    tune = load_users("tune")
-    parts = {
-        "tuning part": (clauses_of(model, system, tune, ()), [m for u in tune for m in u.messages]),
-        "late corrections": _late(model, system),
-    }
+    parts = {"tuning part": clauses_of(model, system, load_users("tune"), ()), "late corrections": _late(model, system)}
     held = results["written, half held out"]
     sys.stdout.write(f"## written, half held out: {held}\n")
-    for name, (c, messages) in parts.items():
+    for name, c in parts.items():
         x, y = c.tensors()
-        over, listed = y > 0, _listed(model, system, messages)
+        over, listed = y > 0, torch.tensor(c.listed)
         head = marks(head_all, x, args.min)
         new = head & ~listed
         results[name] = {
