@@ -46,6 +46,7 @@ __all__ = [
     "forget_words",
     "given_up",
     "imprint_spans",
+    "mends",
     "message_spans",
     "quantise",
     "says_now",
@@ -464,7 +465,9 @@ _CORRECTING = re.compile(
     r"|moved|switched|instead|take (?:it |that )?back|old (?:info|news)|outdated|wait|actually|no,? sorry|sorry,? no"
     r"|make that|or rather|relocat(?:ed|ing)|(?:has|have|'s|'ve) changed|changed (?:my mind|jobs?|careers?|cities|countries"
     r"|to)|forget (?:what|that|about)|ignore (?:what|that|the)|mis-?spoke|typo|my bad|i meant|meant to say|got (?:that|it)"
-    r" wrong|correct (?:that|this)|oops|silly me|rephrase|turns out|after all|hold on|rather than|(?:i'm|i am) now"
+    r" wrong|correct (?:that|this)|(?:fix|correct|change) what i (?:said|wrote|told you)|what am i saying|(?:i )?keep"
+    r" (?:doing|mixing|getting) (?:this|that|it|them|these)|oops|silly me|rephrase|turns out|after all|hold on|rather than"
+    r"|(?:i'm|i am) now"
     r"|new (?:city|town|job|home|place|favou?rite))\b"
 )
 # a clause opening with one of these takes back the clause before it in the same message, as people mend what they
@@ -509,6 +512,7 @@ _PLAIN_WORDS = frozenset({
     "said", "tell", "will", "would", "could", "should", "can", "let", "let's", "please", "ok", "okay", "yes", "yeah",
     "fine", "honest", "honestly", "oh", "hmm", "wait", "fan", "big", "huge", "person", "people", "only", "mine", "left",
     "quit", "stopped", "gave", "up", "ended", "wrong", "lied", "lie", "correction", "update", "sorry", "mistake", "meant",
+    "lol", "lmao", "haha", "hahaha", "omg", "ugh", "ah", "uh", "um", "hm", "xd", "jk",
     "mean", "gone", "off", "rehomed", "homed", "re", "away", "passed", "died", "pause", "hold", "boring", "retired", "sold",
 })  # fmt: skip
 
@@ -747,6 +751,59 @@ def _entries(span: _Held, cut: slice, *, kind: int | None = None) -> _Held:
     )
 
 
+# words that correct softly or say only what is over ("oops, English", "I actually love it", "no longer"): they make a
+# message correcting (``corrects``) but point at no clause carrying a correction (``mends``)
+_SOFT = frozenset({
+    "oops", "silly me", "my bad", "actually", "after all", "turns out", "hold on", "instead", "rather than", "anymore",
+    "any more", "no longer", "outdated", "old info", "old news",
+})  # fmt: skip
+
+
+def mends(
+    pieces: Sequence[str], breaks: Tensor | None = None, left_out: Tensor | None = None, sure: Tensor | None = None
+) -> Tensor:
+    """(n,) bool for a message's token texts: True on every token of a clause (cut at ``breaks``, by default
+    ``clause_breaks``) that carries a correction. In a message that corrects (``corrects``), for each clause holding
+    words that correct (not softly nor only saying what is over, ``_SOFT``: "oops", "actually", "anymore"): that clause
+    where it names something after those words ("wait no, I switched to EY", "update: I just accepted the offer from
+    UST"), else the next clause of its sentence that names something ("ah no sorry, 21 May", "Oh, scratch Usedom, my
+    wife just told me she rebooked for Rügen") or, where its sentence names nothing more, of the next sentence ("take
+    back the turquoise thing. since I repainted my kitchen burnt orange..."). Never a clause holding a token of
+    ``left_out`` (questions, what is no longer so); none where that clause's label is not sure and the clause right
+    after it in its sentence has a sure one (``sure`` (n,) bool: "no wait, I just looked around my room and literally
+    everything is cobalt blue": the labelled clause carries the correction and already replaces). A newer value often
+    surprises the identity little (it was just told the older one), yet it is what the user wants kept:
+    ``select_spans`` chooses such a clause first."""
+    out = torch.zeros(len(pieces), dtype=torch.bool)
+    if not corrects(pieces):
+        return out
+    clauses = _clauses(clause_breaks(pieces) if breaks is None else breaks)
+    texts = [_plain(pieces[a:b]) for a, b in clauses]
+    skip = [left_out is not None and bool(left_out[a:b].any()) for a, b in clauses]
+    labelled = [sure is not None and bool(sure[a:b].any()) for a, b in clauses]
+    ends = [any(ch in _SENTENCE_ENDS for ch in text.rstrip()[-1:]) for text in texts]  # the clause ends its sentence
+    for i, text in enumerate(texts):
+        marker = next((m for m in _CORRECTING.finditer(text) if m.group() not in _SOFT), None)
+        if marker is None:
+            continue
+        at = None
+        if not skip[i] and _names(text[marker.end() :]):
+            at = i
+        else:  # the next clause naming something, in its sentence or, where that names nothing more, the next one
+            crossed = 0
+            for j in range(i + 1, len(clauses)):
+                crossed += ends[j - 1]
+                if crossed > 1:
+                    break
+                if not skip[j] and _names(texts[j]):
+                    at = j
+                    break
+        if at is None or (not labelled[at] and at + 1 < len(clauses) and not ends[at] and labelled[at + 1]):
+            continue
+        out[clauses[at][0] : clauses[at][1]] = True
+    return out
+
+
 def corrects(pieces: Sequence[str]) -> bool:
     """Whether a message corrects or updates what the user said before ("Correction: ...", "we moved to ...",
     "wait, ..."): its labelled clauses then replace the older spans of their kind (``message_spans``)."""
@@ -775,6 +832,8 @@ def select_spans(
     min_label: float | None = None,
     questions: Tensor | None = None,
     current: Tensor | None = None,
+    mending: Tensor | None = None,
+    mend_bonus: float = 0.0,
 ) -> list[SpanChoice]:
     """The spans of one message worth imprinting: the message cut into clauses at ``breaks``, each scored by its
     most surprising token (token shock, nats) and, with ``kinds``, labelled with the kind its tokens state on
@@ -787,11 +846,12 @@ def select_spans(
     kinds (n, len(KINDS)) each token's probabilities of stating each kind (the model's kind tagger), or None;
     questions (n,) bool, the token is part of a question (``asking``): a clause holding one is never imprinted;
     current (n,) bool, the token is part of a clause that says what is so now (``says_now``): its label is sure from
-    ``min_label``."""
+    ``min_label``; mending (n,) bool, the token is part of a clause that carries a correction (``mends``): it is chosen
+    first, whatever its shock, and its score is raised by ``mend_bonus`` nats, so that it outlasts chatter."""
     n = surprisal.shape[0]
     if breaks.shape != (n,):
         raise ValueError(f"breaks must be ({n},) like the surprisal; got {tuple(breaks.shape)}")
-    for name, mask in (("questions", questions), ("current", current)):
+    for name, mask in (("questions", questions), ("current", current), ("mending", mending)):
         if mask is not None and mask.shape != (n,):
             raise ValueError(f"{name} must be ({n},) like the surprisal; got {tuple(mask.shape)}")
     if kinds is not None and kinds.shape != (n, len(KINDS)):
@@ -806,20 +866,29 @@ def select_spans(
         clauses = [(a, b) for a, b in clauses if not bool(questions[a:b].any())]
     label = min_kind if min_label is None else min_label
     for a, b in clauses:
-        kind, sure = 0, False
-        if kinds is not None:
-            mean = kinds[a:b, 1:].float().mean(0)  # (len(KINDS) - 1,)
-            kind = int(mean.argmax()) + 1 if float(mean.max()) >= label else 0
-            sure = float(mean.max()) >= (label if current is not None and bool(current[a:b].any()) else min_kind)
+        kind, sure = _label(kinds, a, b, label, min_kind, current)
+        mended = mending is not None and bool(mending[a:b].any())
         a, b = _peak_window(surprisal, a, b, max_span)
-        scored.append((sure and kind > 0, float(surprisal[a:b].max()), a, b, kind))
+        score = float(surprisal[a:b].max()) + (mend_bonus if mended else 0.0)
+        scored.append((sure, mended, score, a, b, kind))
     chosen, room = [], budget
-    for known, score, a, b, kind in sorted(scored, reverse=True):
-        if (not known and score < min_score) or b - a > room:
+    for known, mended, score, a, b, kind in sorted(scored, key=lambda c: (c[0] or c[1], c[2], c[3]), reverse=True):
+        if (not (known or mended) and score < min_score) or b - a > room:
             continue
         chosen.append(SpanChoice(a, b, score, kind, known))
         room -= b - a
     return sorted(chosen, key=lambda c: c.start)
+
+
+def _label(kinds: Tensor | None, a: int, b: int, label: float, sure: float, current: Tensor | None) -> tuple[int, bool]:
+    """The kind a clause [a, b) states (an index into KINDS: where its tokens' mean probability reaches ``label``, else 0)
+    and whether that label is sure (it reaches ``sure``, or ``label`` in a clause that says what is so now, ``current``)."""
+    if kinds is None:
+        return 0, False
+    mean = kinds[a:b, 1:].float().mean(0)  # (len(KINDS) - 1,)
+    top = float(mean.max())
+    kind = int(mean.argmax()) + 1 if top >= label else 0
+    return kind, kind > 0 and top >= (label if current is not None and bool(current[a:b].any()) else sure)
 
 
 def message_spans(
@@ -833,17 +902,28 @@ def message_spans(
     min_label: float | None = None,
     denied: Collection[str] = (),
     aside_weight: float = 1.0,
+    mend_bonus: float = 0.0,
 ) -> list[SpanChoice]:
     """``select_spans`` for a message's token texts ``pieces``: cut into clauses (``clause_breaks``), its questions
     and requests left out (``asking``) and the clauses saying what is no longer so or denying one of the words
     ``denied`` (``superseded``); in a message that corrects what the user said before (``corrects``), every labelled
     clause is sure: it goes first and replaces the older spans of its kind, and so is a labelled clause that says what
-    is so now (``says_now``: "I'm a producer now"). A span chosen in an aside (``asides``) has
+    is so now (``says_now``: "I'm a producer now"); with ``mend_bonus`` above 0, the clause that carries each correction
+    (``mends``) is chosen first and scores that many nats more. A span chosen in an aside (``asides``) has
     its score multiplied by ``aside_weight`` and a label that is not sure is dropped (chosen as before; ranked lower against
     other messages' spans when the imprint is full)."""
     breaks = clause_breaks(pieces)
     questions = asking(pieces)
+    left_out = questions | superseded(pieces, breaks, denied)
     label = 0.5 if min_label is None else min_label
+    min_kind = min(label, 0.5) if corrects(pieces) else 0.5
+    current = says_now(pieces, breaks)
+    mending = None
+    if mend_bonus > 0:
+        sure = torch.zeros(len(pieces), dtype=torch.bool)
+        for a, b in _clauses(breaks):
+            sure[a:b] = _label(kinds, a, b, label, min_kind, current)[1]
+        mending = mends(pieces, breaks, left_out, sure)
     choices = select_spans(
         surprisal,
         breaks,
@@ -851,10 +931,12 @@ def message_spans(
         max_span=max_span,
         min_score=min_score,
         kinds=kinds,
-        min_kind=min(label, 0.5) if corrects(pieces) else 0.5,
+        min_kind=min_kind,
         min_label=min_label,
-        questions=questions | superseded(pieces, breaks, denied),
-        current=says_now(pieces, breaks),
+        questions=left_out,
+        current=current,
+        mending=mending,
+        mend_bonus=mend_bonus,
     )
     if aside_weight == 1.0 or not choices:
         return choices
@@ -929,11 +1011,11 @@ def imprint_spans(
             place = decode if keeps_place else None
             rest = [s if s.kind != choice.kind or s.turn == turn else _place_said(s, place) if place else None for s in spans]
             spans = [s for s in rest if s is not None]
-        strength = (choice.kind > 0, choice.score)
+        strength = _strength(choice.kind, choice.score)
         kept = list(spans)  # the weakest go while the new span does not fit, only if all of them are weaker than it
         while sum(s.length for s in kept) + length > imprint.capacity:
             weakest = _weakest(kept)
-            if (kept[weakest].kind > 0, kept[weakest].score) >= strength:
+            if _strength(kept[weakest].kind, kept[weakest].score) >= strength:
                 break
             kept.pop(weakest)
         if sum(s.length for s in kept) + length > imprint.capacity:
@@ -947,9 +1029,21 @@ def imprint_spans(
     return _pack(imprint, spans)
 
 
+# when the imprint is full a span of known kind counts this many nats more than its score: more than any token's shock,
+# so a span of unknown kind goes before any known one, unless it carries a correction (``mends``) and its score was
+# raised by as much (``imprint_mend_bonus``)
+KNOWN_NATS = 64.0
+
+
+def _strength(kind: int, score: float) -> float:
+    """How strongly a span holds its place when the imprint is full: its score, plus ``KNOWN_NATS`` for a known kind."""
+    return score + (KNOWN_NATS if kind > 0 else 0.0)
+
+
 def _weakest(spans: list[_Held]) -> int:
-    """The span to drop first: one of unknown kind before any known one, then the lowest score."""
-    return min(range(len(spans)), key=lambda i: (spans[i].kind > 0, spans[i].score))
+    """The span to drop first: the least ``_strength`` (one of unknown kind before any known one, then the lowest
+    score)."""
+    return min(range(len(spans)), key=lambda i: _strength(spans[i].kind, spans[i].score))
 
 
 def forget_span(imprint: Imprint, index: int) -> Imprint:

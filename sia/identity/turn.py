@@ -242,6 +242,7 @@ def write_imprint(
         min_label=config.imprint_label_min,
         denied=denied,
         aside_weight=config.imprint_aside_weight,
+        mend_bonus=config.imprint_mend_bonus,
     )
     if not choices:
         return imprint, []

@@ -252,6 +252,10 @@ class LlamaConfig(IdentityConfig):
     # about the user: its spans' scores are multiplied by this, so its chatter goes before what the user told of
     # themself when the imprint is full (``imprint.aside``). 1: every message alike
     imprint_aside_weight: float = 1.0
+    # in a message that corrects what the user said before, the clause carrying each correction ("ah no sorry, 21 May")
+    # is imprinted first whatever its shock (a newer value surprises little right after the older one) and scores this
+    # many nats more, so later chatter does not push it out (``imprint.mends``). 0: such a clause is ranked as any
+    imprint_mend_bonus: float = 0.0
     # the imprint's read adapter: a low-rank change of every layer's query, value and output maps, applied only in rows
     # whose imprint holds something (so a fresh identity stays the base model), trained to answer from the user's words
     imprint_read_rank: int = 0  # 0: none
@@ -350,6 +354,10 @@ class LlamaConfig(IdentityConfig):
         if not _real(aside) or not 0 < aside <= 1:
             raise ValueError(f"imprint_aside_weight must be a number in (0, 1]; got {aside!r}")
         self.imprint_aside_weight = float(aside)
+        mend = self.imprint_mend_bonus
+        if not _real(mend) or not 0 <= mend < math.inf:
+            raise ValueError(f"imprint_mend_bonus must be a finite number of nats >= 0; got {mend!r}")
+        self.imprint_mend_bonus = float(mend)
         imprint_shift = self.imprint_shift
         if not _real(imprint_shift) or not math.isfinite(imprint_shift):
             raise ValueError(f"imprint_shift must be a finite number; got {imprint_shift!r}")

@@ -33,6 +33,7 @@ from sia.identity.imprint import (
     forget_words,
     given_up,
     imprint_spans,
+    mends,
     message_spans,
     quantise,
     says_now,
@@ -537,6 +538,65 @@ def test_a_correcting_message_replaces_older_values_even_with_an_unsure_label() 
     # a clause that says what is so now is sure from the stored label's threshold, in any message; its neighbours not
     now = ["I", " live", " in", " Pun", "o", " now", ",", " my", " sister", " is", " in", " Lima", "."]
     assert chosen(now) == [("I live in Puno now,", "city", True), (" my sister is in Lima.", "city", False)]
+
+
+def test_the_clause_carrying_a_correction_is_chosen_first_and_outlasts_chatter() -> None:
+    """In a message that corrects, the clause carrying each correction (the one holding the words that correct where it
+    names something after them, else the next of its sentence that names something, never one left out) is chosen
+    whatever its shock, scores ``mend_bonus`` more, and then holds its place in a full imprint as a known kind does."""
+    tok = ByteTokenizer()
+
+    def pieces(text: str) -> list[str]:
+        return [tok.token_text(t) for t in tok.encode(text)]
+
+    def mended(text: str) -> list[str]:
+        said = pieces(text)
+        marks = mends(said, left_out=asking(said) | superseded(said)).tolist()
+        out, run = [], ""
+        for piece, mark in zip(said, marks, strict=True):
+            run += piece if mark else ""
+            if run and not mark:
+                out, run = [*out, run], ""
+        return out + ([run] if run else [])
+
+    assert mended("my birthday is 12 May. ah no sorry, 21 May, I mix them up") == [" 21 May,"]
+    assert mended("update: I just accepted the offer from UST, so scratch the startup, lol") == [
+        " I just accepted the offer from UST,"
+    ]  # "update:" names nothing after its word (a clause of its own here); "lol" after the clause given up neither
+    assert mended("Oh, scratch Usedom, my wife rebooked for Rugen.") == [" my wife rebooked for Rugen."]
+    assert mended("omg what am I saying, it's 23 November, the 22nd is my brother's") == [" it's 23 November,"]
+    # where the sentence of the correcting words names nothing more, the next one's first clause; never a second one on
+    assert mended("take back the turquoise thing. since I painted my kitchen orange I love it") == [
+        " since I painted my kitchen orange I love it"
+    ]
+    assert mended("Scratch that. Is it Friday? I love jazz.") == []
+    # words that correct softly, or say only what is over, point at nothing; nor does a correction whose next clause
+    # carries a sure label
+    assert mended("oops, English. I live in Rimouski") == [] and mended("I actually love my cat, Tom") == []
+    said = pieces("no wait, I looked around, everything is cobalt blue.")
+    sure = torch.tensor([i >= len("no wait, I looked around,") for i in range(len(said))])
+    assert not bool(mends(said, sure=sure).any()) and bool(mends(said).any())
+    assert mended("I love jazz and I live in Lyon.") == []  # corrects nothing
+    # a newer value the identity expected (little shock) is chosen first, past min_score, and scores the bonus more
+    text = "ah no sorry, 21 May, I mix them up"
+    surprisal = torch.full((len(text),), 9.0)
+    may = text.index(" 21 May,")
+    surprisal[may : may + len(" 21 May,")] = 2.0
+    settings = {"budget": 8, "max_span": 40, "min_score": 4.0}
+    assert [text[c.start : c.end] for c in message_spans(surprisal, pieces(text), None, **settings)] == []  # nothing fits
+    chosen = message_spans(surprisal, pieces(text), None, mend_bonus=64.0, **settings)
+    assert [(text[c.start : c.end], c.score, c.kind) for c in chosen] == [(" 21 May,", 66.0, 0)]
+    # held: it outlasts a known kind's span scored lower and chatter scored far higher
+    imprint = _add(_add(_imprint(), 3, 66.0, seed=1), 4, 3.0, kind=KINDS.index("city"), seed=2)
+    imprint = _add(imprint, 5, 20.0, seed=3)  # chatter: does not fit, and evicts neither
+    assert [(s.kind, s.score) for s in imprint.spans()] == [("unknown", 66.0), ("city", 3.0)]
+    # among known kinds it ranks by its own shock (2.0): a job that surprised less is dropped, one that surprised more
+    # takes its place
+    assert _add(imprint, 5, 1.0, kind=KINDS.index("job"), seed=4).spans() == imprint.spans()
+    imprint = _add(imprint, 5, 2.5, kind=KINDS.index("job"), seed=4)
+    assert [(s.kind, s.score) for s in imprint.spans()] == [("city", 3.0), ("job", 2.5)]
+    with pytest.raises(ValueError, match="imprint_mend_bonus"):
+        LlamaConfig(imprint_mend_bonus=-1.0)
 
 
 def test_selection_refuses_bad_input() -> None:

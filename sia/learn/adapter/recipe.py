@@ -53,6 +53,7 @@ SETTINGS = (
     "imprint_label_min",
     "imprint_ask_bias",
     "imprint_aside_weight",
+    "imprint_mend_bonus",
     "imprint_untold",
     "imprint_untold_by_label",
     "imprint_echo",
