@@ -1029,9 +1029,9 @@ def imprint_spans(
     return _pack(imprint, spans)
 
 
-# when the imprint is full a span of known kind counts this many nats more than its score: more than any token's shock,
-# so a span of unknown kind goes before any known one, unless it carries a correction (``mends``) and its score was
-# raised by as much (``imprint_mend_bonus``)
+# when the imprint is full a span of known kind counts this many nats more than its score: far more than a token's shock
+# (the natural set's clauses score about 2 to 20 nats), so a span of unknown kind goes before any known one, unless it carries a
+# correction (``mends``) and its score was raised by as much (``imprint_mend_bonus``)
 KNOWN_NATS = 64.0
 
 
