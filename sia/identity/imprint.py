@@ -781,7 +781,8 @@ def mends(
     texts = [_plain(pieces[a:b]) for a, b in clauses]
     skip = [left_out is not None and bool(left_out[a:b].any()) for a, b in clauses]
     labelled = [sure is not None and bool(sure[a:b].any()) for a, b in clauses]
-    ends = [any(ch in _SENTENCE_ENDS for ch in text.rstrip()[-1:]) for text in texts]  # the clause ends its sentence
+    # the clause ends its sentence: its last token ends one, as ``clause_breaks`` reads it (a line break included)
+    ends = [any(ch in _SENTENCE_ENDS for ch in pieces[b - 1]) for _, b in clauses]
     for i, text in enumerate(texts):
         marker = next((m for m in _CORRECTING.finditer(text) if m.group() not in _SOFT), None)
         if marker is None:

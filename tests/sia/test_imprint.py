@@ -570,6 +570,7 @@ def test_the_clause_carrying_a_correction_is_chosen_first_and_outlasts_chatter()
         " since I painted my kitchen orange I love it"
     ]
     assert mended("Scratch that. Is it Friday? I love jazz.") == []
+    assert mended("scratch that\nIs it Friday?\nI love jazz") == []  # a line break ends a sentence too
     # words that correct softly, or say only what is over, point at nothing; nor does a correction whose next clause
     # carries a sure label
     assert mended("oops, English. I live in Rimouski") == [] and mended("I actually love my cat, Tom") == []
