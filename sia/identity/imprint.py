@@ -45,6 +45,7 @@ __all__ = [
     "forget_span",
     "forget_words",
     "given_up",
+    "greetings",
     "imprint_spans",
     "mends",
     "message_spans",
@@ -365,7 +366,9 @@ def clause_breaks(pieces: Sequence[str], *, min_tokens: int = 4) -> Tensor:
 _ASKING = frozenset({
     "what", "what's", "whats", "why", "how", "how's", "which", "who", "who's", "whom", "whose", "where's", "when's", "can",
     "could", "would", "should", "is", "are", "do", "does", "did", "tell", "explain", "give", "recommend", "suggest",
-    "describe", "list", "show", "teach", "write", "any",
+    "describe", "list", "show", "teach", "write", "any", "wat", "convert", "translate", "define", "summarise", "summarize",
+    "calculate", "compute", "rewrite", "proofread", "compare", "spell", "settle", "pick", "choose", "rank", "brainstorm",
+    "draft",
 })  # fmt: skip
 # a word by which a sentence speaks of its writer ("i", "my", "we're"): in a message that asks something, a sentence
 # with none is an aside (``asides``)
@@ -457,13 +460,17 @@ _NOW = re.compile(
     r"\b(?:now|nowadays|these days|currently|as of|since (?:last|this|january|february|march|april|may"
     r"|june|july|august|september|october|november|december|the spring|the summer|the autumn|the fall|the winter))\b"
 )
+# after "sorry", a "no" that takes something back stands alone or before the words that mend ("sorry, no, it's 21 May",
+# "sorry no I meant Lyon"); one that opens what it names does not ("Sorry, no intro!")
+_NO_PAUSE = r"(?=\W*$|\s*[,.!;:\u2014\u2013-]|\s+(?:wait|i|i'm|i've|it|it's|its|my|we|we're|that|the|actually)\b)"
 # a message holding one of these corrects or updates what the user said before ("Correction: was an actuary", "we
 # moved to Nadi", "wait, ..."): each clause it labels replaces the older spans of its kind, even where the label is not
 # sure enough to replace them in another message
 _CORRECTING = re.compile(
     r"\b(?:correction|correct myself|update|(?<!from )scratch|i lied|i lie|i was wrong|said it wrong|any ?more|no longer"
     r"|moved|switched|instead|take (?:it |that )?back|old (?:info|news)|outdated|wait|actually|no,? sorry|sorry,? no"
-    r"|make that|or rather|relocat(?:ed|ing)|(?:has|have|'s|'ve) changed|changed (?:my mind|jobs?|careers?|cities|countries"
+    + _NO_PAUSE
+    + r"|make that|or rather|relocat(?:ed|ing)|(?:has|have|'s|'ve) changed|changed (?:my mind|jobs?|careers?|cities|countries"
     r"|to)|forget (?:what|that|about)|ignore (?:what|that|the)|mis-?spoke|typo|my bad|i meant|meant to say|got (?:that|it)"
     r" wrong|correct (?:that|this)|(?:fix|correct|change) what i (?:said|wrote|told you)|what am i saying|(?:i )?keep"
     r" (?:doing|mixing|getting) (?:this|that|it|them|these)|oops|silly me|rephrase|turns out|after all|hold on|rather than"
@@ -474,8 +481,9 @@ _CORRECTING = re.compile(
 # say while saying it ("fave colour's yellow. nah scratch that, it's teal", "doing audits for KPMG... wait no, I
 # switched to EY"): that clause is never imprinted
 _RETRACTING = re.compile(
-    r"[^\w']*(?:(?:ah|oh|hmm|nah|no|um|uh|er)\W+)*(?:scratch that|wait\W+no|no\W+wait|no\W+sorry|sorry\W+no|make that"
-    r"|or rather)\b"
+    r"[^\w']*(?:(?:ah|oh|hmm|nah|no|um|uh|er)\W+)*(?:scratch that|wait\W+no|no\W+wait|no\W+sorry|sorry\W+no"
+    + _NO_PAUSE
+    + r"|make that|or rather)\b"
 )
 # a clause opening with one of these says that the clause before it is over ("I told you I live in Graz, but that was
 # last year", "I had a tortoise for twelve years but he died"): that clause is never imprinted, nor this one where it
@@ -515,6 +523,46 @@ _PLAIN_WORDS = frozenset({
     "lol", "lmao", "haha", "hahaha", "omg", "ugh", "ah", "uh", "um", "hm", "xd", "jk",
     "mean", "gone", "off", "rehomed", "homed", "re", "away", "passed", "died", "pause", "hold", "boring", "retired", "sold",
 })  # fmt: skip
+
+
+def _collapsed(word: str) -> str:
+    """A word with each run of one letter written once ("hiii": "hi", "hello": "helo")."""
+    return re.sub(r"(.)\1+", r"\1", word)
+
+
+# words that greet, exclaim or address and say nothing of the user, compared with each run of one letter written once
+# (``_collapsed``: "hiii", "holaaa"): a clause naming nothing else ("Servus.", "Well hello there.", "Good afternoon.",
+# "Assalomu alaykum!") is never imprinted (``greetings``)
+_GREETING_WORDS = frozenset(_collapsed(w) for w in (
+    "hi", "hey", "hello", "hiya", "heya", "howdy", "yo", "sup", "wassup", "whatsup", "greetings", "welcome", "good",
+    "morning", "afternoon", "evening", "night", "gday", "g'day", "mornin", "evenin", "hola", "ola", "olá", "oi", "servus",
+    "ciao", "salut", "bonjour", "bonsoir", "coucou", "hallo", "moin", "gruezi", "grüezi", "grüß", "gott", "hej", "hei",
+    "hoi", "tere", "sveiki", "labas", "ahoj", "čau", "czesc", "cześć", "dobry", "dobrý", "den", "dzien", "dzień", "zdravo",
+    "bok", "szia", "privet", "zdravstvuyte", "salve", "namaste", "namaskar", "namaskaram", "vanakkam", "salam", "salaam",
+    "asalam", "assalamu", "asalamu", "assalomu", "alaikum", "alaykum", "aleikum", "shalom", "marhaba", "merhaba", "selam",
+    "selamat", "pagi", "siang", "malam", "jambo", "habari", "hujambo", "mambo", "sawubona", "dumela", "molo", "howzit",
+    "sannu", "bawo", "kedu", "ndewo", "akwaaba", "kia", "ora", "aloha", "talofa", "bula", "mabuhay", "kumusta",
+    "sawasdee", "sawadee", "xin", "chao", "chào", "konnichiwa", "konbanwa", "ohayo", "annyeong", "nihao", "ni", "hao",
+    "shwmae", "dia", "duit", "kaixo", "buenas", "buenos", "dias", "días", "tardes", "noches", "tudo", "bem", "goeiedag",
+    "goedemorgen", "mingalaba", "mingalabar", "sat", "sri", "akal", "there", "everyone", "everybody", "folks", "friend",
+    "friends", "guys", "yall", "y'all", "again", "nice", "meet", "pleasure", "great", "thanks", "thank", "cheers", "ahoy",
+    "eish", "phew", "whew", "wow", "yay", "alright", "alrighty", "anyway", "anyways", "right", "hmm", "huh", "yikes", "aww",
+))  # fmt: skip
+
+
+def greetings(pieces: Sequence[str], breaks: Tensor | None = None) -> Tensor:
+    """(n,) bool for a message's token texts: True on every token of a clause (cut at ``breaks``, by default
+    ``clause_breaks``) that names nothing but greetings, exclamations and the one addressed ("Servus.", "hiii 🌸",
+    "Good afternoon.", "Well hello there.", "Assalomu alaykum!"): it says nothing of the user and is never imprinted,
+    where its surprise would keep it over what they said of themself. A clause that names anything else ("hiii
+    aigerim here", "Hello, I'm Ana") is not one."""
+    out = torch.zeros(len(pieces), dtype=torch.bool)
+    for a, b in _clauses(clause_breaks(pieces) if breaks is None else breaks):
+        words = _WORDS.findall(_plain(pieces[a:b]))
+        named = [w for w in words if w not in _PLAIN_WORDS]
+        if named and all(_collapsed(w) in _GREETING_WORDS for w in named):
+            out[a:b] = True
+    return out
 
 
 def superseded(pieces: Sequence[str], breaks: Tensor | None = None, denied: Collection[str] = ()) -> Tensor:
@@ -667,22 +715,22 @@ _PLACE_WORD = r"(?:in|from|near|outside|around)(?![^\W\d_])"
 _PLACE_FOLLOWING = re.compile(r"\W*" + _PLACE_WORD)
 _PLACE_SAID = re.compile(r"(?<![^\W\d_])" + _PLACE_WORD)
 _PLACE_KINDS = frozenset(KINDS.index(k) for k in ("city", "origin"))
-# the kinds whose span may keep its words before what a message gives up: what it names is not a place
-_CUT_KINDS = frozenset(KINDS.index(k) for k in ("name", "job", "pet", "hobby", "colour", "food", "instrument", "language"))
 
 
 def _cut_before(span: _Held, head: str, decode: Callable[[list[int]], str]) -> _Held | None:
     """``span`` (its text kept) with only its words before the one that follows ``head`` (its text up to that word, as
     ``forget_words`` matches it: lower case, plain apostrophes), less the words that word is said after ("a sound
-    engineer in Prague" cut at "Prague" keeps "a sound engineer"), where the span is labelled with a kind that is not a
-    place (``_CUT_KINDS``: the word cut was said beside its fact) and the rest still names something in two tokens or
-    more; else None. The rest keeps its kind."""
+    engineer in Prague" cut at "Prague" keeps "a sound engineer"), where the span is not labelled a place (city,
+    origin: the word cut was said beside its fact) and the rest still names something in two tokens or more; else None.
+    An unlabelled span, as most clauses of a job are, keeps its rest where that names two things or more ("i restore
+    old textiles for a museum in cusco" keeps "i restore old textiles for a museum"; "we stay in Prague" goes whole).
+    The rest keeps its kind."""
     assert span.token is not None
-    if span.kind not in _CUT_KINDS:
+    if span.kind in _PLACE_KINDS:
         return None
     match = _LEADING.search(head)
     end = len(head) if match is None else match.start()
-    if not _names(head[:end]):
+    if len(_names(head[:end])) < (1 if span.kind else 2):
         return None
     n = _fitting(span.token.tolist(), end, decode)
     if n < 2:
@@ -915,7 +963,7 @@ def message_spans(
     other messages' spans when the imprint is full)."""
     breaks = clause_breaks(pieces)
     questions = asking(pieces)
-    left_out = questions | superseded(pieces, breaks, denied)
+    left_out = questions | superseded(pieces, breaks, denied) | greetings(pieces, breaks)
     label = 0.5 if min_label is None else min_label
     min_kind = min(label, 0.5) if corrects(pieces) else 0.5
     current = says_now(pieces, breaks)

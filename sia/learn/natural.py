@@ -148,11 +148,16 @@ def mentions(reply: str, accept: str) -> bool:
 
 
 def answered(reply: str, user: NaturalUser, kind: str) -> bool:
-    """The reply gives the newest value of ``kind`` and none of the values it replaced."""
-    if not any(mentions(reply, a) for a in user.newest(kind).accept):
+    """The reply gives the newest value of ``kind`` and none of the values it replaced, outside its words that give the
+    newest ("Jessamyn" gives the newest name, not the older "Jess")."""
+    newest = user.newest(kind).accept
+    if not any(mentions(reply, a) for a in newest):
         return False
-    newest = {a.lower() for a in user.newest(kind).accept}
-    return not any(mentions(reply, a) for f in user.older(kind) for a in f.accept if a.lower() not in newest)
+    rest = reply.lower()
+    for a in sorted(newest, key=len, reverse=True):
+        rest = re.sub(r"(?<![\w])" + re.escape(a.lower()) + r"\w*", " ", rest)
+    lowered = {a.lower() for a in newest}
+    return not any(mentions(rest, a) for f in user.older(kind) for a in f.accept if a.lower() not in lowered)
 
 
 def kept(state: IdentityState, tok: Tokenizer, user: NaturalUser, kind: str) -> bool | None:

@@ -32,6 +32,7 @@ from sia.identity.imprint import (
     forget_span,
     forget_words,
     given_up,
+    greetings,
     imprint_spans,
     mends,
     message_spans,
@@ -297,6 +298,8 @@ def test_questions_and_requests_without_a_question_mark_are_not_imprinted() -> N
     assert asked(["Tell", " me", " a", " joke", ".", " I", "'m", " a", " nurse", "."]) == ["Tell me a joke."]
     assert asked(["Quick", " one", ":", " which", " is", " heavier"]) == [" which is heavier"]
     assert asked(["When", " was", " the", " first", " email", " sent"]) == ["When was the first email sent"]
+    assert asked(["Convert", " 5", " miles", " to", " km", ",", " please", "."]) == ["Convert 5 miles to km, please."]
+    assert asked(["wat", " is", " the", " diffrence"]) == ["wat is the diffrence"]
     # a fact told beside a question keeps its clause; "when" before a statement and "can't" do not ask
     assert asked(["I", " have", " a", " cat", ",", " is", " that", " weird", "?"]) == ["?"]  # its clause is left out
     assert asked(["When", " I", "'m", " off", ",", " I", " paint", "."]) == [""]
@@ -307,6 +310,37 @@ def test_questions_and_requests_without_a_question_mark_are_not_imprinted() -> N
     ):
         chosen = message_spans(torch.full((len(pieces),), 9.0), pieces, None, budget=20, max_span=16, min_score=4.0)
         assert [(c.start, c.end) for c in chosen] == kept
+
+
+def test_a_clause_that_only_greets_is_not_imprinted() -> None:
+    """A clause naming nothing but greetings, exclamations or the one addressed, in any language and however drawn out
+    ("Servus.", "hiii", "Good afternoon.", "Eish!"), is never imprinted; one that names anything else is."""
+    tok = ByteTokenizer()
+
+    def greeted(text: str) -> list[str]:
+        said = [tok.token_text(t) for t in tok.encode(text)]
+        marks = greetings(said).tolist()
+        return ["".join(p for p, m in zip(said[a:b], marks[a:b], strict=True) if m) for a, b in _clause_ranges(said)]
+
+    assert greeted("Servus. Prison officer at the Karlau, Graz.") == ["Servus.", "", ""]
+    assert greeted("Good afternoon. Kunle Adeyemi, actuary.") == ["Good afternoon.", "", ""]
+    assert greeted("Eish! Load shedding in Gweru") == ["Eish!", ""]
+    assert greeted("hiii aigerim here") == [""] and greeted("Hello there, I'm Ana") == ["Hello there,", ""]
+    assert greeted("holaaa! Well hello there!") == ["holaaa!", " Well hello there!"]
+    message = "Assalomu alaykum! My name is Dilnoza."
+    said = [tok.token_text(t) for t in tok.encode(message)]
+    chosen = message_spans(torch.full((len(said),), 9.0), said, None, budget=60, max_span=40, min_score=4.0)
+    assert [message[c.start : c.end] for c in chosen] == [" My name is Dilnoza."]
+
+
+def _clause_ranges(pieces: list[str]) -> list[tuple[int, int]]:
+    breaks = clause_breaks(pieces).tolist()
+    out, start = [], 0
+    for i, end in enumerate(breaks):
+        if end or i == len(pieces) - 1:
+            out.append((start, i + 1))
+            start = i + 1
+    return out
 
 
 def test_a_clause_saying_what_is_no_longer_so_is_not_imprinted() -> None:
@@ -442,7 +476,7 @@ def test_a_message_that_gives_a_value_up_takes_it_out_of_what_earlier_turns_impr
     imprint = imprint_spans(imprint, keys, values, [SpanChoice(0, 3, 5.0)], turn=0, tokens=None)  # no text kept
 
     def decode(ids: list[int]) -> str:
-        return texts[ids[0]]
+        return texts[ids[0]] if ids else ""
 
     kept, found = forget_words(imprint, [("lyon",), ("degu",)], decode, turn=3)
     assert [s.tokens[0] if s.tokens else None for s in kept.spans()] == [10, 20, 30, None] and kept.used == 12
@@ -476,6 +510,19 @@ def test_a_span_that_names_more_than_what_is_given_up_keeps_the_rest() -> None:
     assert [(s.tokens, s.kind) for s in kept.spans()] == [((1, 2, 3), "job"), ((12, 13, 14, 15), "pet")]
     assert torch.equal(kept.keys[:, :, :3], imprint.keys[:, :, :3]) and kept.used == 7
     assert torch.equal(kept.values[:, :, 3:7], imprint.values[:, :, 17:21])
+
+
+def test_an_unlabelled_span_keeps_what_it_names_before_a_place_given_up() -> None:
+    """ "i restore old textiles for a museum in cusco" (no label, as most clauses of a job) then "not in cusco anymore":
+    the span keeps "i restore old textiles for a museum", still unlabelled; one whose rest names one thing ("we stay")
+    goes whole."""
+    pieces = {1: " i", 2: " restore", 3: " old", 4: " textiles", 5: " for", 6: " a", 7: " museum", 8: " in", 9: " cusco",
+              10: " we", 11: " stay"}  # fmt: skip
+    imprint = _said(_said(_imprint(30), [1, 2, 3, 4, 5, 6, 7, 8, 9], "unknown"), [10, 11, 8, 9], "unknown")
+    kept, found = forget_words(imprint, [("cusco",)], _decoder(pieces), turn=1)
+    assert found == ["cusco"]
+    assert [(s.tokens, s.kind) for s in kept.spans()] == [((1, 2, 3, 4, 5, 6, 7), "unknown")]
+    assert torch.equal(kept.keys[:, :, :7], imprint.keys[:, :, :7]) and kept.used == 7
 
 
 def test_a_span_keeps_the_place_said_after_what_is_given_up() -> None:
@@ -578,6 +625,9 @@ def test_the_clause_carrying_a_correction_is_chosen_first_and_outlasts_chatter()
     sure = torch.tensor([i >= len("no wait, I looked around,") for i in range(len(said))])
     assert not bool(mends(said, sure=sure).any()) and bool(mends(said).any())
     assert mended("I love jazz and I live in Lyon.") == []  # corrects nothing
+    # "sorry, no" corrects where the "no" stands alone or before the words that mend, not where it opens what it names
+    assert mended("Sorry, no intro! Waleska, Gdynia.") == [] and not corrects(pieces("Sorry, no intro!"))
+    assert corrects(pieces("sorry no, it's Lyon")) and corrects(pieces("Sorry no it's Lyon"))
     # a newer value the identity expected (little shock) is chosen first, past min_score, and scores the bonus more
     text = "ah no sorry, 21 May, I mix them up"
     surprisal = torch.full((len(text),), 9.0)

@@ -81,6 +81,15 @@ def test_a_reply_is_scored_on_the_newest_value() -> None:
     assert not answered("You live in Porto.", user, "city")
     assert not answered("Porto or Braga?", user, "city")  # the older value given too
     assert answered("Hello ana!", user, "name") and not answered("Banana bread", user, "name")
+    # an older value inside the newest one's words is not given ("Jess", then "I prefer Jessamyn")
+    jess = _user(
+        [
+            {"kind": "name", "value": "Jess", "accept": ["Jess"], "message": 0, "clause": "I'm Ana"},
+            {"kind": "name", "value": "Jessamyn", "accept": ["Jessamyn"], "message": 0, "clause": "I'm Ana", "corrects": "Jess"},
+        ]
+    )
+    assert answered("Jessamyn, if I remember correctly.", jess, "name")
+    assert not answered("Jess or Jessamyn?", jess, "name") and not answered("Jess.", jess, "name")
 
 
 def test_a_user_whose_clause_is_not_in_the_message_is_refused() -> None:
