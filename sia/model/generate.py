@@ -44,6 +44,7 @@ from sia.model.naming import (
     continuations,
     doings,
     gives_name,
+    greeting,
     name_starts,
     names_self,
     off_own_name,
@@ -713,8 +714,10 @@ class ReplyDecoder:
             said = untold_reply(params.untold, params.reply_to, address=params.address, exclaim=params.exclaim)
         if said:
             self.whole = [*tok.encode(said), *tok.reply_tokens("")[:1]]
-        # the reply's opening where it says back the user's words (the model goes on from it), or none
-        self.opening = [] if self.whole or not params.echo else tok.encode(ECHO_OPENING)
+        # the reply's opening (the model goes on from it): where it says back the user's words, "You told me you"; where a
+        # persona answers a user who introduces themself by name, its greeting of them (``sia.model.naming.greeting``)
+        opening = ECHO_OPENING if params.echo else greeting(params.reply_to) if params.speaker and params.reply_to else ""
+        self.opening = tok.encode(opening) if opening and not self.whole else []
         self.lean: Tensor | None = None  # the tokens the first one after the opening leans to
         if self.opening and params.echo_words:
             self.lean = torch.tensor(sorted(set(params.echo_words)), dtype=torch.long, device=device)

@@ -8,7 +8,7 @@ names itself ("I'm", "I am", "my name is", "call me"): the tokens that would beg
 (``ReplyDecoder.sample``), and the model says something else ("I'm so glad you're here").
 
 The user's names are read from the message the reply answers: the capitalised word after "I'm", "I am", "my name is",
-"my name's" or "call me" ("I'm Ana Kowalski": Ana), the word that opens a message signed "... here" ("Esteban here",
+"my name's", "name's" or "call me" ("I'm Ana Kowalski": Ana), the word that opens a message signed "... here" ("Esteban here",
 "hello!! olga here"). A name a greeting opens with ("Hi Sia, ...") is left alone: it is most often the persona's.
 
 A persona with a name (a chat turn's ``speaker``) gives no other name as its own either: the backbone also makes one
@@ -47,6 +47,12 @@ take it further into that word (``completions``: "grid"), but where the longer s
 + "n") or a start of the persona's own name: "I'm in good hands" stays the model's to say. A capitalised start of the
 persona's own name right after "I'm" goes on only along that name (``off_own_name``): "I'm Mar" + "iolle" was the
 backbone's way past the rule of other names.
+
+A reply to a message in which the user introduces themself by name and asks nothing opens by greeting them by that name
+(``greeting``: "Nice to meet you, Kim!"), and the backbone goes on as the one who greets. Left to open on its own, it
+mostly went on as if it stood where the user does: "Hello there, hello! I'm Sia, a loyal and dedicated colleague at
+Deloitte in Leeds." to "Hi! I'm Kim, I work for Deloitte in Leeds.", "Welcome to my classroom!" to a maths teacher,
+"welcome to the bike shop!" to someone who works at one.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ from __future__ import annotations
 import re
 import weakref
 
-from sia.model.language import ENGLISH
+from sia.model.language import ENGLISH, asks
 from sia.model.tokenizer import Tokenizer
 from sia.model.unsaid import leading_letters
 
@@ -65,6 +71,7 @@ __all__ = [
     "continuations",
     "doings",
     "gives_name",
+    "greeting",
     "leads",
     "name_starts",
     "names_self",
@@ -79,7 +86,7 @@ __all__ = [
     "user_roles",
 ]
 
-_GIVEN = re.compile(r"(?i:\b(?:i'm|i’m|i am|my name is|my name's|my name’s|calls? me))\s+([A-Z][^\W\d_]*)")
+_GIVEN = re.compile(r"(?i:\b(?:i'm|i’m|i am|(?:my )?name is|(?:my )?name's|(?:my )?name’s|calls? me))\s+([A-Z][^\W\d_]*)")
 _GREETING = r"^\W*(?i:(?:hi|hey|heya|hello|good \w+)(?: there)?\W+)"
 # "Esteban here", "hello!! olga here" (a name after a greeting alone, "Hi Sia, ...", is most often the persona's)
 _SIGNED = re.compile(_GREETING + r"?([^\W\d_]+)(?:\s+[^\W\d_]+)?\s+(?i:here)\b")
@@ -146,6 +153,22 @@ def user_names(message: str) -> list[str]:
     if signed is not None:
         found.append(signed.group(1))
     return [name for name in dict.fromkeys(found) if name.lower() not in ENGLISH]
+
+
+# how a reply to a message in which the user gives their name and asks nothing opens (``greeting``)
+GREETING_OPENING = "Nice to meet you, {name}!"
+
+
+def greeting(message: str) -> str:
+    """The opening of a reply to ``message`` where the user gives their name in it (``user_names``) and asks the
+    persona nothing (``sia.model.language.asks``): "Nice to meet you, Kim!" for "Hi! I'm Kim, I work for Deloitte in
+    Leeds.", greeting by the last name given ("I'm Katarzyna, but everyone calls me Kasia": Kasia), its first letter
+    capitalised ("olga here": Olga); "" for every other message."""
+    names = user_names(message)
+    if not names or asks(message):
+        return ""
+    name = names[-1]
+    return GREETING_OPENING.format(name=name[:1].upper() + name[1:])
 
 
 def user_roles(message: str) -> list[str]:

@@ -41,6 +41,7 @@ from sia.model.naming import (
     continuations,
     doings,
     gives_name,
+    greeting,
     name_starts,
     names_self,
     off_own_name,
@@ -342,10 +343,39 @@ def next_token(said: str, prefer: torch.Tensor, **params: Any) -> str:
         ("hello!! olga here, I translate books", ["olga"]),
         ("Hi Sia, how are you?", []),  # the persona's name, not the user's
         ("hey I'm tired, I'm a nurse", []),
+        ("hey, name's Ruth, nurse at St Mary's", ["Ruth"]),
     ],
 )
 def test_the_names_a_user_gives_as_their_own_are_read_from_the_message(message: str, names: list[str]) -> None:
     assert user_names(message) == names
+
+
+def test_a_persona_greets_a_user_who_introduces_themself_by_name() -> None:
+    """A message giving the user's name that asks nothing is answered by a persona's reply opening "Nice to meet you,
+    <name>!" (the last name given, capitalised), the model going on from there; a question, a message naming nobody
+    and a reply without a speaker (a bare model) open as the model does."""
+    assert greeting("Hi! I'm Kim, I work for Deloitte in Leeds.") == "Nice to meet you, Kim!"
+    assert greeting("Hello, I'm Katarzyna, but everyone calls me Kasia.") == "Nice to meet you, Kasia!"
+    assert greeting("hello!! olga here, I translate books") == "Nice to meet you, Olga!"
+    assert greeting("I'm Ana. What's a good book?") == "" and greeting("I love jazz.") == ""
+    assert greeting("What's my name?") == "" and greeting("Hi Sia, I'm tired") == ""
+
+    def opened(**params: Any) -> str:
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=40, **params)
+        row = ReplyDecoder(sampling, CPU, TOK)
+        prefer = torch.full((TOK.vocab_size,), -10.0)
+        prefer[ord("x")] = 5.0
+        said = ""
+        for _ in range(30):
+            t = row.sample(prefer, sampling)
+            row.push(t, sampling, TOK.end_ids)
+            said += chr(t)
+        return said
+
+    message = "Hi! I'm Kim, I work for Deloitte in Leeds."
+    assert opened(reply_to=message, speaker="sia") == "Nice to meet you, Kim!" + "x" * 8
+    assert opened(reply_to=message) == "x" * 30  # no persona: the model's own opening
+    assert opened(reply_to="I'm Kim. Is it Friday?", speaker="sia") == "x" * 30
 
 
 def test_a_reply_never_gives_the_users_name_as_its_speakers() -> None:
