@@ -109,6 +109,11 @@ def _any_word(alternatives: str) -> re.Pattern[str]:
 # "your"), and a denial ("I'm not a lawyer" says nothing the user is); and where a reply's clause begins
 _FIRST_PERSON = _any_word(r"i|i['’](?:m|ve|d|ll)|my|mine|myself|we|we['’](?:re|ve|d|ll)|our|ours|ourselves")
 _SECOND_PERSON = _any_word(r"you|you['’](?:re|ve|d|ll)|your|yours|yourself")
+# a clause with none of these after "and" goes on the one before it ("I'm a brilliant and talented civil engineer")
+_ANY_PERSON = _any_word(
+    r"i|i['’](?:m|ve|d|ll)|my|me|we|we['’](?:re|ve|d|ll)|our|us|you|you['’](?:re|ve|d|ll)|your|he|he['’]s|she|she['’]s"
+    r"|it|it['’]s|its|they|they['’]re|their|them|his|her|this|that|there"
+)
 _DENIED = re.compile(r"(?<![\w'’])(?:not|never|no)(?![\w'’])|n['’]t(?![\w'’])", re.IGNORECASE)
 # words after which a clause says what its speaker thinks or feels of something, not what it is ("I think Lisbon is",
 # "I'd love to hear about", "I'm glad to see")
@@ -214,8 +219,15 @@ def speaks_of_self(text: str) -> bool:
     or "your" (but "I'm your"), no denial and no word of opinion or feeling ("think", "love", "glad"). "and i grow ",
     "I've just arrived from ", "welcome to my ", "I'm your trusty " are; "I'm glad you're enjoying your ", "I'm not a ",
     "I think ", "tell me about " are not; nor is a clause without them, but one set beside the name the speaker just gave
-    ("I am Sia, the electrician of ")."""
-    clause = _REPLY_CLAUSE.split(text)[-1]
+    ("I am Sia, the electrician of "). A clause after "and" that has begun and names no one goes on the clause before
+    it: "I'm a brilliant and talented " says what the speaker is, as "I'm a brilliant " does ("I'm a chef and " has
+    not begun: the next words may speak of another)."""
+    clauses, marks = _REPLY_CLAUSE.split(text), _REPLY_CLAUSE.findall(text)
+    clause = clauses[-1]
+    at = len(clauses) - 1
+    while at and marks[at - 1].lower() == "and" and re.search(r"\w", clause) and not _ANY_PERSON.search(clause):
+        at -= 1
+        clause = clauses[at] + marks[at] + clause
     subjects = list(_FIRST_PERSON.finditer(clause))
     if subjects:
         last = subjects[-1]

@@ -327,6 +327,7 @@ def next_token(said: str, prefer: torch.Tensor, **params: Any) -> str:
     (V,)), under ``SamplingParams(**params)``: what its rules leave of the model's choice."""
     sampling = SamplingParams(temperature=0.0, **params)
     row = ReplyDecoder(sampling, CPU, TOK)
+    row.queued = []  # ``said`` is the reply so far: no opening the decoder would queue (a greeting) comes before it
     for t in said.encode():
         row.push(t, sampling, TOK.end_ids)
     return chr(row.sample(prefer, sampling))
@@ -484,6 +485,10 @@ def test_a_persona_never_says_what_the_user_is_as_its_own() -> None:
         ("I grow roses. ", False),  # a new sentence
         ("I'm a chef, ", False),  # a new clause
         ("I'm a chef and ", False),
+        ("I'm a brilliant and talented ", True),  # a clause after "and" naming no one goes on the one before
+        ("I'm glad you're here and ready to ", False),
+        ("I'm a chef and you're a ", False),
+        ("I love cats and big ", False),
         ("I am Sia, the electrician of ", True),  # beside the name the speaker just gave
         ("i'm bolt, a ", True),
         ("I am Sia, the one you ", False),
