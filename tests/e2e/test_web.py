@@ -253,7 +253,7 @@ def test_a_reply_grows_on_screen_and_stop_leaves_the_identity_as_it_was(
         page.fill("#seed", "1")
 
         page.evaluate(RECORD_STREAM)
-        say(page, "Hello, I am Ana.")
+        say(page, "Hello, I am home.")  # no name given: the model's own opening, not a greeting by name
         lengths: list[int] = page.evaluate("window.__lengths")
         assert len({n for n in lengths if n > 0}) >= 3, lengths  # the reply grew on screen in steps, as tokens came
         assert lengths == sorted(lengths)

@@ -69,7 +69,15 @@ def batcher_of(model: IdentityModel, **kw: object) -> Iterator[Batcher]:
 
 def requests_for(model: IdentityModel, n: int) -> list[TurnRequest]:
     dynamics = Dynamics.from_config(model.config)
-    messages = ["hello there", "a longer message, which joins late", "hi", "what do you remember?", "ok", "tell me more"]
+    # each but the question says something of the user (a clause that only greets, "hello there", imprints nothing)
+    messages = [
+        "hello there, I knit",
+        "a longer message, which joins late",
+        "I row",
+        "what do you remember?",
+        "ok",
+        "tell me more",
+    ]
     return [
         TurnRequest(state=s, message=messages[i % len(messages)], dynamics=dynamics, context=(1, 2, 3)[: i % 3])
         for i, s in enumerate(states(model, n))
