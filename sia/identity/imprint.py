@@ -544,7 +544,7 @@ _GREETING_WORDS = frozenset(_collapsed(w) for w in (
     "sannu", "bawo", "kedu", "ndewo", "akwaaba", "kia", "ora", "aloha", "talofa", "bula", "mabuhay", "kumusta",
     "sawasdee", "sawadee", "xin", "chao", "chào", "konnichiwa", "konbanwa", "ohayo", "annyeong", "nihao", "ni", "hao",
     "shwmae", "dia", "duit", "kaixo", "buenas", "buenos", "dias", "días", "tardes", "noches", "tudo", "bem", "goeiedag",
-    "goedemorgen", "mingalaba", "mingalabar", "sat", "sri", "akal", "there", "everyone", "everybody", "folks", "friend",
+    "goedemorgen", "mingalaba", "mingalabar", "there", "everyone", "everybody", "folks", "friend",
     "friends", "guys", "yall", "y'all", "again", "nice", "meet", "pleasure", "great", "thanks", "thank", "cheers", "ahoy",
     "eish", "phew", "whew", "wow", "yay", "alright", "alrighty", "anyway", "anyways", "right", "hmm", "huh", "yikes", "aww",
 ))  # fmt: skip
@@ -555,10 +555,14 @@ def greetings(pieces: Sequence[str], breaks: Tensor | None = None) -> Tensor:
     ``clause_breaks``) that names nothing but greetings, exclamations and the one addressed ("Servus.", "hiii 🌸",
     "Good afternoon.", "Well hello there.", "Assalomu alaykum!"): it says nothing of the user and is never imprinted,
     where its surprise would keep it over what they said of themself. A clause that names anything else ("hiii
-    aigerim here", "Hello, I'm Ana") is not one."""
+    aigerim here", "Hello, I'm Ana"), speaks of its writer or signs with "here" is not one: a name can be a greeting's
+    word too ("I'm Kia.", "Dia here")."""
     out = torch.zeros(len(pieces), dtype=torch.bool)
     for a, b in _clauses(clause_breaks(pieces) if breaks is None else breaks):
-        words = _WORDS.findall(_plain(pieces[a:b]))
+        text = _plain(pieces[a:b])
+        words = _WORDS.findall(text)
+        if _FIRST_PERSON.search(text) or "here" in words:
+            continue
         named = [w for w in words if w not in _PLAIN_WORDS]
         if named and all(_collapsed(w) in _GREETING_WORDS for w in named):
             out[a:b] = True

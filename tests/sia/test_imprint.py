@@ -327,6 +327,7 @@ def test_a_clause_that_only_greets_is_not_imprinted() -> None:
     assert greeted("Eish! Load shedding in Gweru") == ["Eish!", ""]
     assert greeted("hiii aigerim here") == [""] and greeted("Hello there, I'm Ana") == ["Hello there,", ""]
     assert greeted("holaaa! Well hello there!") == ["holaaa!", " Well hello there!"]
+    assert greeted("I'm Kia.") == [""] and greeted("Dia here.") == [""]  # a name that is also a greeting's word
     message = "Assalomu alaykum! My name is Dilnoza."
     said = [tok.token_text(t) for t in tok.encode(message)]
     chosen = message_spans(torch.full((len(said),), 9.0), said, None, budget=60, max_span=40, min_score=4.0)
