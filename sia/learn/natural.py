@@ -142,9 +142,14 @@ def filler(fillers: Sequence[str], n: int, j: int) -> str:
     return fillers[(7 * n + j) % len(fillers)]
 
 
+def _word_start(accept: str) -> str:
+    """The pattern of ``accept`` (lower case) at the start of a word."""
+    return r"(?<![\w])" + re.escape(accept.lower())
+
+
 def mentions(reply: str, accept: str) -> bool:
     """``accept`` at the start of a word of ``reply`` (so "cat" matches "cats", not "education"), case-insensitive."""
-    return re.search(r"(?<![\w])" + re.escape(accept.lower()), reply.lower()) is not None
+    return re.search(_word_start(accept), reply.lower()) is not None
 
 
 def answered(reply: str, user: NaturalUser, kind: str) -> bool:
@@ -155,7 +160,7 @@ def answered(reply: str, user: NaturalUser, kind: str) -> bool:
         return False
     rest = reply.lower()
     for a in sorted(newest, key=len, reverse=True):
-        rest = re.sub(r"(?<![\w])" + re.escape(a.lower()) + r"\w*", " ", rest)
+        rest = re.sub(_word_start(a) + r"\w*", " ", rest)
     lowered = {a.lower() for a in newest}
     return not any(mentions(rest, a) for f in user.older(kind) for a in f.accept if a.lower() not in lowered)
 

@@ -86,7 +86,7 @@ __all__ = [
     "user_roles",
 ]
 
-_GIVEN = re.compile(r"(?i:\b(?:i'm|i’m|i am|(?:my )?name is|(?:my )?name's|(?:my )?name’s|calls? me))\s+([A-Z][^\W\d_]*)")
+_GIVEN = re.compile(r"(?i:\b(?:i'm|i’m|i am|(?:my )?name(?: is|'s|’s)|calls? me))\s+([A-Z][^\W\d_]*)")
 _GREETING = r"^\W*(?i:(?:hi|hey|heya|hello|good \w+)(?: there)?\W+)"
 # "Esteban here", "hello!! olga here" (a name after a greeting alone, "Hi Sia, ...", is most often the persona's)
 _SIGNED = re.compile(_GREETING + r"?([^\W\d_]+)(?:\s+[^\W\d_]+)?\s+(?i:here)\b")
@@ -126,7 +126,8 @@ _OPINION = _any_word(
 _BEING_YOURS = re.compile(
     r"^(?:\s+am)?(?:\s+(?:just|also|only|really|actually|now|truly|always))*\s+your(?![\w'’])", re.IGNORECASE
 )
-_REPLY_CLAUSE = re.compile(r"[.!?;:,\n()]|(?<![\w'’])(?:and|but|so|because)(?![\w'’])", re.IGNORECASE)
+# what ends a reply's clause, kept by the split: the clauses and the marks between them in one pass
+_REPLY_CLAUSE = re.compile(r"([.!?;:,\n()]|(?<![\w'’])(?:and|but|so|because)(?![\w'’]))", re.IGNORECASE)
 # a clause set beside the name its speaker just gave ("I am Sia, the electrician of "): it says what the speaker is
 _BESIDE_OWN_NAME = re.compile(
     r"(?<![\w'’])(?:i['’]m|i am)\s+[A-Z][\w'’-]*\s*,\s+(?:a|an|the)(?![\w'’])[^.!?;:,\n()]*$", re.IGNORECASE
@@ -222,7 +223,8 @@ def speaks_of_self(text: str) -> bool:
     ("I am Sia, the electrician of "). A clause after "and" that has begun and names no one goes on the clause before
     it: "I'm a brilliant and talented " says what the speaker is, as "I'm a brilliant " does ("I'm a chef and " has
     not begun: the next words may speak of another)."""
-    clauses, marks = _REPLY_CLAUSE.split(text), _REPLY_CLAUSE.findall(text)
+    parts = _REPLY_CLAUSE.split(text)
+    clauses, marks = parts[0::2], parts[1::2]
     clause = clauses[-1]
     at = len(clauses) - 1
     while at and marks[at - 1].lower() == "and" and re.search(r"\w", clause) and not _ANY_PERSON.search(clause):
