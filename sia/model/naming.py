@@ -87,6 +87,16 @@ __all__ = [
 ]
 
 _GIVEN = re.compile(r"(?i:\b(?:i'm|i’m|i am|(?:my )?name(?: is|'s|’s)|calls? me))\s+([A-Z][^\W\d_]*)")
+# "hi my name is jo", "my names Kofi": after the words that can only give a name, a name written in lower case too;
+# not after "i'm" ("i'm tired") or "call me" ("call me crazy"), and not a word that says what the name is like ("my
+# name's pretty long")
+_GIVEN_PLAIN = re.compile(r"(?i:\b(?:my name(?: is|'s|’s|s)|name's|name’s))\s+([^\W\d_]+)\b(?!['’])")
+_OF_A_NAME = frozenset({
+    "actually", "also", "bit", "boring", "common", "complicated", "difficult", "easy", "embarrassing", "funny", "hard",
+    "irrelevant", "kinda", "kind", "literally", "long", "lovely", "nice", "normal", "pretty", "pronounced", "quite",
+    "rare", "really", "secret", "short", "silly", "simple", "sort", "spelled", "spelt", "super", "too", "unimportant",
+    "unusual", "very", "weird", "written",
+})  # fmt: skip
 _GREETING = r"^\W*(?i:(?:hi|hey|heya|hello|good \w+)(?: there)?\W+)"
 # "Esteban here", "hello!! olga here" (a name after a greeting alone, "Hi Sia, ...", is most often the persona's)
 _SIGNED = re.compile(_GREETING + r"?([^\W\d_]+)(?:\s+[^\W\d_]+)?\s+(?i:here)\b")
@@ -154,7 +164,9 @@ _COMMON = frozenset(_COMMON_WORDS.split())
 
 def user_names(message: str) -> list[str]:
     """The names the user gives as their own in ``message``, in order, each once."""
-    found = [m.group(1) for m in _GIVEN.finditer(message)]
+    given = [(m.start(1), m.group(1)) for m in _GIVEN.finditer(message)]
+    plain = [(m.start(1), m.group(1)) for m in _GIVEN_PLAIN.finditer(message) if m.group(1).lower() not in _OF_A_NAME]
+    found = [name for _, name in sorted(given + plain)]
     signed = _SIGNED.match(message)
     if signed is not None:
         found.append(signed.group(1))

@@ -345,6 +345,15 @@ def next_token(said: str, prefer: torch.Tensor, **params: Any) -> str:
         ("Hi Sia, how are you?", []),  # the persona's name, not the user's
         ("hey I'm tired, I'm a nurse", []),
         ("hey, name's Ruth, nurse at St Mary's", ["Ruth"]),
+        # after the words that can only give a name, one written in lower case too; not after "i'm" or "call me"
+        ("hi my name is jo and i knit", ["jo"]),
+        ("my names kofi btw", ["kofi"]),
+        ("ok so my name's yuki, i live in osaka", ["yuki"]),
+        ("i'm jo", []),
+        ("call me crazy but I love rain", []),
+        ("my name is pretty long, sorry", []),  # what the name is like, not the name
+        ("my name is not important", []),
+        ("my name's jo's mum", []),
     ],
 )
 def test_the_names_a_user_gives_as_their_own_are_read_from_the_message(message: str, names: list[str]) -> None:
@@ -358,6 +367,7 @@ def test_a_persona_greets_a_user_who_introduces_themself_by_name() -> None:
     assert greeting("Hi! I'm Kim, I work for Deloitte in Leeds.") == "Nice to meet you, Kim!"
     assert greeting("Hello, I'm Katarzyna, but everyone calls me Kasia.") == "Nice to meet you, Kasia!"
     assert greeting("hello!! olga here, I translate books") == "Nice to meet you, Olga!"
+    assert greeting("hi my name is jo") == "Nice to meet you, Jo!" and greeting("my name is really long") == ""
     assert greeting("I'm Ana. What's a good book?") == "" and greeting("I love jazz.") == ""
     assert greeting("What's my name?") == "" and greeting("Hi Sia, I'm tired") == ""
 
