@@ -86,11 +86,15 @@ __all__ = [
     "user_roles",
 ]
 
-_GIVEN = re.compile(r"(?i:\b(?:i'm|i’m|i am|(?:my )?name(?: is|'s|’s)|calls? me))\s+([A-Z][^\W\d_]*)")
-# "hi my name is jo", "my names Kofi": after the words that can only give a name, a name written in lower case too;
-# not after "i'm" ("i'm tired") or "call me" ("call me crazy"), and not a word that says what the name is like ("my
-# name's pretty long")
-_GIVEN_PLAIN = re.compile(r"(?i:\b(?:my name(?: is|'s|’s|s)|name's|name’s))\s+([^\W\d_]+)\b(?!['’])")
+# "my name is", "my full name is", or "name's" / "real name is" where a clause begins ("hey, name's Ruth"): the
+# writer's own name, not another's ("his name is Max", "my cat's name is Luna")
+_WHICH_NAME = r"(?:(?:full|real|first|last|actual|proper|legal|given|nick)\s*)?"
+_NAME_IS = rf"(?:\bmy\s+|(?:^|(?<=[^\w\s'’]))\s*){_WHICH_NAME}name(?:\s+is|['’]s)"
+_GIVEN = re.compile(rf"(?i:\b(?:i'm|i’m|i am|calls? me)|{_NAME_IS})\s+([A-Z][^\W\d_]*)")
+# "hi my name is jo", "my names Kofi", "hey, name's ruth": after the words that can only give the writer's name, a
+# name written in lower case too; not after "i'm" ("i'm tired") or "call me" ("call me crazy"), and not a word that
+# says what the name is like ("my name's pretty long")
+_GIVEN_PLAIN = re.compile(rf"(?i:{_NAME_IS}|\bmy\s+names)\s+([^\W\d_]+)\b(?!['’])")
 _OF_A_NAME = frozenset({
     "actually", "also", "bit", "boring", "common", "complicated", "difficult", "easy", "embarrassing", "funny", "hard",
     "irrelevant", "kinda", "kind", "literally", "long", "lovely", "nice", "normal", "pretty", "pronounced", "quite",

@@ -354,6 +354,14 @@ def next_token(said: str, prefer: torch.Tensor, **params: Any) -> str:
         ("my name is pretty long, sorry", []),  # what the name is like, not the name
         ("my name is not important", []),
         ("my name's jo's mum", []),
+        ("hey, name's ruth, nurse", ["ruth"]),
+        ("got a puppy, his name's biscuit", []),  # another's name
+        ("I have a dog, his name is Max", []),
+        ("I'm Kim. My dog's name is Rex", ["Kim"]),
+        ("Her name's Bella, she is a beagle", []),
+        ("Name's Ruth. Nurse.", ["Ruth"]),
+        ("hello! real name is Li Na but call me Nana", ["Li", "Nana"]),
+        ("My full name is Ana Kowalski, my nickname is Kiki", ["Ana", "Kiki"]),
     ],
 )
 def test_the_names_a_user_gives_as_their_own_are_read_from_the_message(message: str, names: list[str]) -> None:
@@ -368,6 +376,7 @@ def test_a_persona_greets_a_user_who_introduces_themself_by_name() -> None:
     assert greeting("Hello, I'm Katarzyna, but everyone calls me Kasia.") == "Nice to meet you, Kasia!"
     assert greeting("hello!! olga here, I translate books") == "Nice to meet you, Olga!"
     assert greeting("hi my name is jo") == "Nice to meet you, Jo!" and greeting("my name is really long") == ""
+    assert greeting("I'm Kim. My dog's name is Rex") == "Nice to meet you, Kim!" and greeting("My cat's name is Luna") == ""
     assert greeting("I'm Ana. What's a good book?") == "" and greeting("I love jazz.") == ""
     assert greeting("What's my name?") == "" and greeting("Hi Sia, I'm tired") == ""
 
