@@ -11,7 +11,9 @@ cross-entropy of the reply (its end-of-turn token included), and, so that the ad
 KL divergence from the base model (no imprint) to the model (the same imprint) over an ordinary exchange's reply;
 with ``rival_weight``, a cross-entropy where the reply's value begins among its first token and those the user's other
 stated values would begin with there (on the natural set's tuning part it halved the answers giving another of the
-user's facts but turned them into guesses: experiments/LOG.md, 2026-11-28 (k), (l); off by default).
+user's facts but turned them into guesses: experiments/LOG.md, 2026-11-28 (k), (l); off by default). With
+``doing_rate``, jobs and hobbies are also told by what the user does and answered in their own verb (read_doings.json:
+"I restore old furniture for a living" -> "You told me you restore old furniture."; off by default: 2026-12-07 (k)).
 
 The held-out measure is the natural-conversation set (sia.learn.natural), never read here.
 """
@@ -98,6 +100,8 @@ class ReadConfig:
     # the share of the read's examples drawn from the natural training part: a hand-written user's messages imprinted,
     # then one of their questions (a kind with answers in the phrase tables), answered with the newest value of its kind
     natural_rate: float = 0.0
+    # the chance that a generated example's job or hobby is told and answered in the user's own verb (``make_example``)
+    doing_rate: float = 0.0
     gate: bool = False  # add the imprint's per-token read gate (config.imprint_gate) and train it with the adapter
     adapter: bool = True  # train the read adapter (False: only the gate, over a checkpoint's trained adapter)
     resume: bool = False  # train on over the checkpoint's imprint and read (its tagger kept), not a fresh one
@@ -124,6 +128,8 @@ class ReadConfig:
             raise ValueError(f"rank is the read adapter's rank: >= 0 (0: none); got {self.rank}")
         if not self.rank and self.gate and not self.resume:
             raise ValueError("the imprint's read gate trains with the read adapter: rank 0 has none")
+        if not 0.0 <= self.doing_rate <= 1.0:
+            raise ValueError(f"doing_rate is a chance: in [0, 1]; got {self.doing_rate}")
         if self.copy is not None and not (math.isfinite(self.copy) and self.copy >= 0):
             raise ValueError(f"copy is the copy read's lambda: a finite number >= 0; got {self.copy!r}")
 
@@ -140,11 +146,17 @@ class ReadPhrases:
     chitchat: tuple[str, ...]
     others: dict[str, tuple[str, ...]]  # by kind: clauses stating that kind of someone else's ("my husband {v}...")
     asides: tuple[str, ...]  # what a user says of themself that states none of the kinds ("the bakery on Calle Mayor closed")
+    # by kind (job, hobby): what people do, told and answered in their own verb ("I restore old furniture" -> "You told
+    # me you restore old furniture."), not by a noun the read would have to find ("a furniture restorer")
+    doings: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    doing_clauses: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    doing_answers: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, data: Path = DATA) -> ReadPhrases:
         values = json.loads((data / "read_values.json").read_text())
         t = json.loads((data / "read_templates.json").read_text())
+        doing = json.loads((data / "read_doings.json").read_text())
         kinds = (*MAIN, *EXTRA)
         phrases = cls(
             values={k: tuple(values[k]) for k in kinds},
@@ -157,9 +169,18 @@ class ReadPhrases:
             chitchat=tuple(t["chitchat"]),
             others={k: tuple(v) for k, v in t["others"].items()},
             asides=tuple(t["asides"]),
+            doings={k: tuple(v) for k, v in doing["values"].items()},
+            doing_clauses={k: tuple(v) for k, v in doing["clauses"].items()},
+            doing_answers={k: tuple(v) for k, v in doing["answers"].items()},
         )
         if not set(phrases.others) <= set(kinds):
             raise ValueError(f"others' kinds must be among {kinds}; got {sorted(phrases.others)}")
+        for part in (phrases.doing_clauses, phrases.doing_answers):
+            if set(part) != set(phrases.doings) or not set(part) <= set(kinds):
+                raise ValueError(f"doings need clauses and answers of the same kinds among {kinds}; got {sorted(part)}")
+            for kind, templates in part.items():
+                if not templates or any(t.count("{v}") != 1 or "{av}" in t for t in templates):
+                    raise ValueError(f"each {kind} doing template needs exactly one {{v}} (no {{av}}); got {templates}")
         for kind in kinds:
             for template in (*phrases.clauses[kind], *phrases.answers[kind], *phrases.others.get(kind, ())):
                 if template.count("{v}") + template.count("{av}") != 1:
@@ -213,9 +234,12 @@ def make_example(
     others_rate: float = 0.0,
     split_rate: float = 0.0,
     aside_rate: float = 0.0,
+    doing_rate: float = 0.0,
 ) -> ReadExample:
-    """One example; with chance ``others_rate`` the statement also tells a fact of someone else's ("my sister lives in
-    Oslo"), which is not the user's and is never asked; with chance ``aside_rate`` it also holds one or two asides
+    """One example; with chance ``doing_rate`` each job or hobby is one of ``p.doings``, told and answered in the
+    user's own verb ("I restore old furniture for a living" -> "You told me you restore old furniture."); with chance
+    ``others_rate`` the statement also tells a fact of someone else's ("my sister lives in Oslo"), which is not the
+    user's and is never asked; with chance ``aside_rate`` it also holds one or two asides
     (the user's words that state no fact: "got stuck at Frankfurt airport once"), and each unrelated message is an
     aside rather than a question with that chance; with chance ``split_rate`` (two facts or more) the facts are told
     over two messages, in order, with the unrelated ones anywhere around them."""
@@ -224,7 +248,12 @@ def make_example(
         kinds.append(rng.choice(EXTRA))
     rng.shuffle(kinds)
     facts = {kind: rng.choice(p.values[kind]) for kind in kinds}
-    parts: list[tuple[str, str | None]] = [(_fill(rng.choice(p.clauses[kind]), facts[kind]), kind) for kind in kinds]
+    # no draw at rate 0: the same seed gives the data it gave before
+    doing = [k for k in kinds if doing_rate and k in p.doings and rng.random() < doing_rate]
+    for kind in doing:
+        facts[kind] = rng.choice(p.doings[kind])
+    told = {kind: p.doing_clauses[kind] if kind in doing else p.clauses[kind] for kind in kinds}
+    parts: list[tuple[str, str | None]] = [(_fill(rng.choice(told[kind]), facts[kind]), kind) for kind in kinds]
     if others_rate and rng.random() < others_rate:
         kind = rng.choice(sorted(p.others))
         value = rng.choice([v for v in p.values[kind] if v != facts.get(kind)])
@@ -248,7 +277,7 @@ def make_example(
         messages.insert(at, message)
     clauses = {at: spans for at, (_, spans) in zip(slots, statements, strict=True)}
     asked = rng.choice(kinds)
-    template = rng.choice(p.answers[asked])
+    template = rng.choice(p.doing_answers[asked] if asked in doing else p.answers[asked])
     answer = _fill(template, facts[asked])
     exchange = rng.choice(chitchat("train"))
     question = rng.choice(p.questions[asked])
@@ -418,11 +447,13 @@ def train_kinds(
     others_rate: float = 0.0,
     natural: Sequence[tuple[str, tuple[tuple[int, int, str], ...]]] = (),
     natural_repeat: int = 1,
+    doing_rate: float = 0.0,
 ) -> dict[str, float]:
     """Fit the kind tagger (``model.imprint_kind``, a linear map of one layer's normalised input) on generated
     statements (with chance ``others_rate`` one of them about someone else, labelled as no kind) and unrelated
-    messages, and on ``natural`` messages written by hand with their facts' spans (``natural_statements``; counted
-    ``natural_repeat`` times), the base model frozen; returns its token accuracy on 200 more generated examples."""
+    messages (with chance ``doing_rate`` a job or hobby told by what the user does, ``make_example``), and on ``natural``
+    messages written by hand with their facts' spans (``natural_statements``; counted ``natural_repeat`` times), the
+    base model frozen; returns its token accuracy on 200 more generated examples."""
     if model.imprint_kind is None or model.config.imprint_kinds_layer is None:
         raise ValueError("the model has no kind tagger: add_imprint(..., kinds_layer=L) first")
     if natural_repeat < 1:
@@ -432,7 +463,7 @@ def train_kinds(
     def features(n: int) -> tuple[Tensor, Tensor]:
         said, ys = [], []
         for _ in range(n):
-            ex = make_example(rng, phrases, distractors=1, extra_rate=0.3, others_rate=others_rate)
+            ex = make_example(rng, phrases, distractors=1, extra_rate=0.3, others_rate=others_rate, doing_rate=doing_rate)
             system = rng.choice(systems)
             for i, message in enumerate(ex.messages):
                 said.append(tok.turn_prompt(message, system))
@@ -672,6 +703,7 @@ def train_read(
                     others_rate=config.others_rate,
                     split_rate=config.split_rate,
                     aside_rate=config.aside_rate,
+                    doing_rate=config.doing_rate,
                 )
             examples.append(ex)
         model.eval()
@@ -796,7 +828,13 @@ def train_checkpoint(
         tagger = {}
         if layer is not None:
             tagger = train_kinds(
-                model, systems, phrases, seed=config.seed, natural=natural, natural_repeat=max(config.kinds_natural, 1)
+                model,
+                systems,
+                phrases,
+                seed=config.seed,
+                natural=natural,
+                natural_repeat=max(config.kinds_natural, 1),
+                doing_rate=config.doing_rate,
             )
         log.info("kind tagger: %s", tagger)
     asks: dict[str, float] = {}
@@ -885,6 +923,9 @@ def main() -> None:
         help="share of read examples from the natural training part",
     )
     parser.add_argument(
+        "--doing-rate", type=float, default=ReadConfig.doing_rate, help="jobs and hobbies told by what the user does"
+    )
+    parser.add_argument(
         "--through-copy", action="store_true", help="the answer's loss taken through the copy read (imprints keep token ids)"
     )
     parser.add_argument("--threads", type=int, default=None)
@@ -915,6 +956,7 @@ def main() -> None:
         kinds_natural=args.kinds_natural,
         asks_natural=args.asks_natural,
         natural_rate=args.natural_rate,
+        doing_rate=args.doing_rate,
         copy=args.copy,
         through_copy=args.through_copy,
     )

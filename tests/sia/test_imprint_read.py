@@ -3,6 +3,8 @@ sia.learn.imprint_read to answer from the imprinted words (its loss falls), kept
 
 from __future__ import annotations
 
+import collections
+import json
 import math
 import random
 from collections.abc import Sequence
@@ -22,6 +24,7 @@ from sia.checkpoint import DEFAULT_CHECKPOINT, load_model
 from sia.identity.imprint import KINDS, UNTOLD_SURE, Imprint, ImprintEntries
 from sia.identity.state import IdentityState
 from sia.learn.imprint_read import (
+    DATA,
     EXTRA,
     MAIN,
     ReadConfig,
@@ -319,6 +322,45 @@ def test_asides_are_said_beside_the_facts_and_as_unrelated_messages_but_never_la
     rng = random.Random(4)
     plain = [make_example(rng, p, distractors=2, extra_rate=0.2) for _ in range(20)]
     assert not any(a in m for ex in plain for m in ex.messages for a in p.asides)
+
+
+def test_a_job_or_hobby_told_by_what_the_user_does_is_answered_in_their_own_verb() -> None:
+    p = replace(
+        phrases(),
+        doings={"job": ("mend nets",), "hobby": ("fly kites",)},
+        doing_clauses={"job": ("I {v} for a living",), "hobby": ("on weekends I {v}",)},
+        doing_answers={"job": ("You {v}.",), "hobby": ("You love to {v}.",)},
+    )
+    rng, told = random.Random(5), collections.Counter[str]()
+    for _ in range(60):
+        ex = make_example(rng, p, distractors=1, extra_rate=0.0, doing_rate=1.0)
+        ((at, clauses),) = ex.clauses.items()
+        for a, b, kind in clauses:  # every job and hobby told by its doing, labelled with its kind like any fact
+            said = ex.messages[at][a:b]
+            if kind in ("job", "hobby"):
+                assert said == ("I mend nets for a living" if kind == "job" else "on weekends I fly kites")
+                told[kind] += 1
+        asked = next(k for k in ex.facts if ex.question == f"{k}?")
+        expected = {"job": "You mend nets.", "hobby": "You love to fly kites."}.get(asked, f"{ex.facts[asked]}.")
+        assert ex.answer == expected
+    assert told["job"] > 10 and told["hobby"] > 10
+    # at rate 0 the doings draw nothing: the same seed gives the examples it gave before they existed
+    before = [make_example(random.Random(9), phrases(), distractors=2, extra_rate=0.3) for _ in range(3)]
+    after = [make_example(random.Random(9), p, distractors=2, extra_rate=0.3) for _ in range(3)]
+    assert before == after
+
+
+def test_the_shipped_doings_are_read_with_the_phrase_tables_and_bad_ones_refused(tmp_path: Path) -> None:
+    p = ReadPhrases.load()
+    assert set(p.doings) == {"job", "hobby"} and all(len(v) >= 50 for v in p.doings.values())
+    assert all("{v}" in t for part in (p.doing_clauses, p.doing_answers) for ts in part.values() for t in ts)
+    for name in ("read_values.json", "read_templates.json"):
+        (tmp_path / name).write_text((DATA / name).read_text())
+    doings = json.loads((DATA / "read_doings.json").read_text())
+    doings["answers"]["job"] = ["You work as {av}."]
+    (tmp_path / "read_doings.json").write_text(json.dumps(doings))
+    with pytest.raises(ValueError, match="doing template"):
+        ReadPhrases.load(tmp_path)
 
 
 def test_facts_told_over_two_messages_keep_their_order_and_labels() -> None:
