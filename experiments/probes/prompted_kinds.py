@@ -70,10 +70,9 @@ def _features(model: LlamaModel, clauses: Sequence[tuple[str, str, int]], layers
     for message, clause, _ in clauses:
         tokens, _ = tok.turn_prompt(f"{message}\n\n{ASK.format(clause=clause)}", system)
         rows.append(tokens + tok.encode(OPENING))
-    out: dict[int, list[Tensor]] = {layer: [] for layer in layers}
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-    got: dict[int, dict[int, Tensor]] = {}
-    top = max(layers)
+    out = {layer: torch.empty(len(rows), model.config.n_embd) for layer in layers}
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # rows of like length padded together
+    top = min(max(layers), model.config.n_layer - 1)
     for at in range(0, len(order), 16):
         chunk = order[at : at + 16]
         L = max(len(rows[i]) for i in chunk)
@@ -82,20 +81,14 @@ def _features(model: LlamaModel, clauses: Sequence[tuple[str, str, int]], layers
             idx[b, : len(rows[i])] = torch.tensor(rows[i])
         x = model.wte(idx)
         rope = model.rope(torch.arange(L).view(1, -1))
-        last = torch.tensor([len(rows[i]) - 1 for i in chunk])
-        here: dict[int, Tensor] = {}
-        for n, block in enumerate(model.blocks[: min(top, model.config.n_layer - 1) + 1]):
+        at_last = (torch.arange(len(chunk)), torch.tensor([len(rows[i]) - 1 for i in chunk]))
+        for n, block in enumerate(model.blocks[: top + 1]):
             x, h = block(x, None, rope, None, 0, None)
-            if n in layers:
-                here[n] = h[torch.arange(len(chunk)), last].float()
-        if model.config.n_layer in layers:
-            here[model.config.n_layer] = model.norm_f(x)[torch.arange(len(chunk)), last].float()
-        for b, i in enumerate(chunk):
-            got[i] = {layer: here[layer][b] for layer in layers}
-    for i in range(len(rows)):
-        for layer in layers:
-            out[layer].append(got[i][layer])
-    return {layer: torch.stack(v) for layer, v in out.items()}
+            if n in out:
+                out[n][chunk] = h[at_last].float()
+        if model.config.n_layer in out:
+            out[model.config.n_layer][chunk] = model.norm_f(x)[at_last].float()
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
