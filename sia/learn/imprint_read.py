@@ -51,6 +51,7 @@ __all__ = [
     "imprint_of",
     "imprint_turns",
     "imprints_of",
+    "lowered",
     "make_example",
     "message_inputs",
     "message_reads",
@@ -96,6 +97,9 @@ class ReadConfig:
     # how often each message of the natural set's training part (sia/learn/data/natural/users_train.jsonl, written by
     # hand) is counted in the kind tagger's data beside the generated ones; 0: not read
     kinds_natural: int = 0
+    # each of those messages (and, with asks_natural, each question) also counted once in lower case, as people type in
+    # a chat window ("oh i'm saoirse by the way"): the layer the tagger reads sees a lower-case name otherwise
+    natural_lower: bool = False
     asks_natural: bool = False  # the ask head also learns from the natural training part's questions and messages
     # the share of the read's examples drawn from the natural training part: a hand-written user's messages imprinted,
     # then one of their questions (a kind with answers in the phrase tables), answered with the newest value of its kind
@@ -395,10 +399,11 @@ def token_kinds(tok: Any, message: str, clauses: tuple[tuple[int, int, str], ...
     return out
 
 
-def natural_statements(users: Sequence[Any]) -> list[tuple[str, tuple[tuple[int, int, str], ...]]]:
+def natural_statements(users: Sequence[Any], *, lower: bool = False) -> list[tuple[str, tuple[tuple[int, int, str], ...]]]:
     """Every message of these natural-set users (``sia.learn.natural.NaturalUser``) with the character spans of the
     facts it states whose kinds the tagger knows (the fact's ``clause``, where it first occurs): ``train_kinds``'
-    hand-written examples."""
+    hand-written examples. With ``lower``, each message that has capitals is also given in lower case, its spans the
+    same (``lowered``)."""
     rows = []
     for u in users:
         for i, message in enumerate(u.messages):
@@ -408,14 +413,22 @@ def natural_statements(users: Sequence[Any]) -> list[tuple[str, tuple[tuple[int,
                     at = message.index(f.clause)
                     spans.append((at, at + len(f.clause), f.kind))
             rows.append((message, tuple(spans)))
-    return rows
+    return rows + [(lowered(m), spans) for m, spans in rows if lowered(m) != m] if lower else rows
 
 
-def natural_asks(users: Sequence[Any]) -> list[tuple[str, int]]:
+def lowered(text: str) -> str:
+    """``text`` in lower case, character for character (a character whose lower case is longer, "İ", stays), so that
+    a span's offsets hold in both."""
+    return "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
+
+
+def natural_asks(users: Sequence[Any], *, lower: bool = False) -> list[tuple[str, int]]:
     """The ask head's hand-written examples from natural-set users: every question with the KINDS index of what it
-    asks (0 for a kind the tagger does not know) and every message they told (0: it asks for none of their facts)."""
+    asks (0 for a kind the tagger does not know) and every message they told (0: it asks for none of their facts);
+    with ``lower``, each of them that has capitals also in lower case."""
     asks = [(q.text, KINDS.index(q.kind) if q.kind in KINDS else 0) for u in users for q in u.questions]
-    return asks + [(m, 0) for u in users for m in u.messages]
+    rows = asks + [(m, 0) for u in users for m in u.messages]
+    return rows + [(lowered(m), k) for m, k in rows if lowered(m) != m] if lower else rows
 
 
 @torch.no_grad()
@@ -824,7 +837,7 @@ def train_checkpoint(
         model.add_kind_tagger(layer)
         # the tagger learns from single statements of the user's own facts: someone else's facts in its data lowered
         # the share of natural facts it labels (experiments/LOG.md, 2026-11-28)
-        natural = natural_statements(hand_written) if config.kinds_natural else ()
+        natural = natural_statements(hand_written, lower=config.natural_lower) if config.kinds_natural else ()
         tagger = {}
         if layer is not None:
             tagger = train_kinds(
@@ -840,7 +853,7 @@ def train_checkpoint(
     asks: dict[str, float] = {}
     if config.ask_bias and (asks_only or not config.resume or model.imprint_ask is None):
         model.add_ask_head(config.ask_bias)
-        natural_ask = natural_asks(hand_written) if config.asks_natural else ()
+        natural_ask = natural_asks(hand_written, lower=config.natural_lower) if config.asks_natural else ()
         asks = train_asks(model, phrases, seed=config.seed, natural=natural_ask)
         log.info("ask head: %s", asks)
     elif config.ask_bias:  # the checkpoint's head kept, its bias as given
@@ -901,6 +914,11 @@ def main() -> None:
         "--kinds-natural", type=int, default=ReadConfig.kinds_natural, help="count the natural training part this often"
     )
     parser.add_argument(
+        "--natural-lower",
+        action="store_true",
+        help="the natural training part's messages (and with --asks-natural its questions) also in lower case",
+    )
+    parser.add_argument(
         "--ask-bias", type=float, default=ReadConfig.ask_bias, help="train an ask head moving the asked kind's entries"
     )
     parser.add_argument(
@@ -954,6 +972,7 @@ def main() -> None:
         label_min=args.label_min,
         kinds_only=args.kinds_only,
         kinds_natural=args.kinds_natural,
+        natural_lower=args.natural_lower,
         asks_natural=args.asks_natural,
         natural_rate=args.natural_rate,
         doing_rate=args.doing_rate,

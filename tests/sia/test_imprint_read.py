@@ -34,6 +34,7 @@ from sia.learn.imprint_read import (
     imprint_of,
     imprint_turns,
     imprints_of,
+    lowered,
     make_example,
     message_inputs,
     message_reads,
@@ -608,6 +609,12 @@ def test_natural_statements_hold_the_facts_the_tagger_knows() -> None:
     assert [(message[a:b], kind) for a, b, kind in rows[0][1]] == [("I'm Ana", "name"), ("I keep bees", "hobby")]
     # the ask head's: each question with the kind it asks (none for a kind the tagger does not know), each message none
     assert natural_asks([user]) == [("?", KINDS.index("name")), ("?", KINDS.index("hobby")), ("?", 0), (message, 0), ("bye", 0)]
+    # in lower case too where asked, the spans the same; a message without capitals is not repeated
+    lower = natural_statements([user], lower=True)
+    assert lower[:2] == rows and lower[2:] == [(message.lower(), rows[0][1])]
+    assert [(message.lower()[a:b], kind) for a, b, kind in lower[2][1]] == [("i'm ana", "name"), ("i keep bees", "hobby")]
+    assert natural_asks([user], lower=True)[5:] == [(message.lower(), 0)]
+    assert lowered("İstanbul, I'm Ana") == "İstanbul, i'm ana"  # a character whose lower case is longer stays
 
 
 def _hand_written(uid: str, name: str, pet: str) -> Any:
