@@ -20,6 +20,7 @@ Nothing here mutates an Imprint: every function returns a new one.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, fields, replace
 
@@ -339,11 +340,32 @@ _SENTENCE_ENDS = frozenset(".!?;\n")
 _PAUSES = frozenset(",:()[]\u2014\u2013")  # the dashes too: "I need to correct myself \u2014 I moved to Split"
 
 
+def _pictograph(ch: str) -> bool:
+    """An emoji or another pictographic symbol ("🌼", "😵", "☀"): in a chat message it closes a thought as a comma
+    does ("good morning from the night shift 😵 im a security guard in cebu")."""
+    return ord(ch) >= 0x2190 and unicodedata.category(ch) == "So"
+
+
+def _word_starts(before: str, piece: str) -> bool:
+    """Whether ``piece``, the token text after ``before``, begins a word: it opens with a space, or ``before`` ends
+    in one or in a mark ("," then "and")."""
+    return piece[:1].isspace() or not before[-1:].isalnum()
+
+
+def _whole_word(pieces: Sequence[str], i: int) -> bool:
+    """Whether token text ``i`` is a word of its own: it begins one and the next token begins another (" and" in
+    "I paint and I sing", not " and" + "or" + "ra" in "Andorra" nor "and" in "Alexandria")."""
+    starts = i == 0 or _word_starts(pieces[i - 1], pieces[i])
+    return starts and (i + 1 == len(pieces) or _word_starts(pieces[i], pieces[i + 1]))
+
+
 def clause_breaks(pieces: Sequence[str], *, min_tokens: int = 4) -> Tensor:
     """(n,) bool for a message's token texts: True where a token ends a clause. A sentence ends at a full stop, an
-    exclamation or question mark, a semicolon or a line break; within a sentence a clause ends at a comma, a colon or
-    a bracket, or before a conjunction ("and I live in Lisbon"), once it holds ``min_tokens`` tokens (so "Ana here,
-    Ana Kowalski." and "I build and repair violins in Trieste" stay whole)."""
+    exclamation or question mark, a semicolon or a line break; within a sentence a clause ends at a comma, a colon, a
+    bracket or an emoji (``_pictograph``), or before a conjunction ("and I live in Lisbon"; a word of its own, not the
+    "and" of "Alexandria" nor the "so" of "Valparaíso"), once it holds ``min_tokens`` tokens (so "Ana here, Ana
+    Kowalski." and "I build and repair violins in Trieste" stay whole). The token texts are best each token's
+    completed characters (``sia.model.tokenizer.completed_texts``), so that an emoji is seen whole."""
     n = len(pieces)
     breaks = torch.zeros(n, dtype=torch.bool)
     length = 0
@@ -351,9 +373,9 @@ def clause_breaks(pieces: Sequence[str], *, min_tokens: int = 4) -> Tensor:
         length += 1
         ends = any(ch in _SENTENCE_ENDS for ch in piece)
         pause = (
-            any(ch in _PAUSES for ch in piece)
+            any(ch in _PAUSES or _pictograph(ch) for ch in piece)
             or piece == " -"  # a spaced hyphen is a dash; one inside a word ("Saint-Louis") is not
-            or (i + 1 < n and pieces[i + 1].strip().lower() in _CONJUNCTIONS)
+            or (i + 1 < n and pieces[i + 1].strip().lower() in _CONJUNCTIONS and _whole_word(pieces, i + 1))
         )
         if ends or (pause and length >= min_tokens):
             breaks[i] = True
@@ -408,13 +430,25 @@ def asking(pieces: Sequence[str]) -> Tensor:
     for i, piece in enumerate(pieces):
         if i + 1 < n and not any(ch in _SENTENCE_ENDS or ch == ":" for ch in piece):
             continue
-        opening = _OPENING.match(_plain(pieces[start : i + 1]))
+        opening = _OPENING.match(_greeted(_plain(pieces[start : i + 1])))
         if opening is not None:
             first, then = opening.groups()
             if first in _ASKING or (first in ("when", "where") and then in _ASKING_THEN):
                 out[start : i + 1] = True
         start = i + 1
     return out
+
+
+def _greeted(sentence: str) -> str:
+    """A lowercased sentence after the greetings it opens with ("hii can u help me plan a trip": "can u help me plan a
+    trip"), so that a request after a greeting is read as one; the sentence itself where it is all greeting."""
+    rest = sentence
+    while (word := _OPENING.match(rest)) is not None and word.group(2):
+        first = word.group(1)
+        if first in _ASKING or _collapsed(first) not in _GREETING_WORDS:
+            break
+        rest = rest[word.end(1) :]
+    return rest if _OPENING.match(rest) else sentence
 
 
 def asides(pieces: Sequence[str], questions: Tensor | None = None) -> Tensor:

@@ -22,7 +22,7 @@ from sia.model.config import LlamaConfig
 from sia.model.generate import Generation, SamplingParams, Stream, StreamEvent, stream
 from sia.model.identity_model import IdentityModel, WordsRead
 from sia.model.summary_sums import SummarySums
-from sia.model.tokenizer import Tokenizer
+from sia.model.tokenizer import Tokenizer, completed_texts
 
 __all__ = [
     "TurnPrompt",
@@ -229,7 +229,7 @@ def write_imprint(
     if read.start < 0:
         raise ValueError(f"the read starts at token {words.start}, after the message's start {at.start}")
     kinds = None if words.kinds is None else words.kinds[read].cpu()
-    pieces = [tok.token_text(t) for t in message]
+    pieces = completed_texts(tok, message)
     # "technically not Lyon": the older spans naming Lyon go, and so does the clause (it would name Lyon again)
     imprint, denied = forget_words(imprint, given_up(pieces), tok.decode, turn)
     choices = message_spans(

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-__all__ = ["ByteTokenizer", "IncrementalDecoder", "Tokenizer"]
+__all__ = ["ByteTokenizer", "IncrementalDecoder", "Tokenizer", "completed_texts"]
 
 
 class Tokenizer(Protocol):
@@ -136,3 +136,15 @@ class IncrementalDecoder:
 
     def flush(self) -> str:
         return str(self._decoder.decode(b"", final=True))
+
+
+def completed_texts(tok: Tokenizer, ids: Sequence[int]) -> list[str]:
+    """Each token's text as the characters it completes: a character written over several tokens (an emoji, a letter
+    some vocabularies split) belongs whole to its last token, the tokens before it holding ""; special tokens hold
+    nothing. What the imprint's clause rules read of a message, so that "🌼" or "ś" is a character there, not
+    replacement marks."""
+    decoder = IncrementalDecoder(tok.token_bytes)
+    texts = [decoder.push(t) for t in ids]
+    if texts:
+        texts[-1] += decoder.flush()
+    return texts

@@ -45,7 +45,7 @@ from sia.identity.state import Dynamics, IdentityState, StateFormatError, state_
 from sia.identity.turn import TurnRequest, run_turn
 from sia.model.config import LlamaConfig
 from sia.model.generate import SamplingParams, generate
-from sia.model.tokenizer import ByteTokenizer
+from sia.model.tokenizer import ByteTokenizer, completed_texts
 
 from .conftest import hf_tiny
 
@@ -277,6 +277,13 @@ def test_clause_breaks_at_punctuation_and_conjunctions() -> None:
     assert clause_breaks(pieces, min_tokens=2).tolist() == [False, False, True, False, False, True, False, True]
     pieces = ["I", " build", " and", " repair", " violins", " in", " Trieste"]
     assert clause_breaks(pieces).tolist() == [False] * 7  # "I build" is too short a clause to stand alone
+    # a conjunction ends a clause only as a word of its own, not inside a place's name
+    pieces = [" pharmacist", ",", " living", " in", " a", "lex", "and", "ria"]
+    assert not clause_breaks(pieces).any()
+    pieces = [" from", " val", "para", "í", "so"]
+    assert not clause_breaks(pieces).any()
+    pieces = ["I", " live", " in", " and", "or", "ra", " and", " I", " ski"]
+    assert clause_breaks(pieces).tolist() == [False] * 5 + [True] + [False] * 3
 
 
 def test_questions_to_the_persona_are_not_imprinted() -> None:
@@ -304,6 +311,11 @@ def test_questions_and_requests_without_a_question_mark_are_not_imprinted() -> N
     assert asked(["I", " have", " a", " cat", ",", " is", " that", " weird", "?"]) == ["?"]  # its clause is left out
     assert asked(["When", " I", "'m", " off", ",", " I", " paint", "."]) == [""]
     assert asked(["Can", "’t", " wait", " to", " see", " my", " cat", "."]) == [""]
+    # a request after the greetings a sentence opens with asks; a greeting alone or before a statement does not
+    assert asked(["hii", " can", " u", " help", " me", " plan", " a", " trip"]) == ["hii can u help me plan a trip"]
+    assert asked(["Hey", " there", ",", " what", "'s", " a", " good", " book"]) == ["Hey there, what's a good book"]
+    assert asked(["hey", " i", "'m", " Sam", ",", " can", " you", " help"]) == [""]
+    assert asked(["Good", " morning", " everyone"]) == [""]
     for pieces, kept in (
         (["Tell", " me", " a", " joke", ".", " I", "'m", " a", " nurse", "."], [(5, 10)]),
         (["I", " have", " a", " cat", ",", " is", " that", " weird", "?"], [(0, 5)]),
@@ -328,6 +340,16 @@ def test_a_clause_that_only_greets_is_not_imprinted() -> None:
     assert greeted("hiii aigerim here") == [""] and greeted("Hello there, I'm Ana") == ["Hello there,", ""]
     assert greeted("holaaa! Well hello there!") == ["holaaa!", " Well hello there!"]
     assert greeted("I'm Kia.") == [""] and greeted("Dia here.") == [""]  # a name that is also a greeting's word
+    # an emoji closes a thought as a comma does: the greeting before it goes, the name after it stays
+    said = completed_texts(tok, tok.encode("hiii 🌼 tove here"))
+    marks = greetings(said).tolist()
+    assert ["".join(said[a:b]) for a, b in _clause_ranges(said)] == ["hiii 🌼", " tove here"]
+    assert "".join(p for p, m in zip(said, marks, strict=True) if m) == "hiii 🌼"
+    said = completed_texts(tok, tok.encode("good morning from the night shift 😵 im a guard in cebu"))
+    assert ["".join(said[a:b]) for a, b in _clause_ranges(said)] == [
+        "good morning from the night shift 😵",
+        " im a guard in cebu",
+    ]
     message = "Assalomu alaykum! My name is Dilnoza."
     said = [tok.token_text(t) for t in tok.encode(message)]
     chosen = message_spans(torch.full((len(said),), 9.0), said, None, budget=60, max_span=40, min_score=4.0)

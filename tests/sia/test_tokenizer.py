@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sia.model.tokenizer import ByteTokenizer, IncrementalDecoder
+from sia.model.tokenizer import ByteTokenizer, IncrementalDecoder, completed_texts
 
 
 @given(st.text())
@@ -23,6 +23,22 @@ def test_incremental_decoding_equals_bulk_decoding(text: str) -> None:
     assert "".join(pieces) + decoder.flush() == text
     # no piece ever contains a half character
     assert "\ufffd" not in "".join(pieces) or "\ufffd" in text
+
+
+@given(st.text())
+def test_completed_texts_give_each_character_to_the_token_that_ends_it(text: str) -> None:
+    tok = ByteTokenizer()
+    ids = tok.encode(text)
+    texts = completed_texts(tok, ids)
+    assert len(texts) == len(ids) and "".join(texts) == text
+
+
+def test_a_character_of_several_tokens_is_whole_in_its_last() -> None:
+    tok = ByteTokenizer()
+    assert completed_texts(tok, tok.encode("hi 🌼")) == ["h", "i", " ", "", "", "", "🌼"]
+    assert completed_texts(tok, [*tok.encode("é"), tok.end_id]) == ["", "é", ""]  # a special token holds nothing
+    assert completed_texts(tok, [195]) == ["\ufffd"]  # a character cut short at the end is marked, not lost
+    assert completed_texts(tok, []) == []
 
 
 def test_chat_prompt_layout_and_specials() -> None:
