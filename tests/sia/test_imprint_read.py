@@ -568,6 +568,18 @@ def test_messages_read_in_padded_passes_as_each_alone() -> None:
             torch.testing.assert_close(got, alone, atol=1e-4, rtol=1e-4)
 
 
+def test_the_write_reads_chat_typing() -> None:
+    """A turn's write leaves out a request after a greeting and ends a clause at an emoji, as its rules read the
+    message's completed characters."""
+    model = tiny()
+    model.add_imprint(40, 0)
+    tok = model.tokenizer
+    imprint = [after for after, _ in imprint_turns(model, [], ["hii can u help me plan a trip"], keep_text=True)][-1]
+    assert imprint.used == 0
+    imprint = [after for after, _ in imprint_turns(model, [], ["night shift 😵 im in cebu"], keep_text=True)][-1]
+    assert [tok.decode(list(s.tokens or ())) for s in imprint.spans()] == ["night shift 😵", " im in cebu"]
+
+
 def test_token_kinds_label_the_clauses_characters() -> None:
     tok = ByteTokenizer()
     message = "hi, I am Ox, bye"
