@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +64,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("sia.learn.imprint_read")
+_T = TypeVar("_T")
 
 DATA = Path(__file__).parent / "data"
 NEW_TOKENS = 62  # a new imprint's entries unless told
@@ -413,7 +414,7 @@ def natural_statements(users: Sequence[Any], *, lower: bool = False) -> list[tup
                     at = message.index(f.clause)
                     spans.append((at, at + len(f.clause), f.kind))
             rows.append((message, tuple(spans)))
-    return rows + [(lowered(m), spans) for m, spans in rows if lowered(m) != m] if lower else rows
+    return _and_lowered(rows) if lower else rows
 
 
 def lowered(text: str) -> str:
@@ -422,13 +423,20 @@ def lowered(text: str) -> str:
     return "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
 
 
+def _and_lowered(rows: list[tuple[str, _T]]) -> list[tuple[str, _T]]:
+    """``rows`` of (message, what it is labelled), then each message that has capitals again in lower case (``lowered``)
+    with the same label."""
+    low = [(lowered(m), label) for m, label in rows]
+    return rows + [row for row, (m, _) in zip(low, rows, strict=True) if row[0] != m]
+
+
 def natural_asks(users: Sequence[Any], *, lower: bool = False) -> list[tuple[str, int]]:
     """The ask head's hand-written examples from natural-set users: every question with the KINDS index of what it
     asks (0 for a kind the tagger does not know) and every message they told (0: it asks for none of their facts);
     with ``lower``, each of them that has capitals also in lower case."""
     asks = [(q.text, KINDS.index(q.kind) if q.kind in KINDS else 0) for u in users for q in u.questions]
     rows = asks + [(m, 0) for u in users for m in u.messages]
-    return rows + [(lowered(m), k) for m, k in rows if lowered(m) != m] if lower else rows
+    return _and_lowered(rows) if lower else rows
 
 
 @torch.no_grad()
