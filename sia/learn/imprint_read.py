@@ -58,6 +58,7 @@ __all__ = [
     "natural_asks",
     "natural_example",
     "natural_statements",
+    "parse_args",
     "token_kinds",
     "train_kinds",
     "train_read",
@@ -881,7 +882,8 @@ def train_checkpoint(
     return out
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Path, Path, ReadConfig, int | None]:
+    """The command line's checkpoint, output directory, training settings and thread count."""
     import argparse
 
     from sia.checkpoint import DEFAULT_CHECKPOINT
@@ -955,10 +957,7 @@ def main() -> None:
         "--through-copy", action="store_true", help="the answer's loss taken through the copy read (imprints keep token ids)"
     )
     parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parser.parse_args(argv)
     config = ReadConfig(
         steps=args.steps,
         batch=args.batch,
@@ -978,6 +977,8 @@ def main() -> None:
         resume=args.resume or args.asks_only,
         ask_bias=args.ask_bias,
         label_min=args.label_min,
+        kinds=args.kinds_layer != -1,
+        kinds_layer=None if args.kinds_layer == -1 else args.kinds_layer,
         kinds_only=args.kinds_only,
         kinds_natural=args.kinds_natural,
         natural_lower=args.natural_lower,
@@ -989,7 +990,15 @@ def main() -> None:
     )
     if args.gate_only and not args.resume:
         parser.error("--gate-only trains over a checkpoint's read: add --resume")
-    train_checkpoint(args.checkpoint, args.out, config)
+    return args.checkpoint, args.out, config, args.threads
+
+
+def main() -> None:
+    checkpoint, out, config, threads = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if threads:
+        torch.set_num_threads(threads)
+    train_checkpoint(checkpoint, out, config)
 
 
 if __name__ == "__main__":

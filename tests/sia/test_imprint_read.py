@@ -42,6 +42,7 @@ from sia.learn.imprint_read import (
     natural_asks,
     natural_example,
     natural_statements,
+    parse_args,
     token_kinds,
     train_asks,
     train_kinds,
@@ -1282,3 +1283,14 @@ def test_the_recall_temperature_caps_the_temperature_and_is_checked() -> None:
     persona = SamplingParams(temperature=0.4, recall_temperature=0.0)
     assert Sampling(temperature=0.9).over(persona).recall_temperature == 0.0  # a request's temperature keeps the cap
     assert Sampling(recall_temperature=0.9).over(persona).recalling().temperature == 0.4  # a request may lift it
+
+
+def test_the_command_line_reads_every_setting_it_offers() -> None:
+    checkpoint, out, config, threads = parse_args(["--out", "runs/x", "--kinds-layer", "-1", "--doing-rate", "0.2"])
+    assert (checkpoint, out, threads) == (DEFAULT_CHECKPOINT, Path("runs/x"), None)
+    assert not config.kinds and config.kinds_layer is None and config.doing_rate == 0.2  # -1: no kind tagger
+    _, _, config, threads = parse_args(["--out", "o", "--kinds-layer", "12", "--threads", "2"])
+    assert config.kinds and config.kinds_layer == 12 and threads == 2
+    assert parse_args(["--out", "o"])[2] == ReadConfig()  # nothing given: the defaults
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "o", "--gate-only"])  # --gate-only needs --resume
