@@ -67,7 +67,8 @@ def episode_losses(
         answer = answer + config.rank_weight * _ranking_loss(model, carry, batch)
     readout_loss = torch.stack(readout_terms).mean() if readout_terms else zero
     distill = torch.stack(distill_terms).mean() if distill_terms else zero
-    spread = carry.self_state.detach().float().std(0).mean()  # how much the final states differ between users
+    states = carry.self_state.detach().float()
+    spread = states.std(0).mean() if states.shape[0] > 1 else zero  # how much the final states differ between users
     named = answer.new_tensor(sum(readout_right) / max(1, len(readout_right)))  # training read-out accuracy
     return {
         "answer": answer,

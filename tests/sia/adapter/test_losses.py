@@ -260,6 +260,19 @@ def test_the_answer_never_reaches_the_write(config: TrainConfig, cache: Path) ->
     assert read is not None and float(read.abs().max()) > 0  # the read learns
 
 
+def test_every_logged_figure_is_finite_for_a_batch_of_one(config: TrainConfig, cache: Path) -> None:
+    """The states' spread needs two users; one alone logs 0, not NaN."""
+    config = replace(config, curriculum=[[0, 2]])
+    torch.manual_seed(0)
+    model, _ = build_model(config, cache)
+    batch = sample_batch(config, model, 0)
+    with torch.no_grad():
+        one = episode_losses(model, ReadOut(model.config.d_self), batch[:1], config, Dynamics.from_config(model.config))
+        many = episode_losses(model, ReadOut(model.config.d_self), batch, config, Dynamics.from_config(model.config))
+    assert all(math.isfinite(float(v)) for v in one.values()), {k: float(v) for k, v in one.items()}
+    assert float(one["spread"]) == 0.0 and float(many["spread"]) > 0.0
+
+
 def test_the_distillation_teacher_reads_the_whole_transcript_with_a_fresh_state(config: TrainConfig, cache: Path) -> None:
     """The teacher is the base model reading the conversation up to the distilled turn: an identity that reads nothing
     (the slots shut, the trace frozen at zero) matches it exactly on the first turn (the transcript is that turn) and
