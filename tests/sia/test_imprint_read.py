@@ -1285,7 +1285,7 @@ def test_the_recall_temperature_caps_the_temperature_and_is_checked() -> None:
     assert Sampling(recall_temperature=0.9).over(persona).recalling().temperature == 0.4  # a request may lift it
 
 
-def test_the_command_line_reads_every_setting_it_offers() -> None:
+def test_the_command_line_passes_the_kind_tagger_layer_and_threads_and_defaults_to_the_trainer() -> None:
     checkpoint, out, config, threads = parse_args(["--out", "runs/x", "--kinds-layer", "-1", "--doing-rate", "0.2"])
     assert (checkpoint, out, threads) == (DEFAULT_CHECKPOINT, Path("runs/x"), None)
     assert not config.kinds and config.kinds_layer is None and config.doing_rate == 0.2  # -1: no kind tagger
