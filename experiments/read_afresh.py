@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sia.backbones.llama import LlamaModel
-from sia.checkpoint import BASE_FILE, DEFAULT_CACHE, DEFAULT_CHECKPOINT, BaseRef, load_llama_checkpoint, save_llama_checkpoint
+from sia.checkpoint import CONFIG_FILE, DEFAULT_CACHE, DEFAULT_CHECKPOINT, BaseRef, load_llama_checkpoint, save_llama_checkpoint
 from sia.model.config import LlamaConfig
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,6 @@ def strip(model: LlamaModel) -> None:
     model.imprint_kind = None
 
 
-def _base(checkpoint: Path) -> BaseRef:
-    ref = BaseRef.read(checkpoint / BASE_FILE)
-    if ref.path is not None and not Path(ref.path).is_absolute():  # a relative base path stays the same file
-        ref = replace(ref, path=str((checkpoint / ref.path).resolve()))
-    return ref
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("step", choices=("strip", "settle"))
@@ -65,10 +58,10 @@ def main() -> None:
     if args.step == "strip":
         model = load_llama_checkpoint(DEFAULT_CHECKPOINT, DEFAULT_CACHE)
         strip(model)
-        save_llama_checkpoint(model, args.checkpoint, _base(DEFAULT_CHECKPOINT))
+        save_llama_checkpoint(model, args.checkpoint, BaseRef.of(DEFAULT_CHECKPOINT))
         return
-    bundled = LlamaConfig.from_file(DEFAULT_CHECKPOINT / "config.json")
-    path = args.checkpoint / "config.json"
+    bundled = LlamaConfig.from_file(DEFAULT_CHECKPOINT / CONFIG_FILE)
+    path = args.checkpoint / CONFIG_FILE
     config = replace(LlamaConfig.from_file(path), **{k: getattr(bundled, k) for k in REPLY_SETTINGS})  # validates them
     config.to_file(path)
     log.info("%s: the bundled reply settings back", path)

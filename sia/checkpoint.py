@@ -105,6 +105,15 @@ class BaseRef:
             raise ValueError(f"{path}: needs the base's sha256")
         return cls(sha256=data["sha256"], package=data.get("package"), path=data.get("path"))
 
+    @classmethod
+    def of(cls, checkpoint: Path) -> BaseRef:
+        """The base ``checkpoint`` names, a relative path made absolute: what a checkpoint written from it elsewhere
+        keeps, so that it names the same file."""
+        ref = cls.read(checkpoint / BASE_FILE)
+        if ref.path is not None and not Path(ref.path).is_absolute():
+            ref = replace(ref, path=str((checkpoint / ref.path).resolve()))
+        return ref
+
 
 def source_digest(path: Path) -> str:
     """The sha256 of a GGUF file, or of an HF directory's config.json and weight files in name order."""
@@ -252,7 +261,4 @@ def export_adapter(
         model.config = replace(model.config, weights_dtype=dtype)  # validated by the config
     if read_shift is not None:
         model.config = replace(model.config, read_shift=read_shift)
-    ref = BaseRef.read(source / BASE_FILE)
-    if ref.path is not None and not Path(ref.path).is_absolute():  # a relative base path stays the same file
-        ref = replace(ref, path=str((source / ref.path).resolve()))
-    return save_llama_checkpoint(model, target, ref)
+    return save_llama_checkpoint(model, target, BaseRef.of(source))

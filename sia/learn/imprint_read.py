@@ -815,7 +815,7 @@ def train_checkpoint(
     asks_only = config.resume and not config.adapter and not config.gate
     if asks_only and not config.ask_bias:
         raise ValueError("resume with neither the adapter nor the gate leaves nothing to train but an ask head: give ask_bias")
-    from sia.checkpoint import BASE_FILE, DEFAULT_CACHE, BaseRef, load_llama_checkpoint, save_llama_checkpoint
+    from sia.checkpoint import DEFAULT_CACHE, BaseRef, load_llama_checkpoint, save_llama_checkpoint
     from sia.personas import PERSONAS, persona_prompt
 
     model = load_llama_checkpoint(checkpoint, DEFAULT_CACHE if cache_dir is None else cache_dir)
@@ -873,10 +873,7 @@ def train_checkpoint(
     model.config = replace(
         model.config, read_shift=shift, imprint_shift=config.imprint_shift, imprint_label_min=label, imprint_copy=copy
     )
-    ref = BaseRef.read(checkpoint / BASE_FILE)
-    if ref.path is not None and not Path(ref.path).is_absolute():  # a relative base path stays the same file
-        ref = replace(ref, path=str((checkpoint / ref.path).resolve()))
-    save_llama_checkpoint(model, out, ref)
+    save_llama_checkpoint(model, out, BaseRef.of(checkpoint))
     log_file = out / "read_history.json"
     log_file.write_text(json.dumps({"config": vars(config), "kinds": tagger, "asks": asks, "history": history}, indent=1) + "\n")
     return out

