@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sia.checkpoint import DEFAULT_CACHE, load_model
 from sia.identity.state import Dynamics, IdentityState, state_from_bytes, state_to_bytes
@@ -17,6 +17,9 @@ from sia.model.config import LlamaConfig, read_json_object
 from sia.model.generate import Sampling, SamplingParams
 from sia.model.identity_model import IdentityModel
 from sia.personas import PERSONAS, persona_prompt, persona_sampling
+
+if TYPE_CHECKING:
+    from sia.learn.natural_eval import NaturalOptions
 
 log = logging.getLogger("sia")
 
@@ -151,22 +154,30 @@ def _train_adapter(args: argparse.Namespace) -> int:
     return 0
 
 
+def natural_options(args: argparse.Namespace) -> NaturalOptions:
+    """What ``sia eval --natural PART`` measures, from its options."""
+    from sia.learn.natural_eval import NaturalOptions
+
+    return NaturalOptions(
+        part=args.natural,
+        depths=tuple(args.depths),
+        modes=tuple(args.modes),
+        users=args.users,
+        batch=args.batch,
+        conversations=args.conversations,
+        keep_text=not args.no_text,
+    )
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.natural is not None:
         from sia.backbones.llama import LlamaModel
-        from sia.learn.natural_eval import NaturalOptions, run_natural_eval
+        from sia.learn.natural_eval import run_natural_eval
 
         model = load_model(args.checkpoint, cache_dir=args.cache)
         if not isinstance(model, LlamaModel):
             raise ValueError("the natural set measures a chat backbone; the native model reads bytes of its own corpus")
-        natural = NaturalOptions(
-            part=args.natural,
-            depths=tuple(args.depths),
-            modes=tuple(args.modes),
-            users=args.users,
-            batch=args.batch,
-            conversations=args.conversations,
-        )
+        natural = natural_options(args)
         found = run_natural_eval(model, args.out, natural)
         met = sum(t["met"] for t in found["targets"])
         log.info("report written to %s (%d targets met of %d)", args.out / "report.md", met, len(found["targets"]))
@@ -380,6 +391,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--users", type=int, default=None, help="--natural: the first this many users (default: all)")
     ev.add_argument("--batch", type=int, default=8, help="--natural: turns decoded together")
+    ev.add_argument(
+        "--no-text",
+        action="store_true",
+        help="--natural: play the turns as privacy mode does (SIA_STORE_TURN_TEXT=false): the imprint keeps no token ids",
+    )
     ev.add_argument(
         "--cache", type=Path, default=DEFAULT_CACHE, help=f"where a GGUF base is dequantised (default {DEFAULT_CACHE})"
     )

@@ -10,6 +10,10 @@ Figures (greedy, persona ``sia``; every depth's questions asked of the same conv
 - reply perplexity of the held-out dialogue (sia/learn/data/dialogue.jsonl) with an imprint present (a natural user's
   messages imprinted) against the base model;
 - write time per turn (the imprint's read of the prompt and selection), the state's bytes.
+
+``keep_text=False`` plays every turn as the service's privacy mode does (``SIA_STORE_TURN_TEXT=false``): the imprint
+keeps no token ids, so what reads the user's words (the copy read, the untold reply's words, the echo's lean, the
+recollection) has none to read, and the labels alone decide.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class NaturalOptions:
     users: int | None = None  # the first this many users of the part (None: all)
     batch: int = 8
     conversations: int = 60  # held-out dialogue conversations for the perplexity (0: not measured)
+    keep_text: bool = True  # False: privacy mode, the imprint keeps no token ids (SIA_STORE_TURN_TEXT=false)
 
     def __post_init__(self) -> None:
         if self.conversations < 0:
@@ -133,10 +138,17 @@ def run_natural_eval(model: LlamaModel, out: Path, options: NaturalOptions) -> d
     system = tok.system_prompt(PERSONAS["sia"].system_prompt)
     users = load_users(options.part)[: options.users]
     fillers = load_fillers(options.part)
-    figures: dict[str, Any] = {"part": options.part, "users": len(users), "questions": sum(len(u.questions) for u in users)}
+    figures: dict[str, Any] = {
+        "part": options.part,
+        "users": len(users),
+        "questions": sum(len(u.questions) for u in users),
+        "keep_text": options.keep_text,
+    }
     for mode in options.modes:
         started = time.perf_counter()
-        results = recall_by_depth(model, tok, users, fillers, options.depths, system=system, mode=mode, batch=options.batch)
+        results = recall_by_depth(
+            model, tok, users, fillers, options.depths, system=system, mode=mode, batch=options.batch, keep_text=options.keep_text
+        )
         figures[mode] = [_figures(r, users) for r in results]
         figures[f"{mode}_seconds"] = round(time.perf_counter() - started, 1)
         log.info("%s: %s", mode, [(r.depth, round(r.per_fact, 3)) for r in results])
@@ -188,7 +200,8 @@ def report(figures: dict[str, Any]) -> str:
     lines = [
         f"# The natural-conversation set, {figures['part']} part",
         "",
-        f"{figures['users']} users, {figures['questions']} questions; greedy, persona `sia`.",
+        f"{figures['users']} users, {figures['questions']} questions; greedy, persona `sia`."
+        + ("" if figures.get("keep_text", True) else " Privacy mode: the imprint keeps no token ids."),
         "",
     ]
     kinds = sorted({k for m in MODES for f in figures.get(m, []) for k in f["by_kind"]})

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sia.checkpoint import save_checkpoint
-from sia.commands import build_parser, main, sampling_choices
+from sia.commands import build_parser, main, natural_options, sampling_choices
 from sia.identity.state import state_from_bytes
 from sia.model.native import SIAModel
 
@@ -80,6 +80,15 @@ def test_a_logit_bias_once_is_an_option(checkpoint: Path, capsys: pytest.Capture
     assert main([*args, "--logit-bias", "100=100", "--logit-bias", "120=50", "--logit-bias-once"]) == 0
     once = capsys.readouterr().out.strip()
     assert once.startswith("dx") and "d" not in once[1:]
+
+
+def test_the_natural_eval_plays_privacy_mode_when_asked() -> None:
+    """--no-text reaches the natural set's options as privacy mode (no token ids kept); without it the text is kept."""
+    parse = build_parser().parse_args
+    args = ["eval", "--natural", "tune", "--depths", "4", "--modes", "state", "--users", "3"]
+    options = natural_options(parse(args))
+    assert options.keep_text and options.part == "tune" and options.depths == (4,) and options.users == 3
+    assert natural_options(parse([*args, "--no-text"])).keep_text is False
 
 
 def test_the_bundled_model_answers_and_keeps_its_state(

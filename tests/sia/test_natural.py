@@ -174,5 +174,11 @@ def test_the_natural_eval_writes_its_figures_and_targets(tmp_path: Path) -> None
     quick = run_natural_eval(model, tmp_path / "quick", replace(options, depths=(0,), modes=("state",), conversations=0))
     assert "perplexity" not in quick and "reply perplexity <= 1.05x base" not in [t["name"] for t in quick["targets"]]
     assert "Reply perplexity" not in (tmp_path / "quick" / "report.md").read_text()
+    assert quick["keep_text"] and "Privacy mode" not in (tmp_path / "quick" / "report.md").read_text()
+    # privacy mode: the imprint keeps no token ids, so the write's share cannot be read from its words
+    privacy = replace(options, depths=(0,), modes=("state",), conversations=0, keep_text=False)
+    private = run_natural_eval(model, tmp_path / "private", privacy)
+    assert private["keep_text"] is False and "kept" not in private["state"][0]
+    assert "Privacy mode: the imprint keeps no token ids." in (tmp_path / "private" / "report.md").read_text()
     with pytest.raises(ValueError, match="conversations"):
         NaturalOptions(conversations=-1)
