@@ -105,6 +105,29 @@ def takes_roles(message: str, reply: str) -> list[str]:
     return [m.group() for m in re.finditer(r"[^\W\d_]+", reply) if m.group().lower() in roles and claims_self(reply[: m.start()])]
 
 
+# a reply that speaks as if the persona stood where the user lives or works: it welcomes them to its place ("Welcome to
+# my lovely city", "Welcome to the beautiful island of Máncora", "my humble abode"), calls the user's place, work or
+# team its own or ours ("our little corner of Italy", "What brings you to my shop today?"), takes up the user's
+# work as theirs ("I'm your chef", "we're a team of lawyers", "here at the Institute"), or has them visiting it
+_PLACE = (
+    r"city|town|village|country|island|corner|team|community|office|shop|store|restaurant|trattoria|bistro|clinic|"
+    r"hospital|school|classroom|farm|home|house|hotel|salon|garage|bakery|library|bedside|blog|show|neck of the woods"
+)
+HOST = re.compile(
+    r"(?i)welcome to (?:my|our|this|the (?:beautiful|lovely|little|wonderful|charming|vibrant|historic|city|town)\b)"
+    r"|humble abode"
+    rf"|\bour (?:beautiful |lovely |little |wonderful |charming |small |cozy |own )?(?:{_PLACE})\b"
+    rf"|\bmy (?:beautiful |lovely |little |cozy |own )?(?:{_PLACE})\b"
+    r"|\bi'?m your (?:\w+ )?(?:chef|dentist|guide|doctor|nurse|teacher|pilot|host|barista|colleague|lawyer)"
+    r"|we'?re a team|here at |visit us|to have you visit|i'?ve been working"
+)
+
+
+def hosts(reply: str) -> bool:
+    """Whether ``reply`` speaks as the host of the user's place or work (``HOST``)."""
+    return HOST.search(reply) is not None
+
+
 def own_roles(message: str, reply: str) -> list[str]:
     """The words the user said of what they do (``doings``: not a name or a place) that ``reply`` says anywhere in a
     clause about its speaker (``speaks_of_self``): "and i grow coffee", "welcome to my flower shop"."""
@@ -136,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                     "other_names": other_names(persona, r["reply"]),
                     "takes_roles": takes_roles(m["question"], r["reply"]),
                     "own_roles": own_roles(m["question"], r["reply"]),
+                    "hosts": hosts(r["reply"]),
                 }
                 for m, r, user in zip(messages, replies, USERS, strict=True)
             ]
@@ -156,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             named = sum(bool(row["other_names"]) for row in rows)
             roles = sum(bool(row["takes_roles"]) for row in rows)
             own = sum(bool(row["own_roles"]) for row in rows)
+            host = sum(row["hosts"] for row in rows)
             run = {
                 "drifted": n,
                 "rate": n / len(rows),
@@ -163,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 "other_names": named,
                 "takes_roles": roles,
                 "own_roles": own,
+                "hosts": host,
                 "replies": rows,
             }
             if args.ban_first:
@@ -171,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             after = f", {run['drifted_after_ban']} after banning first tokens" if args.ban_first else ""
             sys.stdout.write(
                 f"{persona} {mode}: {n}/{len(rows)} drift{after}; {as_user} speak as the user, {named} name another, "
-                f"{roles} take what the user is, {own} say it of themselves\n"
+                f"{roles} take what the user is, {own} say it of themselves, {host} speak as the host of the user's place\n"
             )
             sys.stdout.flush()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,7 @@ from sia.model.language import (
     untold_reply,
 )
 from sia.model.naming import (
+    GREETING_SENTENCES,
     claims_self,
     completions,
     continuations,
@@ -716,8 +717,12 @@ class ReplyDecoder:
             self.whole = [*tok.encode(said), *tok.reply_tokens("")[:1]]
         # the reply's opening (the model goes on from it): where it says back the user's words, "You told me you"; where a
         # persona answers a user who introduces themself by name, its greeting of them (``sia.model.naming.greeting``)
-        opening = ECHO_OPENING if params.echo else greeting(params.reply_to) if params.speaker and params.reply_to else ""
+        greets = "" if params.echo or self.whole or not (params.speaker and params.reply_to) else greeting(params.reply_to)
+        opening = ECHO_OPENING if params.echo else greets
         self.opening = tok.encode(opening) if opening and not self.whole else []
+        # a greeting's reply ends with the question it begins (its second sentence), or sooner where the persona's do
+        limit = params.max_sentences
+        self.max_sentences = min(limit or GREETING_SENTENCES, GREETING_SENTENCES) if greets else limit
         self.lean: Tensor | None = None  # the tokens the first one after the opening leans to
         if self.opening and params.echo_words:
             self.lean = torch.tensor(sorted(set(params.echo_words)), dtype=torch.long, device=device)
@@ -911,8 +916,8 @@ class ReplyDecoder:
             if cut >= 0:
                 self.text = self.text[:cut]
                 self.finish_reason = "stop"
-        if params.max_sentences and self.finish_reason is None:
-            end = sentences_end(self.text, params.max_sentences)
+        if self.max_sentences and self.finish_reason is None:
+            end = sentences_end(self.text, self.max_sentences)
             if end is not None:  # the token that began the next sentence is kept in ``tokens`` but not shown
                 self.text = self.text[:end]
                 self.finish_reason = "stop"

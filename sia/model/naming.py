@@ -65,6 +65,7 @@ from sia.model.tokenizer import Tokenizer
 from sia.model.unsaid import leading_letters
 
 __all__ = [
+    "GREETING_SENTENCES",
     "capital_starts",
     "claims_self",
     "completions",
@@ -177,15 +178,21 @@ def user_names(message: str) -> list[str]:
     return [name for name in dict.fromkeys(found) if name.lower() not in ENGLISH]
 
 
-# how a reply to a message in which the user gives their name and asks nothing opens (``greeting``)
-GREETING_OPENING = "Nice to meet you, {name}!"
+# how a reply to a message in which the user gives their name and asks nothing opens (``greeting``): the greeting, then a
+# question back, begun, which the model finishes ("How are you doing?", "How are you today?"); such a reply ends with
+# that question, its second sentence (GREETING_SENTENCES). Left to go on after the greeting, the backbone spoke as if it
+# stood where the user does ("Welcome to my lovely city.", "What brings you to my shop today?"); begun "How are", it
+# asked after what the user had said, "How are things with your cat?", and as well "How are things with your dog?" of
+# one that had just died: "How are you" asks after the user alone
+GREETING_OPENING = "Nice to meet you, {name}! How are you"
+GREETING_SENTENCES = 2
 
 
 def greeting(message: str) -> str:
     """The opening of a reply to ``message`` where the user gives their name in it (``user_names``) and asks the
-    persona nothing (``sia.model.language.asks``): "Nice to meet you, Kim!" for "Hi! I'm Kim, I work for Deloitte in
-    Leeds.", greeting by the last name given ("I'm Katarzyna, but everyone calls me Kasia": Kasia), its first letter
-    capitalised ("olga here": Olga); "" for every other message."""
+    persona nothing (``sia.model.language.asks``): "Nice to meet you, Kim! How are you" for "Hi! I'm Kim, I work for
+    Deloitte in Leeds." (GREETING_OPENING), greeting by the last name given ("I'm Katarzyna, but everyone calls me
+    Kasia": Kasia), its first letter capitalised ("olga here": Olga); "" for every other message."""
     names = user_names(message)
     if not names or asks(message):
         return ""

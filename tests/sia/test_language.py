@@ -370,32 +370,39 @@ def test_the_names_a_user_gives_as_their_own_are_read_from_the_message(message: 
 
 def test_a_persona_greets_a_user_who_introduces_themself_by_name() -> None:
     """A message giving the user's name that asks nothing is answered by a persona's reply opening "Nice to meet you,
-    <name>!" (the last name given, capitalised), the model going on from there; a question, a message naming nobody
-    and a reply without a speaker (a bare model) open as the model does."""
-    assert greeting("Hi! I'm Kim, I work for Deloitte in Leeds.") == "Nice to meet you, Kim!"
-    assert greeting("Hello, I'm Katarzyna, but everyone calls me Kasia.") == "Nice to meet you, Kasia!"
-    assert greeting("hello!! olga here, I translate books") == "Nice to meet you, Olga!"
-    assert greeting("hi my name is jo") == "Nice to meet you, Jo!" and greeting("my name is really long") == ""
-    assert greeting("I'm Kim. My dog's name is Rex") == "Nice to meet you, Kim!" and greeting("My cat's name is Luna") == ""
+    <name>! How are you" (the last name given, capitalised), the model finishing the question, and the reply ends with it
+    (its second sentence; a persona of one sentence stops at the greeting); a question, a message naming nobody and a
+    reply without a speaker (a bare model) open as the model does."""
+    assert greeting("Hi! I'm Kim, I work for Deloitte in Leeds.") == "Nice to meet you, Kim! How are you"
+    assert greeting("Hello, I'm Katarzyna, but everyone calls me Kasia.") == "Nice to meet you, Kasia! How are you"
+    assert greeting("hello!! olga here, I translate books") == "Nice to meet you, Olga! How are you"
+    assert greeting("hi my name is jo") == "Nice to meet you, Jo! How are you" and greeting("my name is really long") == ""
+    assert greeting("I'm Kim. My dog's name is Rex") == "Nice to meet you, Kim! How are you"
+    assert greeting("My cat's name is Luna") == ""
     assert greeting("I'm Ana. What's a good book?") == "" and greeting("I love jazz.") == ""
     assert greeting("What's my name?") == "" and greeting("Hi Sia, I'm tired") == ""
 
-    def opened(**params: Any) -> str:
-        sampling = SamplingParams(temperature=0.0, max_new_tokens=40, **params)
+    def replied(then: str, **params: Any) -> tuple[str, str | None]:
+        """The reply's text and finish when the model would write ``then`` (and its end) after whatever came first."""
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=60, **params)
         row = ReplyDecoder(sampling, CPU, TOK)
-        prefer = torch.full((TOK.vocab_size,), -10.0)
-        prefer[ord("x")] = 5.0
-        said = ""
-        for _ in range(30):
-            t = row.sample(prefer, sampling)
-            row.push(t, sampling, TOK.end_ids)
-            said += chr(t)
-        return said
+        said = 0
+        while row.finish_reason is None:
+            spelled = torch.full((TOK.vocab_size,), -10.0)
+            spelled[ord(then[said]) if said < len(then) else next(iter(TOK.end_ids))] = 10.0
+            mine = not row.queued  # the opening's tokens come first, whatever the model would write
+            row.push(row.sample(spelled, sampling), sampling, TOK.end_ids)
+            said += mine
+        return row.text, row.finish_reason
 
     message = "Hi! I'm Kim, I work for Deloitte in Leeds."
-    assert opened(reply_to=message, speaker="sia") == "Nice to meet you, Kim!" + "x" * 8
-    assert opened(reply_to=message) == "x" * 30  # no persona: the model's own opening
-    assert opened(reply_to="I'm Kim. Is it Friday?", speaker="sia") == "x" * 30
+    text, finish = replied(" doing? I work at Deloitte too.", reply_to=message, speaker="sia")
+    assert text == "Nice to meet you, Kim! How are you doing?" and finish == "stop"
+    text, _ = replied(" doing? I work at Deloitte too.", reply_to=message, speaker="bolt", max_sentences=1)
+    assert text == "Nice to meet you, Kim!"  # one sentence a reply: the greeting alone
+    plain = "Hello there. I work at Deloitte too. So do I. Me too."
+    assert replied(plain, reply_to=message)[0] == plain  # no persona: the model's own opening, as long as it goes
+    assert replied(plain, reply_to="I'm Kim. Is it Friday?", speaker="sia")[0] == plain
 
 
 def test_a_reply_never_gives_the_users_name_as_its_speakers() -> None:
