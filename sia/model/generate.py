@@ -134,7 +134,9 @@ class SamplingParams:
     logit_bias_once: bool = False
     # the persona's form, kept by the decoding itself (a small backbone does not keep it from its prompt alone)
     lowercase: bool = False  # the reply's text is written in lower case, character by character (``lowered``)
-    max_sentences: int = 0  # n > 0 ends the reply after its n-th sentence (``sentences_end``); 0 is off
+    # n > 0 ends the reply after its n-th sentence (``sentences_end``); 0 is off. A persona's greeting of a user who
+    # introduces themself ends at its second sentence at the latest (``sia.model.naming.GREETING_SENTENCES``)
+    max_sentences: int = 0
     exclaim: bool = False  # a full stop after a word is written "!" until the reply holds one (``exclaimed``)
     # a form of address (", sir") written before the reply's first sentence end after a word, unless the reply already
     # says its words (``ReplyDecoder.sample``); "" is off
