@@ -133,7 +133,9 @@ class SamplingParams:
     # raised until said, then left to the model (a bias at every step makes it say the word again and again)
     logit_bias_once: bool = False
     # the persona's form, kept by the decoding itself (a small backbone does not keep it from its prompt alone)
-    lowercase: bool = False  # the reply's text is written in lower case, character by character (``lowered``)
+    # the reply's text is written in lower case, character by character (``lowered``); off, a reply that opens with a
+    # word in lower case has its first letter written as a capital (``capitalised``)
+    lowercase: bool = False
     # n > 0 ends the reply after its n-th sentence (``sentences_end``); 0 is off. A persona's greeting of a user who
     # introduces themself ends at its second sentence at the latest (``sia.model.naming.GREETING_SENTENCES``)
     max_sentences: int = 0
@@ -492,6 +494,16 @@ def lowered(text: str, lowercase: bool = True) -> str:
     """``text`` in lower case character by character (with ``lowercase``; else as it is), so that a reply streamed in
     pieces reads as the whole reply does (``str.lower`` of a whole text writes a Greek final sigma by context)."""
     return "".join(c.lower() for c in text) if lowercase else text
+
+
+def capitalised(text: str) -> str:
+    """``text`` with its first letter a capital where it opens with a word all in lower case: a reply that is not
+    written in lower case opens so ("green, I'd guess — it's your favourite" reads "Green, I'd guess — ...", the
+    user's own lower-case word said back first); "iPhone", a digit or a quote first stay as they are."""
+    first = _WORD.match(text)
+    if first is None or not first.group().islower() or len(text[0].upper()) != 1:
+        return text
+    return text[0].upper() + text[1:]
 
 
 def sentences_end(text: str, n: int) -> int | None:
@@ -929,6 +941,8 @@ class ReplyDecoder:
         if self.judging and not self._judged():
             return ""  # the opening is not judged yet: nothing is shown
         visible = len(self.text) if self.finish_reason else _visible_text(self.text, self.stops)
+        if not self.emitted and visible and not params.lowercase:  # the reply's first letter, before it is shown
+            self.text = capitalised(self.text)
         delta, self.emitted = self.text[self.emitted : visible], max(self.emitted, visible)
         return delta
 

@@ -18,6 +18,7 @@ from sia.model.generate import (
     ReplyDecoder,
     Sampling,
     SamplingParams,
+    capitalised,
     exclaimed,
     exclamation_pairs,
     generate,
@@ -418,6 +419,28 @@ def test_a_lowercase_reply_is_the_same_decoding_written_in_lower_case(model: SIA
     stopped = generate(liked, PROMPTS, _cond(liked, config), replace(lower, stop=(word,)))
     assert any(g.finish_reason == "stop" and len(g.text) < len(w.text) for g, w in zip(stopped, kept, strict=True))
     assert lowered("ΟΔΟΣ Σ") == "οδοσ σ" and lowered("ABC", False) == "ABC"
+
+
+def test_a_reply_not_in_lower_case_opens_with_a_capital(model: SIAModel, config: ModelConfig) -> None:
+    """The tiny byte model, made to like lower-case letters, decodes the same tokens either way; a reply not written
+    in lower case has its first letter a capital where it opens with a word in lower case (whole, and as streamed), the
+    rest of its text as decoded."""
+    bias = torch.zeros(config.vocab_size)
+    bias[ord("a") : ord("z") + 1] = 6.0
+    liked = _biased_head(model, bias)
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=3)
+    replies = generate(liked, PROMPTS, _cond(liked, config), params)
+    events = list(stream(liked, PROMPTS, _cond(liked, config), params))
+    lower = generate(liked, PROMPTS, _cond(liked, config), replace(params, lowercase=True))
+    decoded = [ByteTokenizer().decode(g.tokens).lstrip() for g in replies]
+    assert any(text[:1].islower() for text in decoded)
+    for b, (g, text) in enumerate(zip(replies, decoded, strict=True)):
+        assert g.text == capitalised(text) and not g.text[:1].islower()
+        assert "".join(e.text for e in events if e.row == b) == g.text
+        assert lower[b].tokens == g.tokens and lower[b].text == text.lower()
+    assert capitalised("green, I'd guess") == "Green, I'd guess"
+    assert capitalised("iPhone first") == "iPhone first" and capitalised("3 apples") == "3 apples"
+    assert capitalised("ßig") == "ßig" and capitalised("") == "" and capitalised("été") == "Été"
 
 
 def test_a_sentence_limit_ends_the_reply_after_its_last_sentence(model: SIAModel, config: ModelConfig) -> None:

@@ -35,11 +35,12 @@ def test_same_seed_same_reply_and_reset_reproduces_a_fresh_identity(client: Test
 
 def test_a_bias_once_holds_until_the_reply_holds_its_token(client: TestClient) -> None:
     """Biases of +100 on "d" and +50 on "x" make every greedy token "d"; with logit_bias_once "d" holds its bias only
-    until said, and "x" follows."""
+    until said, and "x" follows. (The reply's first letter is written as a capital: it is not written in lower case.)"""
     biased = {"max_tokens": 6, "temperature": 0, "logit_bias": {"100": 100, "120": 50}}
-    assert chat(client, "a", "Hello there", **biased)["reply"] == "dddddd"
+    assert chat(client, "a", "Hello there", **biased)["reply"] == "Dddddd"
+    assert chat(client, "a2", "Hello there", **biased, lowercase=True)["reply"] == "dddddd"
     once = chat(client, "b", "Hello there", **biased, logit_bias_once=True)["reply"]
-    assert isinstance(once, str) and once.startswith("dx") and "d" not in once[1:]
+    assert isinstance(once, str) and once.startswith("Dx") and "d" not in once[1:].lower()
 
 
 def test_streaming_sends_tokens_then_done(client: TestClient) -> None:
