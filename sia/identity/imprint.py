@@ -29,6 +29,7 @@ from torch import Tensor
 
 from sia.model.config import AnyConfig, LlamaConfig
 from sia.model.language import spoken_clause
+from sia.model.naming import user_names
 
 __all__ = [
     "KINDS",
@@ -58,6 +59,7 @@ __all__ = [
 
 # what a span says, when something labels it (0: not known); a span of a known kind replaces the older one of its kind
 KINDS = ("unknown", "name", "city", "job", "colour", "pet", "hobby", "food", "instrument", "language", "origin")
+_NAME = KINDS.index("name")
 # the ask head's probability at which a message asks about a kind of fact for ``ImprintEntries.untold``
 UNTOLD_SURE = 0.5
 
@@ -359,6 +361,24 @@ def _whole_word(pieces: Sequence[str], i: int) -> bool:
     return starts and (i + 1 == len(pieces) or _word_starts(pieces[i], pieces[i + 1]))
 
 
+# a clause that says what the user changed from ("I moved from Lagos", "we relocated here from Pune", "I switched from
+# nursing"): it ends before the "to" that says what they changed to
+_CHANGED_FROM = re.compile(r"\b(?:moved|relocated|transferred|switched|changed)(?: here| over| back| jobs| careers)? from \S")
+
+
+def _first_person_after(pieces: Sequence[str], i: int) -> bool:
+    """Whether the word that token text ``i`` begins is the writer's "I", "I'm", "my" or "we" ("I'm Grace and I'm a
+    midwife": the name's clause ends before "and", however short)."""
+    if i >= len(pieces) or not _word_starts(pieces[i - 1], pieces[i]):
+        return False
+    word = pieces[i].strip()
+    j = i + 1
+    while j < len(pieces) and not _word_starts(pieces[j - 1], pieces[j]):
+        word += pieces[j]
+        j += 1
+    return _FIRST_PERSON.fullmatch(_plain([word])) is not None
+
+
 def clause_breaks(pieces: Sequence[str], *, min_tokens: int = 4) -> Tensor:
     """(n,) bool for a message's token texts: True where a token ends a clause. A sentence ends at a full stop, an
     exclamation or question mark, a semicolon or a line break; within a sentence a clause ends at a comma, a colon, a
@@ -377,7 +397,10 @@ def clause_breaks(pieces: Sequence[str], *, min_tokens: int = 4) -> Tensor:
             or piece == " -"  # a spaced hyphen is a dash; one inside a word ("Saint-Louis") is not
             or (i + 1 < n and pieces[i + 1].strip().lower() in _CONJUNCTIONS and _whole_word(pieces, i + 1))
         )
-        if ends or (pause and length >= min_tokens):
+        # "I moved from Lagos | to Abuja": what was before "to" is over (``superseded``), what follows is so now
+        changed = i + 1 < n and pieces[i + 1].strip().lower() == "to" and _whole_word(pieces, i + 1)
+        changed = changed and _CHANGED_FROM.search(_plain(pieces[i + 1 - length : i + 1])) is not None
+        if ends or changed or (pause and (length >= min_tokens or (length >= 2 and _first_person_after(pieces, i + 2)))):
             breaks[i] = True
             length = 0
     return breaks
@@ -480,6 +503,7 @@ def asides(pieces: Sequence[str], questions: Tensor | None = None) -> Tensor:
 _SUPERSEDED = re.compile(
     r"\b(?:any ?more|no longer|no more|used to|old (?:info|news)|outdated|(?<!from )scratch|take (?:it |that )?back"
     r"|(?:i|we) (?:left|quit|stopped|gave up)|moved (?:out of|away from)|(?:is|are|was|'s) over(?= for\b| now\b|\W*$)|ended"
+    r"|(?:moved|relocated|transferred|switched|changed)(?: here| over| back| jobs| careers)? from"
     r"|(?:i've|i have|we've|we have) gone off|(?:is|are|'s|'re) gone\b(?! to)|re-?homed|gave (?:[\w']+ ){0,3}away"
     r"|passed away|died|on (?:pause|hold)|got boring|retired from|(?:i|we) sold)\b"
 )
@@ -599,6 +623,49 @@ def greetings(pieces: Sequence[str], breaks: Tensor | None = None) -> Tensor:
             continue
         named = [w for w in words if w not in _PLAIN_WORDS]
         if named and all(_collapsed(w) in _GREETING_WORDS for w in named):
+            out[a:b] = True
+    return out
+
+
+# a clause that gives someone else's name: "his name is Bubbles", "she's called Luna", "my dog's name is Rex", "a
+# labrador named Skipper", "I named him Hadrian" ("Aroha's the name" and "I'm named after my gran" give the writer's)
+_OTHERS_NAME = re.compile(
+    r"\b(?:his|her|their|its)\s+(?:\w+\s+)?name\b"
+    r"|\b(?!my\b)[^\W\d_]+'s\s+(?!the\b|my\b)(?:\w+\s+)?name\b"
+    r"|\b(?:named|called)\b(?!\s+(?:me|myself)\b)"
+)
+_GIVING_A_NAME = frozenset({"name", "names", "name's", "call", "calls"})
+_SELF_NAMED = re.compile(r"\b(?:i'm|im|i\s+am|i\s+was|i've\s+been|i\s+get|i\s+got)\s+(?:\w+\s+)?$")
+
+
+def own_name_only(clause: str) -> bool:
+    """Whether a clause (its text as written) gives the writer's name and says nothing more than greetings and the
+    words that give it ("Hi, I'm Sam", "hey there, Lerato here", "my name is Ana Kowalski"; not "I'm Grace and I'm a
+    midwife", which says more; a capitalised word counts as the name's, "Ewa Nowak here"): such a clause states a name,
+    where the tagger does not know the word ("Sam", "Grace")."""
+    names = user_names(clause)
+    if not names:
+        return False
+    said = {w.lower() for w in _WORDS.findall(" ".join(names))} | {w.lower() for w in _WORDS.findall(clause) if w[0].isupper()}
+    return all(
+        w in said or w in _PLAIN_WORDS or _collapsed(w) in _GREETING_WORDS or w in _GIVING_A_NAME
+        for w in _WORDS.findall(_plain([clause]))
+    )
+
+
+def others_names(pieces: Sequence[str], breaks: Tensor | None = None) -> Tensor:
+    """(n,) bool for a message's token texts: True on every token of a clause (cut at ``breaks``, by default
+    ``clause_breaks``) that gives someone else's name ("I keep a goldfish, his name is Bubbles", "a labrador named
+    Skipper", "my son's name is Tamati"): a span of it is never the user's name, whatever the kind tagger says, and
+    so never replaces the one they gave ("named" or "called" after "I'm" or "I was" is the writer's: "I'm called
+    Ana", "I was named after my gran"; "named me" too)."""
+    out = torch.zeros(len(pieces), dtype=torch.bool)
+    for a, b in _clauses(clause_breaks(pieces) if breaks is None else breaks):
+        text = _plain(pieces[a:b])
+        if any(
+            not m.group().endswith(("named", "called")) or not _SELF_NAMED.search(text[: m.start()])
+            for m in _OTHERS_NAME.finditer(text)
+        ):
             out[a:b] = True
     return out
 
@@ -1025,6 +1092,16 @@ def message_spans(
         mending=mending,
         mend_bonus=mend_bonus,
     )
+    if choices:  # someone else's name is no span of the user's; a clause that only gives theirs is one
+        others = others_names(pieces, breaks)
+        choices = [
+            replace(c, kind=0, replaces=False)
+            if c.kind == _NAME and bool(others[c.start])
+            else replace(c, kind=_NAME, replaces=True)
+            if c.kind == 0 and not bool(others[c.start]) and own_name_only("".join(pieces[c.start : c.end]))
+            else c
+            for c in choices
+        ]
     if aside_weight == 1.0 or not choices:
         return choices
     beside = asides(pieces, questions)

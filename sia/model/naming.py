@@ -168,14 +168,19 @@ _COMMON = frozenset(_COMMON_WORDS.split())
 
 
 def user_names(message: str) -> list[str]:
-    """The names the user gives as their own in ``message``, in order, each once."""
+    """The names the user gives as their own in ``message``, in order, each once (not a word in capitals where the
+    message has lower-case letters too: "my budgie learned my name and i'm SCREAMING")."""
     given = [(m.start(1), m.group(1)) for m in _GIVEN.finditer(message)]
     plain = [(m.start(1), m.group(1)) for m in _GIVEN_PLAIN.finditer(message) if m.group(1).lower() not in _OF_A_NAME]
     found = [name for _, name in sorted(given + plain)]
     signed = _SIGNED.match(message)
     if signed is not None:
         found.append(signed.group(1))
-    return [name for name in dict.fromkeys(found) if name.lower() not in ENGLISH]
+    # a word in capitals in a message written in lower case is shouted, not a name ("i'm SCREAMING")
+    mixed = any(c.islower() for c in message)
+    return [
+        name for name in dict.fromkeys(found) if name.lower() not in ENGLISH and not (mixed and len(name) > 1 and name.isupper())
+    ]
 
 
 # how a reply to a message in which the user gives their name and asks nothing opens (``greeting``): the greeting, then a

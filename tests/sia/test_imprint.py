@@ -36,6 +36,8 @@ from sia.identity.imprint import (
     imprint_spans,
     mends,
     message_spans,
+    others_names,
+    own_name_only,
     quantise,
     says_now,
     select_spans,
@@ -277,6 +279,13 @@ def test_clause_breaks_at_punctuation_and_conjunctions() -> None:
     assert clause_breaks(pieces, min_tokens=2).tolist() == [False, False, True, False, False, True, False, True]
     pieces = ["I", " build", " and", " repair", " violins", " in", " Trieste"]
     assert clause_breaks(pieces).tolist() == [False] * 7  # "I build" is too short a clause to stand alone
+    # before a conjunction that the writer's "I", "I'm", "my" or "we" follows, a clause of two tokens ends too
+    pieces = ["I", "'m", " Grace", " and", " I", "'m", " a", " midwife"]
+    assert clause_breaks(pieces).tolist() == [False, False, True] + [False] * 5
+    pieces = ["I", " paint", " and", " my", " wife", " sings"]
+    assert clause_breaks(pieces).tolist() == [False, True] + [False] * 4
+    pieces = ["I", "'m", " Grace", " and", " Ian", "'s", " wife"]  # "Ian" is no "I"
+    assert not clause_breaks(pieces).any()
     # a conjunction ends a clause only as a word of its own, not inside a place's name
     pieces = [" pharmacist", ",", " living", " in", " a", "lex", "and", "ria"]
     assert not clause_breaks(pieces).any()
@@ -356,6 +365,59 @@ def test_a_clause_that_only_greets_is_not_imprinted() -> None:
     assert [message[c.start : c.end] for c in chosen] == [" My name is Dilnoza."]
 
 
+def test_someone_elses_name_is_never_the_users_and_a_clause_of_their_own_name_is() -> None:
+    """A clause that gives someone else's name ("his name is Bubbles", "a labrador named Skipper") is marked, and a span
+    of it the tagger labels a name is stored as of no kind: it never replaces the name the user gave. A clause that
+    gives the writer's own name ("I'm called Ana", "Aroha's the name", "my parents named me Kofi") is not marked; one
+    that gives it and says nothing more ("Hi, I'm Sam") is labelled a name where the tagger gave it no kind."""
+    tok = ByteTokenizer()
+
+    def marked(text: str) -> bool:
+        return bool(others_names(completed_texts(tok, tok.encode(text))).any())
+
+    for text in (
+        "his name is Bubbles",
+        "Her name's Luna",
+        "a labrador named Skipper",
+        "my son's name is Tamati",
+        "my dog’s real name is Rex",
+        "He is named Kapiteni",
+        "I named him Hadrian",
+        "she's called Mochi",
+    ):
+        assert marked(text), text
+    for text in (
+        "My name is Ana",
+        "name's Ruth",
+        "Aroha's the name",
+        "I'm called Ana",
+        "I was named after my gran",
+        "my parents named me Kofi",
+        "I live in Lyon",
+    ):
+        assert not marked(text), text
+    for text in ("Hi, I'm Sam", "hey there, Lerato here", "my name is Ana Kowalski", "hi my name is jo", "Hi! Ewa Nowak here"):
+        assert own_name_only(text), text
+    for text in ("I'm Grace and I'm a midwife", "I'm a nurse", "Hey, Cosmin from Cluj-Napoca", "eero.", "his name is Rex"):
+        assert not own_name_only(text), text
+    message = "Priyanka here, tester in Hyderabad. I keep a goldfish, his name is Bubbles."
+    pieces = [tok.token_text(t) for t in tok.encode(message)]
+    kinds = torch.zeros(len(pieces), len(KINDS))
+    kinds[:, KINDS.index("name")] = 1.0  # a tagger sure that every clause states a name
+    chosen = message_spans(torch.full((len(pieces),), 9.0), pieces, kinds, budget=200, max_span=60, min_score=4.0)
+    said = [(message[c.start : c.end], KINDS[c.kind], c.replaces) for c in chosen]
+    assert ("Priyanka here,", "name", True) in said
+    assert (" his name is Bubbles.", "unknown", False) in said
+    assert all(kind == "name" for text, kind, _ in said if "Bubbles" not in text)
+    # a clause the tagger leaves unlabelled that only gives the user's own name is labelled one, and sure
+    message = "Hi, I'm Sam. My daughter's name is Lily."
+    pieces = [tok.token_text(t) for t in tok.encode(message)]
+    unlabelled = torch.zeros(len(pieces), len(KINDS))
+    chosen = message_spans(torch.full((len(pieces),), 9.0), pieces, unlabelled, budget=200, max_span=60, min_score=4.0)
+    said = [(message[c.start : c.end], KINDS[c.kind], c.replaces) for c in chosen]
+    assert said == [("Hi, I'm Sam.", "name", True), (" My daughter's name is Lily.", "unknown", False)]
+
+
 def _clause_ranges(pieces: list[str]) -> list[tuple[int, int]]:
     breaks = clause_breaks(pieces).tolist()
     out, start = [], 0
@@ -390,6 +452,15 @@ def test_a_clause_saying_what_is_no_longer_so_is_not_imprinted() -> None:
                  "I retired from accounting in the spring"):  # fmt: skip
         assert superseded([text]).all(), text
     assert not any(superseded([t]).any() for t in ("we're gone to the coast till Friday", "I'm holding a hamster", "off to work"))
+    # what the user moved or switched from ends its clause before the "to" of what they moved or switched to
+    pieces = ["I", " recently", " moved", " from", " Lag", "os", " to", " Ab", "uja", "."]
+    chosen = message_spans(torch.full((len(pieces),), 9.0), pieces, None, budget=40, max_span=16, min_score=4.0)
+    assert ["".join(pieces[c.start : c.end]) for c in chosen] == [" to Abuja."]
+    assert ("lagos",) in given_up(pieces)
+    pieces = ["I", " switched", " from", " nursing", " to", " teaching", "."]
+    assert clause_breaks(pieces).tolist() == [False, False, False, True, False, False, True]
+    pieces = ["We", " moved", " to", " Lisbon", " from", " Porto", "."]  # what they moved to comes first: one clause
+    assert clause_breaks(pieces).tolist() == [False] * 6 + [True] and not superseded(pieces).any()
 
 
 def test_a_clause_that_says_what_is_so_now_is_marked() -> None:

@@ -362,6 +362,8 @@ def next_token(said: str, prefer: torch.Tensor, **params: Any) -> str:
         ("Name's Ruth. Nurse.", ["Ruth"]),
         ("hello! real name is Li Na but call me Nana", ["Li", "Nana"]),
         ("My full name is Ana Kowalski, my nickname is Kiki", ["Ana", "Kiki"]),
+        ("my budgie just learned to say my name and i'm SCREAMING", []),  # shouted, not a name
+        ("I'M ANA AND I LIVE IN LIMA", ["ANA"]),  # a message all in capitals still gives one
     ],
 )
 def test_the_names_a_user_gives_as_their_own_are_read_from_the_message(message: str, names: list[str]) -> None:

@@ -292,8 +292,10 @@ def test_a_user_lists_and_forgets_their_own_words_and_an_admin_rolls_it_back(
     tok = imprinting_llama.tokenizer
     fact = tok.encode(FACT)
     for i, span in enumerate(mine["data"]):
-        assert (span["index"], span["turn"], span["kind"]) == (i, 0, "unknown") and span["score"] > 0
         assert span["text"] == tok.decode(fact[span["offset"] : span["offset"] + span["length"]]) and span["text"] in FACT
+        # the tiny model has no kind tagger: only the clause that gives the user's own name is labelled, by rule
+        kind = "name" if "Marisol" in span["text"] else "unknown"
+        assert (span["index"], span["turn"], span["kind"]) == (i, 0, kind) and span["score"] > 0
     detail = ok(client.get(OWN, headers=bearer(keys.ana)))
     assert (detail["imprint_used"], detail["imprint_capacity"]) == (mine["used"], IMPRINT_TOKENS)
 
