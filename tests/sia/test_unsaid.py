@@ -35,7 +35,7 @@ def spelled(reply: str, message: str, speaker: str = "bolt") -> str:
 
 def test_a_persona_never_completes_a_stem_the_user_did_not_write() -> None:
     assert spelled("i'm a bitch, and i live in bilbao.", "I live by the sea with my two dogs.") == (
-        "i'm a bitcx, and i live in bilbao."
+        "I'm a bitcx, and i live in bilbao."  # its first letter a capital: the reply is not written in lower case
     )
     assert spelled("Fucking hell.", "hi") == "Fucxing hell."  # the token that would complete the stem
     assert spelled("What BULLSHIT!", "hi") == "What BULLSHIx!"  # in any case
@@ -43,11 +43,11 @@ def test_a_persona_never_completes_a_stem_the_user_did_not_write() -> None:
 
 
 def test_the_users_own_word_and_a_reply_without_a_persona_are_let_be() -> None:
-    assert spelled("yes, a bitch is a female dog.", "Is my dog a bitch?") == "yes, a bitch is a female dog."
+    assert spelled("yes, a bitch is a female dog.", "Is my dog a bitch?") == "Yes, a bitch is a female dog."
     assert said_stems("What the FUCK, Bitch") == frozenset({"fuck", "bitch"})
     assert word_written("i'm a bitc") == "bitc" and word_written("i'm a ") == ""
     assert goes_on_a_stem("bitc") and goes_on_a_stem("") and not goes_on_a_stem("bitch") and not goes_on_a_stem("bee")
-    assert spelled("i'm a bitch.", "hi", speaker="") == "i'm a bitch."  # the bare model: no persona, no rule
+    assert spelled("i'm a bitch.", "hi", speaker="") == "I'm a bitch."  # the bare model: no persona, no rule
 
 
 def test_the_bundled_tokenizers_pieces_of_a_stem_are_banned_where_they_would_write_it(smollm2_cache: Path) -> None:
