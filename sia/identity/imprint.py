@@ -363,7 +363,8 @@ def _whole_word(pieces: Sequence[str], i: int) -> bool:
 
 # a clause that says what the user changed from ("I moved from Lagos", "we relocated here from Pune", "I switched from
 # nursing"): it ends before the "to" that says what they changed to
-_CHANGED_FROM = re.compile(r"\b(?:moved|relocated|transferred|switched|changed)(?: here| over| back| jobs| careers)? from \S")
+_MOVED_FROM = r"(?:moved|relocated|transferred|switched|changed)(?: here| over| back| jobs| careers)? from"
+_CHANGED_FROM = re.compile(rf"\b{_MOVED_FROM} \S")
 
 
 def _first_person_after(pieces: Sequence[str], i: int) -> bool:
@@ -503,7 +504,7 @@ def asides(pieces: Sequence[str], questions: Tensor | None = None) -> Tensor:
 _SUPERSEDED = re.compile(
     r"\b(?:any ?more|no longer|no more|used to|old (?:info|news)|outdated|(?<!from )scratch|take (?:it |that )?back"
     r"|(?:i|we) (?:left|quit|stopped|gave up)|moved (?:out of|away from)|(?:is|are|was|'s) over(?= for\b| now\b|\W*$)|ended"
-    r"|(?:moved|relocated|transferred|switched|changed)(?: here| over| back| jobs| careers)? from"
+    rf"|{_MOVED_FROM}"
     r"|(?:i've|i have|we've|we have) gone off|(?:is|are|'s|'re) gone\b(?! to)|re-?homed|gave (?:[\w']+ ){0,3}away"
     r"|passed away|died|on (?:pause|hold)|got boring|retired from|(?:i|we) sold)\b"
 )
