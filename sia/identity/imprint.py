@@ -380,15 +380,63 @@ def _first_person_after(pieces: Sequence[str], i: int) -> bool:
     return _FIRST_PERSON.fullmatch(_plain([word])) is not None
 
 
+# a place said after what the user is or does ("I'm a dentist | here in Owerri", "dentist | in Hue city"): a clause of
+# its own, unless what came before it says where the user lives or comes from ("I live in Lisbon", "born in Kano"), what
+# was ("my shop was in Bo", "I used to teach in Leeds"), or speaks of someone else ("my sister works in Oslo")
+_PLACE_OPENING = frozenset({"in", "near", "outside", "from"})
+_SAYS_WHERE = re.compile(
+    r"\b(?:live[ds]?|living|based|moved?|moving|relocated|born|raised|grew|stay(?:ing)?|reside[ds]?|settled|home|"
+    r"was|were|used|had|did|been|"
+    r"from|visit(?:ing|ed)?|trip|holiday|travel(?:l?ing|l?ed)?|went|going|go|here|there|weekend|years?|months?|weeks?|"
+    r"days?|sister|brother|mum|mom|dad|father|mother|parents|family|friends?|son|daughter|wife|husband|partner)\b"
+)
+
+# a place said with a time is where something happened, not where the user is ("dinner at a restaurant in Rome last
+# night"): no clause of its own
+_WHEN = re.compile(
+    r"\b(?:last|ago|yesterday|today|tonight|tomorrow|next|once|when|during|until|since|trip|holiday|vacation|visit|"
+    r"conference|wedding|concert|festival|semester|summer|winter|spring|autumn|weekend|\d{4})\b"
+)
+
+
+def _place_follows(pieces: Sequence[str], i: int, length: int) -> bool:
+    """Whether a clause of ``length`` tokens ending at token text ``i`` ends before a place said beside it: the next
+    word is "in", "near", "outside" or "from" (or "here in") followed by a capitalised word, and the clause so far
+    holds a word of three letters or more that is not "I'm", does not itself say where (``_SAYS_WHERE``), and the rest of
+    the sentence says no time (``_WHEN``)."""
+    j = i + 1
+    if j + 1 >= len(pieces) or not _whole_word(pieces, j):
+        return False
+    word = pieces[j].strip().lower()
+    if word == "here" and pieces[j + 1].strip().lower() == "in" and _whole_word(pieces, j + 1):
+        j += 1
+        word = "in"
+    if word not in _PLACE_OPENING or j + 1 >= len(pieces) or not pieces[j + 1].strip()[:1].isupper():
+        return False
+    so_far = _plain(pieces[i + 1 - length : i + 1])
+    words = [w for w in _WORDS.findall(so_far) if len(w) >= 3 and w not in ("i'm", "im")]
+    rest = _plain(pieces[j + 1 :])
+    rest = rest[: next((k for k, ch in enumerate(rest) if ch in _SENTENCE_ENDS), len(rest))]
+    return bool(words) and _SAYS_WHERE.search(so_far) is None and _WHEN.search(rest) is None
+
+
 def clause_breaks(pieces: Sequence[str], *, min_tokens: int = 4) -> Tensor:
     """(n,) bool for a message's token texts: True where a token ends a clause. A sentence ends at a full stop, an
     exclamation or question mark, a semicolon or a line break; within a sentence a clause ends at a comma, a colon, a
-    bracket or an emoji (``_pictograph``), or before a conjunction ("and I live in Lisbon"; a word of its own, not the
+    bracket or an emoji (``_pictograph``), before a place said beside what the user is or does ("I'm a dentist | here
+    in Owerri": ``_place_follows``), or before a conjunction ("and I live in Lisbon"; a word of its own, not the
     "and" of "Alexandria" nor the "so" of "Valparaíso"), once it holds ``min_tokens`` tokens (so "Ana here, Ana
     Kowalski." and "I build and repair violins in Trieste" stay whole). The token texts are best each token's
     completed characters (``sia.model.tokenizer.completed_texts``), so that an emoji is seen whole."""
+    return _breaks(pieces, min_tokens)[0]
+
+
+def _breaks(pieces: Sequence[str], min_tokens: int = 4) -> tuple[Tensor, Tensor]:
+    """``clause_breaks``, and (n,) bool: True at the first token of a clause that is a place said beside the one
+    before it, with no mark between them ("here in Owerri")."""
     n = len(pieces)
     breaks = torch.zeros(n, dtype=torch.bool)
+    beside = torch.zeros(n, dtype=torch.bool)
     length = 0
     for i, piece in enumerate(pieces):
         length += 1
@@ -401,10 +449,14 @@ def clause_breaks(pieces: Sequence[str], *, min_tokens: int = 4) -> Tensor:
         # "I moved from Lagos | to Abuja": what was before "to" is over (``superseded``), what follows is so now
         changed = i + 1 < n and pieces[i + 1].strip().lower() == "to" and _whole_word(pieces, i + 1)
         changed = changed and _CHANGED_FROM.search(_plain(pieces[i + 1 - length : i + 1])) is not None
-        if ends or changed or (pause and (length >= min_tokens or (length >= 2 and _first_person_after(pieces, i + 2)))):
+        placed = _place_follows(pieces, i, length)
+        paused = pause and (length >= min_tokens or (length >= 2 and _first_person_after(pieces, i + 2)))
+        if ends or changed or placed or paused:
             breaks[i] = True
+            if placed and not (ends or pause):  # a word follows
+                beside[i + 1] = True
             length = 0
-    return breaks
+    return breaks, beside
 
 
 # a sentence opening with one of these asks the persona something or asks it to do something ("what's 18% of 250",
@@ -989,6 +1041,7 @@ def select_spans(
     current: Tensor | None = None,
     mending: Tensor | None = None,
     mend_bonus: float = 0.0,
+    beside: Tensor | None = None,
 ) -> list[SpanChoice]:
     """The spans of one message worth imprinting: the message cut into clauses at ``breaks``, each scored by its
     most surprising token (token shock, nats) and, with ``kinds``, labelled with the kind its tokens state on
@@ -1002,11 +1055,13 @@ def select_spans(
     questions (n,) bool, the token is part of a question (``asking``): a clause holding one is never imprinted;
     current (n,) bool, the token is part of a clause that says what is so now (``says_now``): its label is sure from
     ``min_label``; mending (n,) bool, the token is part of a clause that carries a correction (``mends``): it is chosen
-    first, whatever its shock, and its score is raised by ``mend_bonus`` nats, so that it outlasts chatter."""
+    first, whatever its shock, and its score is raised by ``mend_bonus`` nats, so that it outlasts chatter; beside (n,)
+    bool, the token opens a clause said beside the one before it (a place: ``_breaks``), which scores at least as that
+    clause's most surprising token does ("in Klaipeda" after "I operate one of the big container cranes at the port")."""
     n = surprisal.shape[0]
     if breaks.shape != (n,):
         raise ValueError(f"breaks must be ({n},) like the surprisal; got {tuple(breaks.shape)}")
-    for name, mask in (("questions", questions), ("current", current), ("mending", mending)):
+    for name, mask in (("questions", questions), ("current", current), ("mending", mending), ("beside", beside)):
         if mask is not None and mask.shape != (n,):
             raise ValueError(f"{name} must be ({n},) like the surprisal; got {tuple(mask.shape)}")
     if kinds is not None and kinds.shape != (n, len(KINDS)):
@@ -1016,15 +1071,19 @@ def select_spans(
     if not bool(torch.isfinite(surprisal).all()):
         raise ValueError("surprisal must be finite")
     clauses = _clauses(breaks)
+    peaks = {b: float(surprisal[a:b].max()) for a, b in clauses}  # each clause's most surprising token, by its end
     scored = []
     if questions is not None:
         clauses = [(a, b) for a, b in clauses if not bool(questions[a:b].any())]
     label = min_kind if min_label is None else min_label
     for a, b in clauses:
+        start = a
         kind, sure = _label(kinds, a, b, label, min_kind, current)
         mended = mending is not None and bool(mending[a:b].any())
         a, b = _peak_window(surprisal, a, b, max_span)
         score = float(surprisal[a:b].max()) + (mend_bonus if mended else 0.0)
+        if beside is not None and bool(beside[start]):
+            score = max(score, peaks.get(start, score))
         scored.append((sure, mended, score, a, b, kind))
     chosen, room = [], budget
     for known, mended, score, a, b, kind in sorted(scored, key=lambda c: (c[0] or c[1], c[2], c[3]), reverse=True):
@@ -1067,7 +1126,7 @@ def message_spans(
     (``mends``) is chosen first and scores that many nats more. A span chosen in an aside (``asides``) has
     its score multiplied by ``aside_weight`` and a label that is not sure is dropped (chosen as before; ranked lower against
     other messages' spans when the imprint is full)."""
-    breaks = clause_breaks(pieces)
+    breaks, placed = _breaks(pieces)
     questions = asking(pieces)
     left_out = questions | superseded(pieces, breaks, denied) | greetings(pieces, breaks)
     label = 0.5 if min_label is None else min_label
@@ -1092,6 +1151,7 @@ def message_spans(
         current=current,
         mending=mending,
         mend_bonus=mend_bonus,
+        beside=placed,
     )
     if choices:  # someone else's name is no span of the user's; a clause that only gives theirs is one
         others = others_names(pieces, breaks)

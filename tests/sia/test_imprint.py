@@ -277,8 +277,8 @@ def test_clause_breaks_at_punctuation_and_conjunctions() -> None:
     pieces = ["Ana", " here", ",", " Ana", " Kowalski", ".", " Hi", "!"]
     assert clause_breaks(pieces).tolist() == [False, False, False, False, False, True, False, True]
     assert clause_breaks(pieces, min_tokens=2).tolist() == [False, False, True, False, False, True, False, True]
-    pieces = ["I", " build", " and", " repair", " violins", " in", " Trieste"]
-    assert clause_breaks(pieces).tolist() == [False] * 7  # "I build" is too short a clause to stand alone
+    pieces = ["I", " build", " and", " repair", " violins", " in", " tri", "este"]
+    assert clause_breaks(pieces).tolist() == [False] * 8  # "I build" is too short a clause to stand alone
     # before a conjunction that the writer's "I", "I'm", "my" or "we" follows, a clause of two tokens ends too
     pieces = ["I", "'m", " Grace", " and", " I", "'m", " a", " midwife"]
     assert clause_breaks(pieces).tolist() == [False, False, True] + [False] * 5
@@ -293,6 +293,30 @@ def test_clause_breaks_at_punctuation_and_conjunctions() -> None:
     assert not clause_breaks(pieces).any()
     pieces = ["I", " live", " in", " and", "or", "ra", " and", " I", " ski"]
     assert clause_breaks(pieces).tolist() == [False] * 5 + [True] + [False] * 3
+
+
+def test_a_place_said_beside_what_the_user_does_is_a_clause_of_its_own() -> None:
+    """ "I'm a dentist | here in Owerri": the job and the place each a clause (the tagger labels each with its own kind),
+    the place scoring at least as the clause it was said beside, so that a dull place keeps up with a surprising job."""
+    pieces = ["I", "'m", " a", " dentist", " here", " in", " Ow", "erri", "."]
+    assert clause_breaks(pieces).nonzero().flatten().tolist() == [3, 8]
+    surprisal = torch.tensor([1.0, 1.0, 1.0, 9.0, 1.0, 1.0, 2.0, 1.0, 1.0])
+    chosen = message_spans(surprisal, pieces, None, budget=40, max_span=16, min_score=4.0)
+    assert [("".join(pieces[c.start : c.end]), c.score) for c in chosen] == [("I'm a dentist", 9.0), (" here in Owerri.", 9.0)]
+    pieces = ["I", " build", " and", " repair", " violins", " in", " Tri", "este"]
+    assert clause_breaks(pieces).nonzero().flatten().tolist() == [4]
+    # a clause that says where the user lives or comes from stays whole, as does a place said with a time, one written
+    # in lower case, and one after "I'm" alone
+    for said in (
+        ["I", " live", " in", " Lisbon", " now"],
+        ["I", " was", " born", " in", " Kano", " actually"],
+        ["my", " shop", " was", " in", " Bo", " for", " years"],
+        ["My", " sister", " works", " in", " Oslo", " too"],
+        ["We", " had", " dinner", " at", " a", " restaurant", " in", " Rome", " last", " night"],
+        ["I", "'m", " a", " nurse", " in", " lisbon"],
+        ["I", "'m", " from", " Porto", " originally"],
+    ):
+        assert not clause_breaks(said).any(), said
 
 
 def test_questions_to_the_persona_are_not_imprinted() -> None:
