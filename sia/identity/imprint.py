@@ -426,7 +426,7 @@ def clause_breaks(pieces: Sequence[str], *, min_tokens: int = 4) -> Tensor:
     bracket or an emoji (``_pictograph``), before a place said beside what the user is or does ("I'm a dentist | here
     in Owerri": ``_place_follows``), or before a conjunction ("and I live in Lisbon"; a word of its own, not the
     "and" of "Alexandria" nor the "so" of "Valparaíso"), once it holds ``min_tokens`` tokens (so "Ana here, Ana
-    Kowalski." and "I build and repair violins in Trieste" stay whole). The token texts are best each token's
+    Kowalski." and "I build and repair violins" stay whole). The token texts are best each token's
     completed characters (``sia.model.tokenizer.completed_texts``), so that an emoji is seen whole."""
     return _breaks(pieces, min_tokens)[0]
 
